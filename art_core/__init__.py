@@ -1,0 +1,1 @@
+"""art_core: the client library (no torch)."""

@@ -1,0 +1,1 @@
+"""art_backend: the serving and training backend (torch, transformers, peft)."""

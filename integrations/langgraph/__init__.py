@@ -1,0 +1,1 @@
+"""art_langgraph: LangGraph adapter (not yet built, see issue 5)."""

@@ -1,0 +1,1 @@
+"""art_mcp: MCP adapter (not yet built, see issue 6)."""

@@ -1,0 +1,86 @@
+"""Build a tiny random Llama-shaped chat model with a tokenizer trained on the spot.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE trained on a few lines of text, so it
+can encode any string, and the model is randomly initialised from a fixed seed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+_CORPUS = [
+    "What is the capital of France? The capital of France is Paris.",
+    'You are a helpful assistant. {"name": "get_weather", "arguments": {"city": "Paris"}}',
+    "<tool_call> </tool_call> <tools> </tools> <tool_response> </tool_response>",
+    "The quick brown fox jumps over the lazy dog. 0 1 2 3 4 5 6 7 8 9 + - * / = ( ) [ ] { }",
+    "system user assistant tool function arguments name content role true false null",
+    "Hello! How can I help you today? Answer with just the number. 12 + 7 = 19",
+]
+
+
+def build_tiny_model(folder: Path, *, vocab_size: int = 384, seed: int = 0) -> Path:
+    """Write a tiny random LlamaForCausalLM and its ChatML tokenizer into `folder`."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(folder)
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder)
+    (folder / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": fast.eos_token_id, "bos_token_id": fast.bos_token_id})
+    )
+    return folder
+
+
+if __name__ == "__main__":
+    import sys
+    import time
+
+    start = time.perf_counter()
+    print(build_tiny_model(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/tiny-model")))
+    print(f"built in {time.perf_counter() - start:.2f}s")
