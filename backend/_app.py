@@ -1,0 +1,240 @@
+"""The HTTP app: routes grouped by resource, errors mapped to OpenAI's shape in one place."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from art_backend._chat import ChatService
+from art_backend._errors import BackendError, InvalidNameError, InvalidRequestError
+from art_backend._records import validate_rollout_id
+from art_backend._schemas import ChatCompletionRequest, LoadAdapterRequest
+
+logger = logging.getLogger("art_backend.app")
+
+ADAPTER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}@[0-9]{1,9}$")
+
+
+def create_app(
+    service: ChatService, *, api_key: str | None = None, art_path: Path | None = None
+) -> FastAPI:
+    """Build the FastAPI app around a started engine's chat service."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        # uvicorn has drained in-flight requests by now (SIGTERM); let the engine finish too.
+        service.engine.stop()
+
+    app = FastAPI(title="art-server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+
+    @app.middleware("http")
+    async def require_api_key(request: Request, call_next):
+        if api_key and request.url.path != "/health":
+            header = request.headers.get("authorization", "")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), api_key):
+                return _error(
+                    401,
+                    "authentication_error",
+                    "Missing or invalid API key: send `Authorization: Bearer <key>` with the key "
+                    "the server was started with (--api-key or ART_API_KEY).",
+                    code="invalid_api_key",
+                )
+        return await call_next(request)
+
+    _register_error_handlers(app)
+
+    # ----------------------------------------------------------------------------- completions
+
+    async def chat_completions(raw: Request, rollout_id: str | None = None):
+        header_rollout = raw.headers.get("x-rollout-id")
+        rollout_id = validate_rollout_id(rollout_id or header_rollout) if (
+            rollout_id or header_rollout
+        ) else None
+        try:
+            payload = await raw.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise InvalidRequestError(
+                f"The request body is not valid JSON: {error}", param=None
+            ) from error
+        if not isinstance(payload, dict):
+            raise InvalidRequestError("The request body must be a JSON object.")
+        request = ChatCompletionRequest.model_validate(payload)
+        if request.stream:
+            lines = await service.stream(request, rollout_id)
+            return StreamingResponse(lines, media_type="text/event-stream")
+        return await service.complete(request, rollout_id)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(raw: Request):
+        return await chat_completions(raw)
+
+    @app.post("/rollouts/{rollout_id}/v1/chat/completions")
+    async def create_rollout_chat_completion(rollout_id: str, raw: Request):
+        return await chat_completions(raw, validate_rollout_id(rollout_id))
+
+    @app.get("/v1/chat/completions/{completion_id}")
+    async def get_chat_completion(completion_id: str):
+        record = service.records.get(completion_id)
+        if record is None:
+            return _error(
+                404,
+                "not_found_error",
+                f"No completion {completion_id!r}: it was never served here, or it was evicted "
+                "(see the eviction rule in the README; evictions are counted on /metrics).",
+            )
+        return record
+
+    @app.get("/v1/rollouts/{rollout_id}")
+    async def get_rollout(rollout_id: str):
+        validate_rollout_id(rollout_id)
+        records = service.records.rollout(rollout_id)
+        return {"object": "rollout", "id": rollout_id, "completions": records}
+
+    # ---------------------------------------------------------------------------------- models
+
+    async def list_models():
+        return {
+            "object": "list",
+            "data": [
+                {"id": name, "object": "model", "created": 0, "owned_by": "art"}
+                for name in service.served_models()
+            ],
+        }
+
+    app.get("/v1/models")(list_models)
+    app.get("/rollouts/{rollout_id}/v1/models")(list_models)
+
+    @app.post("/v1/adapters")
+    async def load_adapter(body: LoadAdapterRequest):
+        if not ADAPTER_NAME_PATTERN.match(body.name) or ".." in body.name:
+            raise InvalidNameError(
+                f"Invalid adapter name {body.name!r}: use `<name>@<step>` with letters, digits, "
+                "'.', '_' or '-' in the name.",
+                param="name",
+            )
+        path = Path(body.path).resolve()
+        root = (art_path or Path(".art")).resolve()
+        if not path.is_relative_to(root):
+            raise InvalidNameError(
+                f"Adapter path {body.path!r} is outside the server's --path {str(root)!r}.",
+                param="path",
+            )
+        if not (path / "adapter_config.json").is_file():
+            raise InvalidRequestError(
+                f"No PEFT adapter at {body.path!r} (adapter_config.json missing).", param="path"
+            )
+        service.engine.load_adapter(body.name, path)
+        return {"id": body.name, "object": "model"}
+
+    # ----------------------------------------------------------------------------- operations
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(_prometheus_metrics(service))
+
+    return app
+
+
+def _prometheus_metrics(service: ChatService) -> str:
+    engine_metrics = service.engine.metrics
+    steps = max(engine_metrics.decode_steps_total, 1)
+    busy = engine_metrics.busy_seconds_total
+    values: dict[str, tuple[str, float]] = {
+        "art_requests_total": ("counter", engine_metrics.requests_total),
+        "art_requests_failed_total": ("counter", engine_metrics.requests_failed),
+        "art_requests_cancelled_total": ("counter", engine_metrics.requests_cancelled),
+        "art_prompt_tokens_total": ("counter", engine_metrics.prompt_tokens_total),
+        "art_generated_tokens_total": ("counter", engine_metrics.generated_tokens_total),
+        "art_decode_steps_total": ("counter", engine_metrics.decode_steps_total),
+        "art_prefill_batches_total": ("counter", engine_metrics.prefill_batches_total),
+        "art_prefill_tokens_total": ("counter", engine_metrics.prefill_tokens_total),
+        "art_batch_size_mean": ("gauge", engine_metrics.decode_rows_total / steps),
+        "art_batch_size_max": ("gauge", engine_metrics.max_batch_size_seen),
+        "art_running_rows": ("gauge", service.engine.running_rows),
+        "art_queue_depth": ("gauge", service.engine.queue_depth),
+        "art_tokens_per_second": (
+            "gauge",
+            engine_metrics.generated_tokens_total / busy if busy else 0.0,
+        ),
+        "art_busy_seconds_total": ("counter", busy),
+        "art_records": ("gauge", len(service.records)),
+        "art_records_total": ("counter", service.records.recorded),
+        "art_record_evictions_total": ("counter", service.records.evictions),
+        "art_adapters_loaded": ("gauge", len(service.engine.adapters)),
+        "art_process_resident_bytes": ("gauge", psutil.Process().memory_info().rss),
+    }
+    lines = []
+    for name, (kind, value) in values.items():
+        lines.append(f"# TYPE {name} {kind}")
+        lines.append(f"{name} {value}")
+    return "\n".join(lines) + "\n"
+
+
+def _error(
+    status: int, error_type: str, message: str, *, param: str | None = None, code: Any = None
+) -> JSONResponse:
+    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status)
+
+
+def _location(loc: tuple[Any, ...]) -> str | None:
+    parts = [part for part in loc if part not in ("body",)]
+    # pydantic names union branches ("str", "list[...]", "function-after[...]"): drop them.
+    parts = [p for p in parts if not (isinstance(p, str) and ("[" in p or p in {"str", "int"}))]
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or None
+
+
+def _register_error_handlers(app: FastAPI) -> None:
+    from pydantic import ValidationError
+
+    @app.exception_handler(BackendError)
+    async def backend_error(_: Request, error: BackendError):
+        if error.status_code >= 500:
+            logger.error("request failed: %s", error.message)
+        return _error(
+            error.status_code, error.error_type, error.message, param=error.param, code=error.code
+        )
+
+    async def validation_error(_: Request, error: Any):
+        first = error.errors()[0]
+        param = _location(tuple(first.get("loc", ())))
+        if first.get("type") == "extra_forbidden":
+            message = f"Unrecognized request argument supplied: {param}"
+        else:
+            reason = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+            message = f"Invalid value for `{param}`: {reason}" if param else reason
+        return _error(400, "invalid_request_error", message, param=param, code="invalid_value")
+
+    app.exception_handler(RequestValidationError)(validation_error)
+    app.exception_handler(ValidationError)(validation_error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, error: StarletteHTTPException):
+        kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        return _error(error.status_code, kind, str(error.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, error: Exception):
+        logger.exception("unexpected error")
+        return _error(500, "server_error", f"Internal error: {type(error).__name__}: {error}")

@@ -1,0 +1,382 @@
+"""Chat completions: an OpenAI request becomes prompt tokens, engine work, and an OpenAI response.
+
+Beside OpenAI's fields every response carries `prompt_token_ids` and, per choice, `token_ids`
+(vLLM's names), and every completion is recorded server-side with its exact tokens and logprobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from art_backend._engine import Engine, FinishEvent, GenerationRequest, TokenEvent
+from art_backend._errors import (
+    BackendError,
+    ContextLengthError,
+    InvalidRequestError,
+    ModelNotServedError,
+)
+from art_backend._records import CompletionRecords
+from art_backend._sampling import SamplingParams
+from art_backend._schemas import ChatCompletionRequest
+from art_backend._tool_calls import parse_tool_calls, prepare_messages, template_supports_tools
+
+
+class ChatService:
+    """Serves chat completions for one engine: the base model and its adapters."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        base_names: list[str],
+        records: CompletionRecords,
+        grammar_compiler: Any,
+    ) -> None:
+        self.engine = engine
+        self.base_names = base_names
+        self.records = records
+        self.grammar_compiler = grammar_compiler
+        self.supports_tools = template_supports_tools(engine.tokenizer.chat_template)
+
+    # ------------------------------------------------------------------------------- model names
+
+    def served_models(self) -> list[str]:
+        """The names a request may use as `model`: the base first, then adapters."""
+        return [self.base_names[0], *sorted(self.engine.adapters)]
+
+    def resolve_adapter(self, model: str) -> str | None:
+        """None for the base model, the served adapter name otherwise; 404 if unknown."""
+        if model in self.base_names:
+            return None
+        if model in self.engine.adapters:
+            return model
+        raise ModelNotServedError(
+            f"The model {model!r} does not exist on this server. "
+            f"Served models: {', '.join(self.served_models())}."
+        )
+
+    # ---------------------------------------------------------------------------------- requests
+
+    def prepare(self, request: ChatCompletionRequest) -> tuple[GenerationRequest, bool]:
+        """Validate against the model and build the engine request; returns (it, parse_tools)."""
+        adapter = self.resolve_adapter(request.model)
+        tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
+        tool_choice = request.tool_choice or ("auto" if tools else "none")
+        use_tools = bool(tools) and tool_choice != "none"
+        prompt_ids = self._prompt_ids(request, tools if use_tools else None)
+
+        context = self.engine.context_length
+        max_new_tokens = request.requested_max_tokens
+        if max_new_tokens is None:
+            max_new_tokens = context - len(prompt_ids)
+            if max_new_tokens < 1:
+                raise ContextLengthError(
+                    f"The prompt has {len(prompt_ids)} tokens, which fills the model's context "
+                    f"of {context} tokens. Shorten the messages.",
+                    param="messages",
+                )
+        elif len(prompt_ids) + max_new_tokens > context:
+            field = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+            raise ContextLengthError(
+                f"This model's maximum context length is {context} tokens. The prompt has "
+                f"{len(prompt_ids)} tokens and {field} is {max_new_tokens}, "
+                f"{len(prompt_ids) + max_new_tokens} in all. Lower {field} or shorten the messages.",
+                param=field,
+            )
+
+        vocab_size = self.engine.model.config.vocab_size
+        logit_bias = {int(token): value for token, value in (request.logit_bias or {}).items()}
+        for token in logit_bias:
+            if not 0 <= token < vocab_size:
+                raise InvalidRequestError(
+                    f"logit_bias names token {token}, outside the vocabulary [0, {vocab_size}).",
+                    param="logit_bias",
+                )
+        grammar = self._grammar(request, tools, tool_choice)
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=max(request.top_k or 0, 0),
+            stop=request.stop_list,
+            seed=request.seed,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            logit_bias=logit_bias,
+            top_logprobs=request.top_logprobs or 0,
+            grammar=grammar,
+        )
+        compiler = self.grammar_compiler
+        generation = GenerationRequest(
+            prompt_ids=prompt_ids,
+            params=params,
+            n=request.n,
+            adapter=adapter,
+            constraint_factory=(lambda: compiler.matcher(grammar)) if grammar else None,
+        )
+        return generation, use_tools
+
+    def _prompt_ids(self, request: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
+        messages = [message.model_dump(exclude_none=True) for message in request.messages]
+        prepared = prepare_messages(messages, tools, supports_tools=self.supports_tools)
+        tokenizer = self.engine.tokenizer
+        try:
+            text = tokenizer.apply_chat_template(
+                prepared,
+                tools=tools if self.supports_tools else None,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as error:  # jinja raises on conversations the template forbids
+            raise InvalidRequestError(
+                f"The model's chat template rejected these messages: {error}", param="messages"
+            ) from error
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    def _grammar(
+        self, request: ChatCompletionRequest, tools: list[dict], tool_choice: Any
+    ) -> str | None:
+        forced_tools = tools and tool_choice not in ("none", "auto")
+        response_format = request.response_format
+        wants_format = response_format is not None and response_format.get("type") != "text"
+        if forced_tools and wants_format:
+            raise InvalidRequestError(
+                "response_format cannot be combined with a forced tool_choice; drop one of them.",
+                param="response_format",
+            )
+        if forced_tools:
+            return self.grammar_compiler.for_tool_choice(
+                tools, tool_choice, request.parallel_tool_calls
+            )
+        if wants_format:
+            return self.grammar_compiler.for_response_format(response_format)
+        return None
+
+    # --------------------------------------------------------------------------------- responses
+
+    async def complete(
+        self, request: ChatCompletionRequest, rollout_id: str | None
+    ) -> dict[str, Any]:
+        """Run a non-streaming request to the end and return the OpenAI response body."""
+        generation, use_tools = self.prepare(request)
+        events = self.engine.submit(generation)
+        finished: dict[int, FinishEvent] = {}
+        try:
+            while len(finished) < generation.n:
+                event = await events.get()
+                if isinstance(event, FinishEvent):
+                    finished[event.choice_index] = event
+        except asyncio.CancelledError:
+            generation.cancel()
+            raise
+        _raise_if_failed(finished.values())
+        completion_id = _new_id()
+        choices = [
+            self._choice(finished[index], request, use_tools) for index in range(generation.n)
+        ]
+        body = {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": request.model,
+            "choices": choices,
+            "usage": _usage(generation, finished.values()),
+            "system_fingerprint": None,
+            "prompt_token_ids": generation.prompt_ids,
+        }
+        self._record(body, request, rollout_id)
+        return body
+
+    async def stream(
+        self, request: ChatCompletionRequest, rollout_id: str | None
+    ) -> AsyncIterator[str]:
+        """Prepare eagerly (so bad input fails before streaming), then yield SSE lines."""
+        generation, use_tools = self.prepare(request)
+        events = self.engine.submit(generation)
+        return self._stream_events(request, rollout_id, generation, use_tools, events)
+
+    async def _stream_events(
+        self,
+        request: ChatCompletionRequest,
+        rollout_id: str | None,
+        generation: GenerationRequest,
+        use_tools: bool,
+        events: asyncio.Queue,
+    ) -> AsyncIterator[str]:
+        completion_id, created = _new_id(), int(time.time())
+
+        def chunk(choices: list[dict], **extra: Any) -> str:
+            body = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": request.model,
+                "system_fingerprint": None,
+                "choices": choices,
+                **extra,
+            }
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+        finished: dict[int, FinishEvent] = {}
+        try:
+            first = [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                for i in range(generation.n)
+            ]
+            yield chunk(first, prompt_token_ids=generation.prompt_ids)
+            while len(finished) < generation.n:
+                event = await events.get()
+                if isinstance(event, TokenEvent):
+                    delta: dict[str, Any] = {}
+                    if event.text_delta and not use_tools:  # tool output is parsed at the end
+                        delta["content"] = event.text_delta
+                    choice: dict[str, Any] = {
+                        "index": event.choice_index,
+                        "delta": delta,
+                        "finish_reason": None,
+                        "token_ids": [event.token_id],
+                    }
+                    if request.logprobs:
+                        choice["logprobs"] = {
+                            "content": [self._logprob_entry(event.token_id, event.logprob, event.top_logprobs)]
+                        }
+                    yield chunk([choice])
+                    continue
+                finished[event.choice_index] = event
+                if event.finish_reason in ("error", "cancelled"):
+                    message = event.error or "the request was cancelled"
+                    error = {"message": message, "type": "server_error", "param": None, "code": None}
+                    yield f"data: {json.dumps({'error': error})}\n\n"
+                    continue
+                message = self._message(event, use_tools, request)
+                delta = {}
+                if use_tools and message.get("content"):
+                    delta["content"] = message["content"]
+                if message.get("tool_calls"):
+                    delta["tool_calls"] = [
+                        {"index": i, **call} for i, call in enumerate(message["tool_calls"])
+                    ]
+                reason = _finish_reason(event, message)
+                yield chunk([{"index": event.choice_index, "delta": delta, "finish_reason": reason}])
+            if request.stream_options and request.stream_options.include_usage:
+                yield chunk([], usage=_usage(generation, finished.values()))
+            yield "data: [DONE]\n\n"
+        finally:
+            if len(finished) < generation.n:
+                generation.cancel()  # the client went away
+        if all(event.finish_reason not in ("error", "cancelled") for event in finished.values()):
+            body = {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": request.model,
+                "choices": [
+                    self._choice(finished[i], request, use_tools) for i in range(generation.n)
+                ],
+                "usage": _usage(generation, finished.values()),
+                "prompt_token_ids": generation.prompt_ids,
+            }
+            self._record(body, request, rollout_id)
+
+    def _message(
+        self, event: FinishEvent, use_tools: bool, request: ChatCompletionRequest
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": event.text}
+        if use_tools:
+            names = {tool.function.name for tool in request.tools or []}
+            content, tool_calls = parse_tool_calls(event.text, names)
+            if tool_calls and not request.parallel_tool_calls:
+                tool_calls = tool_calls[:1]
+            message["content"] = content
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+        return message
+
+    def _choice(
+        self, event: FinishEvent, request: ChatCompletionRequest, use_tools: bool
+    ) -> dict[str, Any]:
+        message = self._message(event, use_tools, request)
+        logprobs = None
+        if request.logprobs:
+            logprobs = {
+                "content": [
+                    self._logprob_entry(token, logprob, top)
+                    for token, logprob, top in zip(
+                        event.token_ids, event.logprobs, event.top_logprobs, strict=True
+                    )
+                ]
+            }
+        return {
+            "index": event.choice_index,
+            "message": message,
+            "finish_reason": _finish_reason(event, message),
+            "logprobs": logprobs,
+            "token_ids": event.token_ids,
+            "sampled_logprobs": event.logprobs,
+        }
+
+    def _logprob_entry(
+        self, token_id: int, logprob: float, top: list[tuple[int, float]]
+    ) -> dict[str, Any]:
+        def entry(token: int, value: float) -> dict[str, Any]:
+            text = self.engine.tokenizer.decode([token])
+            return {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+
+        return {**entry(token_id, logprob), "top_logprobs": [entry(t, v) for t, v in top]}
+
+    def _record(
+        self, body: dict[str, Any], request: ChatCompletionRequest, rollout_id: str | None
+    ) -> None:
+        self.records.add(
+            {
+                "id": body["id"],
+                "recorded_at": time.time(),
+                "created": body["created"],
+                "rollout_id": rollout_id,
+                "model": request.model,
+                "request": request.model_dump(exclude_none=True),
+                "prompt_token_ids": body["prompt_token_ids"],
+                "choices": [
+                    {
+                        "index": choice["index"],
+                        "message": choice["message"],
+                        "finish_reason": choice["finish_reason"],
+                        "token_ids": choice["token_ids"],
+                        "logprobs": choice["sampled_logprobs"],
+                    }
+                    for choice in body["choices"]
+                ],
+                "usage": body["usage"],
+            }
+        )
+
+
+def _finish_reason(event: FinishEvent, message: dict[str, Any]) -> str:
+    if message.get("tool_calls") and event.finish_reason == "stop":
+        return "tool_calls"
+    return event.finish_reason
+
+
+def _usage(generation: GenerationRequest, finished: Any) -> dict[str, int]:
+    completion_tokens = sum(len(event.token_ids) for event in finished)
+    prompt_tokens = len(generation.prompt_ids)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _raise_if_failed(finished: Any) -> None:
+    for event in finished:
+        if event.finish_reason in ("error", "cancelled"):
+            raise BackendError(f"Generation failed: {event.error or event.finish_reason}")
+
+
+def _new_id() -> str:
+    return "chatcmpl-" + secrets.token_hex(12)

@@ -1,0 +1,336 @@
+"""Grammar-constrained decoding: `response_format` and `tool_choice` as token masks.
+
+Each decode step, a constrained sequence may only sample tokens that keep its output a valid prefix
+of the grammar. We compute that set with llguidance because:
+
+- its core is Rust: the mask for a ~50k vocabulary takes tens of microseconds on CPU, cheaper than
+  anything else in the step, so constraints cost almost nothing on CPU-only machines;
+- it needs no torch (we bring the tensors) and no per-vocabulary precompilation per schema;
+- it supports JSON Schema fully enough for OpenAI `json_schema` (refs, anyOf, enums, bounds,
+  string lengths) and rejects what it cannot enforce instead of silently ignoring it;
+- its Lark grammars can embed `%json {...}` schemas, which is exactly the shape of a tool call.
+
+Flow: `GrammarCompiler` (one per tokenizer) turns a request into a grammar string and validates it
+up front, so bad input is a 400 before generation starts; `matcher()` gives each sequence a
+`SequenceConstraint`; the engine masks logits (`apply_constraints`), samples, and calls `advance`.
+When the grammar is complete only the EOS tokens stay allowed, so the engine stops on its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import torch
+from art_backend._errors import BackendError, InvalidGrammarError
+
+# Whitespace in JSON is fixed to Python's json.dumps style: `{"a": 1, "b": [2, 3]}`. With
+# flexible whitespace a weak model can emit spaces or newlines forever while staying "valid".
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+
+# Terse errors: the verbose form embeds the whole grammar and parser state in the message.
+_LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+_CACHED_GRAMMARS = 64
+
+
+class GrammarCompiler:
+    """Builds and validates grammars for one tokenizer; hands out per-sequence constraints."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: list[int]):
+        """Wrap an HF fast tokenizer (~1 s for a 50k vocabulary: build once per model)."""
+        if not eos_token_ids:
+            raise ValueError("GrammarCompiler needs at least one EOS token id")
+        self.eos_token_ids = list(eos_token_ids)
+        self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=self.eos_token_ids)
+        self.vocab_size: int = self._tokenizer.vocab_size
+        # Validated matchers keyed by grammar: `matcher()` deep-copies one instead of compiling
+        # the grammar again on the engine thread.
+        self._validated: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def for_response_format(self, response_format: dict | None) -> str | None:
+        """Grammar for an OpenAI `response_format`, or None when output is free text.
+
+        A `json_schema` is always enforced, whatever its `strict` flag says.
+        """
+        if response_format is None:
+            return None
+        kind = response_format.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            schema: Any = _ANY_JSON_OBJECT
+        elif kind == "json_schema":
+            json_schema = response_format.get("json_schema")
+            if not isinstance(json_schema, dict):
+                raise InvalidGrammarError(
+                    'response_format of type "json_schema" needs a "json_schema" object '
+                    'with a "name" and a "schema".',
+                    param="response_format",
+                )
+            schema = json_schema.get("schema", _ANY_JSON_OBJECT)
+            if not isinstance(schema, dict):
+                raise InvalidGrammarError(
+                    "response_format.json_schema.schema must be a JSON Schema object.",
+                    param="response_format",
+                )
+        else:
+            raise InvalidGrammarError(
+                f"Unsupported response_format type {kind!r}; "
+                'use "text", "json_object" or "json_schema".',
+                param="response_format",
+            )
+        return self._compile(
+            lambda: llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_LAYOUT),
+            param="response_format",
+        )
+
+    def for_tool_choice(
+        self, tools: list[dict], tool_choice: str | dict | None, parallel_tool_calls: bool
+    ) -> str | None:
+        """Grammar forcing `<tool_call>` blocks for "required" or a named function, else None."""
+        if tool_choice in (None, "none", "auto"):
+            return None
+        functions = _function_definitions(tools)
+        if tool_choice == "required":
+            if not functions:
+                raise InvalidGrammarError(
+                    'tool_choice "required" needs at least one function in tools.', param="tools"
+                )
+            repeat = parallel_tool_calls
+        elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+            name = (tool_choice.get("function") or {}).get("name")
+            if name not in functions:
+                raise InvalidGrammarError(
+                    f"tool_choice names function {name!r}, which is not in tools "
+                    f"(available: {', '.join(functions) or 'none'}).",
+                    param="tool_choice",
+                )
+            functions = {name: functions[name]}
+            repeat = False
+        else:
+            raise InvalidGrammarError(
+                f"Unsupported tool_choice {tool_choice!r}; use "
+                '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}.',
+                param="tool_choice",
+            )
+        lark = _tool_call_lark(functions, repeat=repeat)
+        try:
+            return self._compile(
+                lambda: llguidance.LLMatcher.grammar_from_lark(lark), param="tools"
+            )
+        except InvalidGrammarError:
+            self._raise_for_first_bad_parameters(functions)
+            raise
+
+    def matcher(self, grammar: str) -> SequenceConstraint:
+        """A fresh constraint for one generated sequence, starting at the grammar's beginning."""
+        with self._lock:
+            validated = self._validated.get(grammar)
+            if validated is not None:
+                self._validated.move_to_end(grammar)
+        if validated is None:
+            validated = self._validated_matcher(grammar, param=None)
+        return SequenceConstraint(validated.deep_copy(), self.vocab_size)
+
+    def _raise_for_first_bad_parameters(self, functions: dict[str, dict]) -> None:
+        # The combined grammar's error quotes our generated Lark; name the user's tool instead.
+        for name, parameters in functions.items():
+            try:
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(parameters)
+            except ValueError as error:
+                is_error, problems = True, [str(error)]
+            else:
+                is_error, problems = llguidance.LLMatcher.validate_grammar_with_warnings(
+                    grammar, self._tokenizer, limits=_LIMITS
+                )
+            if is_error:
+                raise InvalidGrammarError(
+                    f"Cannot enforce the parameters schema of tool {name!r}: {problems[0]}",
+                    param="tools",
+                )
+
+    def _compile(self, build: Callable[[], str], *, param: str) -> str:
+        try:
+            grammar = build()
+        except ValueError as error:
+            raise InvalidGrammarError(f"Invalid grammar: {error}", param=param) from error
+        self._validated_matcher(grammar, param=param)
+        return grammar
+
+    def _validated_matcher(self, grammar: str, *, param: str | None) -> llguidance.LLMatcher:
+        # Building the matcher is the validation: it compiles the lexer against this vocabulary
+        # and reports unsupported or unsatisfiable schemas through is_error().
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=_LIMITS)
+        if matcher.is_error():
+            raise InvalidGrammarError(
+                f"Cannot enforce this schema or grammar: {matcher.get_error()}", param=param
+            )
+        with self._lock:
+            self._validated[grammar] = matcher
+            self._validated.move_to_end(grammar)
+            while len(self._validated) > _CACHED_GRAMMARS:
+                self._validated.popitem(last=False)
+        return matcher
+
+
+class SequenceConstraint:
+    """The grammar state of one generated sequence: masks logits and consumes sampled tokens."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int):
+        """Wrap a matcher; use `GrammarCompiler.matcher()` rather than calling this directly."""
+        self._matcher = matcher
+        self.vocab_size = vocab_size
+
+    def fill_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> None:
+        """Write the allowed-token bits into row `index` of an int32 bitmask (see `new_bitmask`)."""
+        row = bitmask[index]
+        self._matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+
+    def apply_to_logits(self, logits_row: torch.Tensor) -> None:
+        """Set the logits of disallowed tokens to -inf, in place (1-D, any float dtype)."""
+        apply_constraints(logits_row.unsqueeze(0), [0], [self])
+
+    def advance(self, token_id: int) -> None:
+        """Consume a sampled token; raises if the mask should have forbidden it."""
+        if not self._matcher.consume_token(token_id):
+            raise BackendError(
+                f"Internal error: constrained decoding sampled token {token_id}, which the "
+                f"grammar does not allow ({self._matcher.get_error()}). Logits were probably "
+                "not masked with this sequence's constraint before sampling."
+            )
+
+    def is_finished(self) -> bool:
+        """True once the grammar is complete (or EOS was consumed): only EOS is allowed now."""
+        return self._matcher.is_stopped()
+
+    def is_accepting(self) -> bool:
+        """True when the output so far is a complete match, even if it could also continue."""
+        return self._matcher.is_accepting()
+
+
+def apply_constraints(
+    logits: torch.Tensor, rows: list[int], constraints: list[SequenceConstraint]
+) -> None:
+    """Mask `logits[rows[i]]` with `constraints[i]`, in place; masks computed in parallel."""
+    if len(rows) != len(constraints):
+        raise ValueError("apply_constraints needs exactly one constraint per row")
+    if not constraints:
+        return
+    bitmask = new_bitmask(len(constraints), constraints[0].vocab_size)
+    if len(constraints) == 1:
+        constraints[0].fill_bitmask(bitmask)
+    else:
+        matchers = [(constraint._matcher, index) for index, constraint in enumerate(constraints)]
+        row_bytes = bitmask.shape[1] * bitmask.element_size()
+        _executor().unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), row_bytes, len(rows))
+    bias = _bias_from_bitmask(bitmask, logits)
+    if rows == list(range(logits.shape[0])):
+        logits.add_(bias)
+    else:
+        logits.index_add_(0, torch.tensor(rows, device=logits.device), bias)
+
+
+def new_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
+    """An int32 bitmask with one bit per token (bit set = allowed), all allowed."""
+    return torch.full((batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set `logits[i, t]` to -inf where bit t of `bitmask[i]` is clear, in place.
+
+    Columns past the bitmask (model vocabularies padded beyond the tokenizer) are disallowed.
+    """
+    logits.add_(_bias_from_bitmask(bitmask, logits))
+
+
+def _bias_from_bitmask(bitmask: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """0 for allowed and -inf for disallowed tokens, shaped (bitmask rows, logits columns)."""
+    # Looking each mask byte up in a 256 x 8 table and adding the result is branch-free, about
+    # 6x faster on CPU than unpacking bits with shifts and calling masked_fill_.
+    table = _BYTE_TO_BIAS.to(device=logits.device, dtype=logits.dtype)
+    mask_bytes = bitmask.to(logits.device).contiguous().view(torch.uint8).view(-1)
+    bias = table.index_select(0, mask_bytes.long()).view(bitmask.shape[0], -1)
+    width = logits.shape[-1]
+    if bias.shape[1] >= width:
+        return bias[:, :width]
+    return torch.nn.functional.pad(bias, (0, width - bias.shape[1]), value=float("-inf"))
+
+
+def _byte_to_bias_table() -> torch.Tensor:
+    # Row b holds the biases of the 8 tokens whose bits are byte b (little-endian, like llguidance).
+    bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+    return torch.zeros(256, 8).masked_fill_(bits == 0, float("-inf"))
+
+
+_BYTE_TO_BIAS = _byte_to_bias_table()
+
+
+@functools.cache
+def _executor() -> llguidance.LLExecutor:
+    # A few threads are plenty: each mask takes tens of microseconds, and the model's own
+    # matmuls need the cores more.
+    return llguidance.LLExecutor(num_threads=min(4, os.cpu_count() or 1))
+
+
+def _function_definitions(tools: list[dict]) -> dict[str, dict]:
+    """Map function name -> parameters schema for the OpenAI function tools in `tools`."""
+    functions: dict[str, dict] = {}
+    for tool in tools or []:
+        if tool.get("type") != "function":
+            continue
+        function = tool.get("function") or {}
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidGrammarError("Every function tool needs a non-empty name.", param="tools")
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, dict):
+            raise InvalidGrammarError(
+                f"Parameters of tool {name!r} must be a JSON Schema object.", param="tools"
+            )
+        functions[name] = parameters
+    return functions
+
+
+def _tool_call_lark(functions: dict[str, dict], *, repeat: bool) -> str:
+    """Lark grammar: `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>` blocks."""
+    lines = ['start: tool_call ("\\n" tool_call)*' if repeat else "start: tool_call"]
+    alternatives = " | ".join(f"function_{index}" for index in range(len(functions)))
+    lines.append(f'tool_call: "<tool_call>\\n" ({alternatives}) "\\n</tool_call>"')
+    for index, (name, parameters) in enumerate(functions.items()):
+        call_schema = {
+            "type": "object",
+            "properties": {
+                "name": {"const": name},
+                "arguments": _rebase_local_refs(parameters, "#/properties/arguments"),
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+            "x-guidance": _JSON_LAYOUT,
+        }
+        lines.append(f"function_{index}: %json {json.dumps(call_schema)}")
+    return "\n".join(lines) + "\n"
+
+
+def _rebase_local_refs(schema: Any, prefix: str) -> Any:
+    """Copy of `schema` with `#/...` refs pointing into it once it is nested at `prefix`."""
+    if isinstance(schema, dict):
+        return {
+            key: prefix + value[1:]
+            if key == "$ref" and isinstance(value, str) and value.startswith("#")
+            else _rebase_local_refs(value, prefix)
+            for key, value in schema.items()
+        }
+    if isinstance(schema, list):
+        return [_rebase_local_refs(item, prefix) for item in schema]
+    return schema

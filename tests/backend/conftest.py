@@ -1,0 +1,95 @@
+"""Fixtures that start the real HTTP server on 127.0.0.1 with the tiny model."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+
+@dataclass
+class RunningServer:
+    """A live art-server: its base URL, API key, and the app (to read engine state in tests)."""
+
+    url: str
+    api_key: str | None
+    app: object
+    art_path: Path
+
+    @property
+    def service(self):
+        return self.app.state.service
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(f"{self.url}/metrics", headers=self.headers()).text
+        pairs = (line.split() for line in text.splitlines() if line and not line.startswith("#"))
+        return {name: float(value) for name, value in pairs}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(model_dir: Path, art_path: Path, *, api_key: str | None = None, **kwargs):
+    from art_backend.cli import build_app
+
+    app = build_app(
+        str(model_dir), name="tiny", dtype="float32", api_key=api_key, art_path=art_path, **kwargs
+    )
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    return server, thread, RunningServer(f"http://127.0.0.1:{port}", api_key, app, art_path)
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The tiny model served without an API key."""
+    uv_server, thread, running = start_server(tiny_model_dir, tmp_path_factory.mktemp("art"))
+    yield running
+    uv_server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def keyed_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The tiny model served with an API key."""
+    uv_server, thread, running = start_server(
+        tiny_model_dir, tmp_path_factory.mktemp("art-keyed"), api_key="secret-key"
+    )
+    yield running
+    uv_server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture
+def client(server: RunningServer):
+    """The real openai SDK pointed at the test server."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def async_client(server: RunningServer):
+    import openai
+
+    return openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
