@@ -61,9 +61,11 @@ def create_app(
 
     async def chat_completions(raw: Request, rollout_id: str | None = None):
         header_rollout = raw.headers.get("x-rollout-id")
-        rollout_id = validate_rollout_id(rollout_id or header_rollout) if (
-            rollout_id or header_rollout
-        ) else None
+        rollout_id = (
+            validate_rollout_id(rollout_id or header_rollout)
+            if (rollout_id or header_rollout)
+            else None
+        )
         try:
             payload = await raw.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as error:

@@ -243,14 +243,23 @@ class ChatService:
                     }
                     if request.logprobs:
                         choice["logprobs"] = {
-                            "content": [self._logprob_entry(event.token_id, event.logprob, event.top_logprobs)]
+                            "content": [
+                                self._logprob_entry(
+                                    event.token_id, event.logprob, event.top_logprobs
+                                )
+                            ]
                         }
                     yield chunk([choice])
                     continue
                 finished[event.choice_index] = event
                 if event.finish_reason in ("error", "cancelled"):
                     message = event.error or "the request was cancelled"
-                    error = {"message": message, "type": "server_error", "param": None, "code": None}
+                    error = {
+                        "message": message,
+                        "type": "server_error",
+                        "param": None,
+                        "code": None,
+                    }
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     continue
                 message = self._message(event, use_tools, request)
@@ -262,7 +271,9 @@ class ChatService:
                         {"index": i, **call} for i, call in enumerate(message["tool_calls"])
                     ]
                 reason = _finish_reason(event, message)
-                yield chunk([{"index": event.choice_index, "delta": delta, "finish_reason": reason}])
+                yield chunk(
+                    [{"index": event.choice_index, "delta": delta, "finish_reason": reason}]
+                )
             if request.stream_options and request.stream_options.include_usage:
                 yield chunk([], usage=_usage(generation, finished.values()))
             yield "data: [DONE]\n\n"

@@ -29,6 +29,7 @@ from typing import Any
 import llguidance
 import llguidance.hf
 import torch
+
 from art_backend._errors import BackendError, InvalidGrammarError
 
 # Whitespace in JSON is fixed to Python's json.dumps style: `{"a": 1, "b": [2, 3]}`. With

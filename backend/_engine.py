@@ -216,12 +216,16 @@ class Engine:
             new_requests = self._take_pending(block=not self._batch)
             started = time.perf_counter()
             with self._lock, torch.inference_mode():
-                if new_requests:
-                    self._admit(new_requests)
-                self._drop_finished()
-                if self._batch:
-                    self._decode_step()
+                try:
+                    if new_requests:
+                        self._admit(new_requests)
                     self._drop_finished()
+                    if self._batch:
+                        self._decode_step()
+                        self._drop_finished()
+                except Exception as error:  # noqa: BLE001 - the engine thread must never die
+                    logger.exception("engine step failed")
+                    self._fail_everything(new_requests, f"engine step failed: {error}")
             if new_requests or self._batch:
                 self.metrics.busy_seconds_total += time.perf_counter() - started
 
@@ -285,7 +289,7 @@ class Engine:
             return
         try:
             logits, cache, mask = self._prefill(live)
-        except Exception as error:  # noqa: BLE001 - isolate: retry one by one
+        except Exception as error:
             if len(live) == 1:
                 logger.exception("prefill failed")
                 self._finish_request_early(live[0], "error", f"prefill failed: {error}")
@@ -298,25 +302,37 @@ class Engine:
         rows: list[int] = []
         sequences: list[_Sequence] = []
         for row, request in enumerate(live):
-            for choice_index in range(request.n):
-                seed = None if request.params.seed is None else request.params.seed + choice_index
-                sequences.append(
-                    _Sequence(
-                        request=request,
-                        choice_index=choice_index,
-                        generator=make_generator(seed),
-                        constraint=request.constraint_factory()
-                        if request.constraint_factory
-                        else None,
-                        length=len(request.prompt_ids),
-                    )
-                )
-                rows.append(row)
+            try:
+                choices = self._new_sequences(request)
+            except Exception as error:  # noqa: BLE001 - e.g. a grammar that fails to start
+                logger.exception("could not start a request")
+                self._finish_request_early(request, "error", f"could not start: {error}")
+                continue
+            sequences.extend(choices)
+            rows.extend([row] * len(choices))
+        if not sequences:
+            return
         row_index = torch.tensor(rows)
         cache.batch_select_indices(row_index)
         mask = mask[row_index]
         next_tokens = self._sample_rows(logits[row_index], sequences)
         self._merge(sequences, cache, mask, next_tokens)
+
+    def _new_sequences(self, request: GenerationRequest) -> list[_Sequence]:
+        sequences = []
+        for choice_index in range(request.n):
+            seed = None if request.params.seed is None else request.params.seed + choice_index
+            constraint = request.constraint_factory() if request.constraint_factory else None
+            sequences.append(
+                _Sequence(
+                    request=request,
+                    choice_index=choice_index,
+                    generator=make_generator(seed),
+                    constraint=constraint,
+                    length=len(request.prompt_ids),
+                )
+            )
+        return sequences
 
     def _prefill(
         self, requests: list[GenerationRequest]
@@ -381,7 +397,7 @@ class Engine:
                 self._cache,
                 adapters,
             )
-        except Exception as error:  # noqa: BLE001 - the whole batch's forward failed
+        except Exception as error:
             logger.exception("decode step failed")
             for sequence in batch:
                 self._finish(sequence, "error", f"decode step failed: {error}")
@@ -403,7 +419,7 @@ class Engine:
                 continue
             try:
                 token = self._sample_one(logits[row], raw_logprobs[row], sequence)
-            except Exception as error:  # noqa: BLE001 - one row's failure stays in its row
+            except Exception as error:
                 logger.exception("sampling failed for one row")
                 self._finish(sequence, "error", f"sampling failed: {error}")
                 continue
@@ -455,9 +471,10 @@ class Engine:
         emit(TokenEvent(sequence.choice_index, token, logprob, top, delta))
         if stop_at is not None or token in self.eos_token_ids:
             self._finish(sequence, "stop", None, text=text)
-        elif len(sequence.token_ids) >= params.max_new_tokens:
-            self._finish(sequence, "length", None, text=text)
-        elif sequence.length + 1 >= self.context_length:
+        elif (
+            len(sequence.token_ids) >= params.max_new_tokens
+            or sequence.length + 1 >= self.context_length
+        ):
             self._finish(sequence, "length", None, text=text)
 
     def _finish(
@@ -490,6 +507,13 @@ class Engine:
         for choice_index in range(request.n):
             sequence = _Sequence(request, choice_index, torch.Generator())
             self._finish(sequence, reason, error)
+
+    def _fail_everything(self, new_requests: list[GenerationRequest], message: str) -> None:
+        for sequence in self._batch:
+            self._finish(sequence, "error", message)
+        for request in new_requests:
+            self._finish_request_early(request, "error", message)
+        self._batch, self._cache, self._attention_mask, self._next_tokens = [], None, None, None
 
     def _drop_finished(self) -> None:
         if not self._batch:

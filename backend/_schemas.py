@@ -10,7 +10,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 # Fields OpenAI clients may send that do not change what is generated: accepted, not used.
-IGNORED_FIELDS = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
+IGNORED_FIELDS = {
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "safety_identifier",
+    "prompt_cache_key",
+}
 
 # Fields we know and do not support: rejected with a message rather than ignored.
 UNSUPPORTED_FIELDS = {

@@ -72,7 +72,9 @@ def discover_checkpoints(art_path: Path) -> list[tuple[str, Path]]:
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments and run uvicorn until SIGTERM/SIGINT (in-flight requests are drained)."""
     parser = argparse.ArgumentParser(prog="art-server", description=__doc__)
-    parser.add_argument("--model", required=True, help="local folder, hub id, or smollm2-135m-instruct")
+    parser.add_argument(
+        "--model", required=True, help="local folder, hub id, or smollm2-135m-instruct"
+    )
     parser.add_argument("--name", help="served name of the base model (default: --model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

@@ -61,7 +61,9 @@ def start_server(model_dir: Path, art_path: Path, *, api_key: str | None = None,
 
 
 @pytest.fixture(scope="session")
-def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
     """The tiny model served without an API key."""
     uv_server, thread, running = start_server(tiny_model_dir, tmp_path_factory.mktemp("art"))
     yield running
@@ -70,7 +72,9 @@ def server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="session")
-def keyed_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def keyed_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
     """The tiny model served with an API key."""
     uv_server, thread, running = start_server(
         tiny_model_dir, tmp_path_factory.mktemp("art-keyed"), api_key="secret-key"

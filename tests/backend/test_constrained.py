@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from art_backend._constrained import GrammarCompiler, SequenceConstraint, apply_constraints
 from art_backend._errors import BackendError, InvalidGrammarError
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 MAX_NEW_TOKENS = 200
 

@@ -7,6 +7,7 @@ import re
 
 import jinja2
 import pytest
+
 from art_backend._errors import InvalidRequestError
 from art_backend._tool_calls import (
     format_tool_call_text,
@@ -15,7 +16,6 @@ from art_backend._tool_calls import (
     render_tools_system_prompt,
     template_supports_tools,
 )
-
 from tests.tiny_model import CHATML_TEMPLATE
 
 WEATHER_TOOL = {

@@ -1,0 +1,193 @@
+"""The torch engine: continuous batching matches plain generate(), rows fail alone, adapters mix."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from art_backend._engine import Engine, FinishEvent, GenerationRequest
+from art_backend._sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir: Path):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def load_model(folder: Path):
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.fixture
+def engine(tiny_model_dir: Path, tokenizer):
+    engine = Engine(
+        load_model(tiny_model_dir),
+        tokenizer,
+        eos_token_ids=[tokenizer.eos_token_id],
+        context_length=512,
+        max_batch_size=8,
+    )
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
+async def run(engine: Engine, request: GenerationRequest) -> dict[int, FinishEvent]:
+    events = engine.submit(request)
+    finished: dict[int, FinishEvent] = {}
+    while len(finished) < request.n:
+        event = await events.get()
+        if isinstance(event, FinishEvent):
+            finished[event.choice_index] = event
+    return finished
+
+
+def greedy(ids: list[int], max_new_tokens: int = 12, **kwargs) -> GenerationRequest:
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    return GenerationRequest(prompt_ids=ids, params=params, **kwargs)
+
+
+def reference_generate(model, ids: list[int], max_new_tokens: int, eos: int) -> list[int]:
+    output = model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+    )
+    return output[0, len(ids) :].tolist()
+
+
+async def test_batched_greedy_output_equals_plain_generate(engine, tokenizer, tiny_model_dir):
+    """Prompts of different lengths joining at different times decode exactly as alone."""
+    prompts = [prompt_ids(tokenizer, "hello " * (i + 1)) for i in range(10)]
+    staggered = []
+    for index, ids in enumerate(prompts):
+        staggered.append(asyncio.create_task(run(engine, greedy(ids, max_new_tokens=8 + index))))
+        await asyncio.sleep(0.01 * (index % 3))  # new requests join a running batch
+    results = await asyncio.gather(*staggered)
+    reference = load_model(tiny_model_dir)
+    for index, (ids, finished) in enumerate(zip(prompts, results, strict=True)):
+        expected = reference_generate(reference, ids, 8 + index, tokenizer.eos_token_id)
+        assert finished[0].token_ids == expected
+    assert engine.metrics.max_batch_size_seen > 1
+
+
+async def test_n_choices_share_one_prefill(engine, tokenizer):
+    ids = prompt_ids(tokenizer, "four samples please")
+    request = GenerationRequest(
+        prompt_ids=ids, params=SamplingParams(max_new_tokens=6, seed=3), n=4
+    )
+    before = engine.metrics.prefill_tokens_total
+    finished = await run(engine, request)
+    assert sorted(finished) == [0, 1, 2, 3]
+    assert engine.metrics.prefill_tokens_total - before == len(ids)
+
+
+async def test_a_failing_row_does_not_fail_its_batch(engine, tokenizer):
+    class ExplodingConstraint:
+        def apply_to_logits(self, logits: torch.Tensor) -> None:
+            raise RuntimeError("boom")
+
+        def advance(self, token_id: int) -> None:
+            pass
+
+    ids = prompt_ids(tokenizer, "shared batch")
+    healthy = [asyncio.create_task(run(engine, greedy(ids, max_new_tokens=10))) for _ in range(3)]
+    broken = asyncio.create_task(
+        run(engine, greedy(ids, constraint_factory=lambda: ExplodingConstraint()))
+    )
+    results = await asyncio.gather(*healthy)
+    failed = await broken
+    assert failed[0].finish_reason == "error" and "boom" in (failed[0].error or "")
+    assert all(result[0].finish_reason == "length" for result in results)
+    assert all(len(result[0].token_ids) == 10 for result in results)
+
+
+async def test_a_failing_grammar_factory_fails_only_its_request(engine, tokenizer):
+    def factory():
+        raise ValueError("bad grammar state")
+
+    ids = prompt_ids(tokenizer, "x")
+    good = asyncio.create_task(run(engine, greedy(ids, max_new_tokens=5)))
+    bad = await run(engine, greedy(ids, constraint_factory=factory))
+    assert bad[0].finish_reason == "error"
+    assert (await good)[0].finish_reason == "length"
+
+
+async def test_cancelled_request_leaves_the_batch(engine, tokenizer):
+    ids = prompt_ids(tokenizer, "long one")
+    request = greedy(ids, max_new_tokens=400)
+    events = engine.submit(request)
+    await events.get()  # first token arrived: the request is running
+    request.cancel()
+    while True:
+        event = await events.get()
+        if isinstance(event, FinishEvent):
+            break
+    assert event.finish_reason == "cancelled"
+    assert len(event.token_ids) < 400
+
+
+async def test_stop_string_truncates_text_and_keeps_tokens(engine, tokenizer):
+    ids = prompt_ids(tokenizer, "stop test")
+
+    def seeded(stop: list[str]) -> GenerationRequest:
+        params = SamplingParams(max_new_tokens=30, temperature=1.0, seed=7, stop=stop)
+        return GenerationRequest(prompt_ids=ids, params=params)
+
+    free = (await run(engine, seeded([])))[0]
+    text = free.text
+    middle = len(text) // 2
+    stop = text[middle : middle + 2]
+    assert stop.strip() and text.find(stop) > 0
+    stopped = (await run(engine, seeded([stop])))[0]
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == text[: text.find(stop)]
+    assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
+
+
+def make_random_adapter(base_dir: Path, folder: Path, seed: int) -> Path:
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    config = LoraConfig(
+        r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    get_peft_model(load_model(base_dir), config).save_pretrained(folder)
+    return folder
+
+
+async def test_adapters_share_base_weights_and_mix_in_one_batch(
+    engine, tokenizer, tiny_model_dir, tmp_path
+):
+    base_weight = engine.model.model.layers[0].self_attn.q_proj.weight
+    engine.load_adapter("agent@1", make_random_adapter(tiny_model_dir, tmp_path / "1", seed=1))
+    engine.load_adapter("agent@2", make_random_adapter(tiny_model_dir, tmp_path / "2", seed=2))
+    peft_layer = engine.model.base_model.model.model.layers[0].self_attn.q_proj
+    assert peft_layer.base_layer.weight.data_ptr() == base_weight.data_ptr()
+
+    ids = prompt_ids(tokenizer, "which adapter am I")
+    alone = {}
+    for adapter in (None, "agent@1", "agent@2"):
+        alone[adapter] = (await run(engine, greedy(ids, adapter=adapter)))[0].token_ids
+    assert alone[None] != alone["agent@1"] != alone["agent@2"]
+
+    mixed = await asyncio.gather(
+        *(run(engine, greedy(ids, adapter=adapter)) for adapter in (None, "agent@1", "agent@2"))
+    )
+    assert [result[0].token_ids for result in mixed] == list(alone.values())
+
+    engine.unload_adapter("agent@2")
+    assert "agent@2" not in engine.adapters
