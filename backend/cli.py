@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from art_backend._errors import InvalidNameError
+from art_backend._errors import BackendError, InvalidNameError
 
 logger = logging.getLogger("art_backend.cli")
 
@@ -33,7 +33,7 @@ def build_app(
     from art_backend._loading import load_model
     from art_backend._records import CompletionRecords
 
-    served_name = name or base_model
+    served_name = name or default_served_name(base_model)
     if not SERVED_NAME_PATTERN.match(served_name) or ".." in served_name or "@" in served_name:
         raise InvalidNameError(
             f"Invalid served name {served_name!r}: use letters, digits, '.', '_', '-' or '/', "
@@ -57,6 +57,13 @@ def build_app(
         grammar_compiler=GrammarCompiler(loaded.tokenizer, loaded.eos_token_ids),
     )
     return create_app(service, api_key=api_key, art_path=art_path)
+
+
+def default_served_name(base_model: str) -> str:
+    """A hub id serves under itself; a local folder under the folder's name."""
+    if SERVED_NAME_PATTERN.match(base_model) and ".." not in base_model:
+        return base_model
+    return Path(base_model).expanduser().name or "base"
 
 
 def discover_checkpoints(art_path: Path) -> list[tuple[str, Path]]:
@@ -89,15 +96,18 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    app = build_app(
-        args.model,
-        name=args.name,
-        dtype=args.dtype,
-        device=args.device,
-        api_key=args.api_key,
-        art_path=args.path,
-        max_batch_size=args.max_batch_size,
-    )
+    try:
+        app = build_app(
+            args.model,
+            name=args.name,
+            dtype=args.dtype,
+            device=args.device,
+            api_key=args.api_key,
+            art_path=args.path,
+            max_batch_size=args.max_batch_size,
+        )
+    except BackendError as error:
+        parser.exit(2, f"art-server: error: {error.message}\n")
     uvicorn.run(
         app,
         host=args.host,

@@ -140,6 +140,54 @@ class RssSampler:
     def reset_window(self) -> None:
         self.window_peak_bytes = 0
 
+    def cpu_snapshot(self) -> tuple[float, float, float]:
+        """(time, CPU seconds busy on the whole machine, CPU seconds of the tree and of us)."""
+        times = self._psutil.cpu_times()
+        busy = sum(
+            getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq")
+        )
+        ours = 0.0
+        try:
+            processes = [self._root, *self._root.children(recursive=True)]
+        except self._psutil.Error:
+            processes = []
+        processes.append(self._psutil.Process())
+        for process in {p.pid: p for p in processes}.values():
+            with contextlib.suppress(self._psutil.Error):
+                cpu = process.cpu_times()
+                ours += cpu.user + cpu.system
+        return time.perf_counter(), busy, ours
+
+
+def other_load(start: tuple[float, float, float], end: tuple[float, float, float]) -> float:
+    """Mean CPU cores used by processes outside this benchmark between two snapshots."""
+    wall = end[0] - start[0]
+    if wall <= 0:
+        return 0.0
+    return round(max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / wall, 2)
+
+
+def wait_for_quiet(max_wait: float = 180.0, threshold: float = 25.0) -> dict[str, float]:
+    """Before loading a contender, wait (bounded) until other processes leave the CPUs mostly idle.
+
+    The machine is shared; this does not make it quiet, it only avoids starting in a burst.
+    """
+    import psutil
+
+    started = time.perf_counter()
+    quiet = 0
+    percent = psutil.cpu_percent(interval=1.0)
+    while time.perf_counter() - started < max_wait:
+        quiet = quiet + 1 if percent <= threshold else 0
+        if quiet >= 3:
+            break
+        percent = psutil.cpu_percent(interval=1.0)
+    return {
+        "waited_seconds": round(time.perf_counter() - started, 1),
+        "cpu_percent_before": percent,
+        "loadavg_1min_before": round(os.getloadavg()[0], 2),
+    }
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
@@ -277,6 +325,7 @@ async def bench_server(
     from openai import AsyncOpenAI
 
     result: dict[str, Any] = {"name": name, "command": " ".join(command), "ok": False}
+    result["machine_before"] = wait_for_quiet()
     log = Path(tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")[1])
     print(f"\n== {name}: {' '.join(command)}\n   log: {log}", flush=True)
     base_url = f"http://127.0.0.1:{port}"
@@ -302,10 +351,13 @@ async def bench_server(
         )
         result["warmup_sample"] = warm["text"][:160]
         sampler.reset_window()
+        cpu_start = sampler.cpu_snapshot()
 
         singles = []
         for _ in range(args.runs):
-            singles.append(await streamed_run(client, request_model, SINGLE_PROMPT, args.max_tokens))
+            singles.append(
+                await streamed_run(client, request_model, SINGLE_PROMPT, args.max_tokens)
+            )
             print(f"   single: {singles[-1]}", flush=True)
         result["single_runs"] = singles
         result["ttft_seconds"] = statistics.median(s["ttft_seconds"] for s in singles)
@@ -322,6 +374,7 @@ async def bench_server(
                 f"{run['completion_tokens']} tokens in {run['wall_seconds']} s",
                 flush=True,
             )
+        result["other_load_cores"] = other_load(cpu_start, sampler.cpu_snapshot())
         metrics_after = await fetch_metrics(base_url, metrics_path)
         if metrics_after is not None:
             result["metrics_during_runs"] = metrics_delta(metrics_before or {}, metrics_after)
@@ -385,7 +438,9 @@ def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
             delta["art_generated_tokens_total"] / steps, 2
         )
     if busy:
-        delta["engine_tokens_per_busy_second"] = round(delta["art_generated_tokens_total"] / busy, 2)
+        delta["engine_tokens_per_busy_second"] = round(
+            delta["art_generated_tokens_total"] / busy, 2
+        )
     for key in ("art_batch_size_mean", "art_batch_size_max", "art_process_resident_bytes"):
         if key in after:
             delta[f"{key} (cumulative)"] = after[key]
@@ -441,11 +496,19 @@ def offline_worker(folder: str, max_tokens: int, runs: int, n_prompts: int, min_
         }
 
     model.generate(**{k: v[:1] for k, v in batch.items()}, max_new_tokens=4, do_sample=False)
+    sampler = RssSampler(os.getpid(), interval=3600)  # only for its CPU snapshots
+    cpu_start = sampler.cpu_snapshot()
     results = []
     for _ in range(runs):
         results.append(run_once())
         print(f"   run: {results[-1]['tokens_per_second']} tok/s", file=sys.stderr, flush=True)
-    print(json.dumps({"runs": results, "kwargs": kwargs, "threads": torch.get_num_threads()}))
+    payload = {
+        "runs": results,
+        "kwargs": kwargs,
+        "threads": torch.get_num_threads(),
+        "other_load_cores": other_load(cpu_start, sampler.cpu_snapshot()),
+    }
+    print(json.dumps(payload))
 
 
 def bench_offline(folder: Path, args: argparse.Namespace, min_new: bool) -> dict[str, Any]:
@@ -463,7 +526,10 @@ def bench_offline(folder: Path, args: argparse.Namespace, min_new: bool) -> dict
         str(len(args.prompts)),
     ] + (["--min-new-tokens"] if min_new else [])
     result: dict[str, Any] = {"name": "offline generate()", "ok": False}
-    print(f"\n== offline generate(): batch {len(args.prompts)}, min_new_tokens={min_new}", flush=True)
+    result["machine_before"] = wait_for_quiet()
+    print(
+        f"\n== offline generate(): batch {len(args.prompts)}, min_new_tokens={min_new}", flush=True
+    )
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -491,6 +557,7 @@ def bench_offline(folder: Path, args: argparse.Namespace, min_new: bool) -> dict
             min_tokens_per_request=min(t for r in runs for t in r["tokens_per_request"]),
             ok=True,
         )
+        result["other_load_cores"] = payload["other_load_cores"]
     except Exception as error:
         result["error"] = f"{type(error).__name__}: {error}"
         print(f"   FAILED: {result['error']}", flush=True)
@@ -580,7 +647,7 @@ def markdown_section(report: dict[str, Any]) -> str:
         SECTION_START,
         "## Serving throughput (`benchmarks/serve_throughput.py`)",
         "",
-        f"{work['requests']} concurrent chat requests (different \"Write a long story about ...\" "
+        f'{work["requests"]} concurrent chat requests (different "Write a long story about ..." '
         f"prompts), max {work['max_tokens']} new tokens, temperature 0, model "
         f"{work['model']} in {machine['dtype']} for every contender; median of {work['runs']} "
         f"runs after one warm-up request. Measured {machine['date']} on {machine['cpu_count']} x "
@@ -588,8 +655,8 @@ def markdown_section(report: dict[str, Any]) -> str:
         f"{machine['torch']}, transformers {machine['transformers']}.",
         "",
         "| contender | tok/s (median) | runs | mean tokens/request | TTFT (s) | single-request tok/s "
-        "| peak RSS (MB) |",
-        "|---|---:|---|---:|---:|---:|---:|",
+        "| peak RSS (MB) | other load (cores) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     labels = {
         "ours": "ours (`art-server`)",
@@ -602,13 +669,14 @@ def markdown_section(report: dict[str, Any]) -> str:
         if c is None:
             continue
         if not c.get("ok"):
-            lines.append(f"| {label} | failed: {c.get('error', '?')[:80]} | | | | | |")
+            lines.append(f"| {label} | failed: {c.get('error', '?')[:80]} | | | | | | |")
             continue
         runs = ", ".join(f"{r['tokens_per_second']:.1f}" for r in c["runs"])
         lines.append(
             f"| {label} | {_fmt(c['median_tokens_per_second'])} | {runs} | "
             f"{_fmt(c['mean_tokens_per_request'])} | {_fmt(c.get('ttft_seconds'), 2)} | "
-            f"{_fmt(c.get('single_tokens_per_second'))} | {_fmt(c.get('peak_rss_mb'), 0)} |"
+            f"{_fmt(c.get('single_tokens_per_second'))} | {_fmt(c.get('peak_rss_mb'), 0)} | "
+            f"{_fmt(c.get('other_load_cores'), 2)} |"
         )
     lines += ["", "| target | measured | met |", "|---|---:|---|"]
     names = {
@@ -633,7 +701,9 @@ def markdown_section(report: dict[str, Any]) -> str:
         "server (median of the runs). Peak RSS: the server's process tree over its whole life "
         "(loading included), sampled every 50 ms. Lengths are not forced (no server here accepts "
         "a minimum-tokens field): tokens/s counts the completion tokens each server reports in "
-        "`usage`, so compare the mean tokens per request column. Raw numbers: "
+        "`usage`, so compare the mean tokens per request column. Other load: mean CPU cores "
+        "used by processes outside the benchmark during the timed runs (the machine is shared; "
+        "2 cores in all). Raw numbers: "
         "`benchmarks/results/serve_throughput.json`.",
         SECTION_END,
     ]

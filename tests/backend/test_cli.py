@@ -1,0 +1,98 @@
+"""`art-server` as a user runs it: a real process, key from the environment, SIGTERM drains."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.backend.conftest import free_port
+
+
+@pytest.fixture
+def server_process(tiny_model_dir: Path, tmp_path: Path):
+    port = free_port()
+    env = {**os.environ, "ART_API_KEY": "from-env", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "art_backend.cli", "--model", str(tiny_model_dir), "--name",
+         "tiny", "--port", str(port), "--dtype", "float32", "--path", str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"art-server exited early:\n{process.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError("art-server did not become healthy")
+        time.sleep(0.2)
+    yield process, url
+    if process.poll() is None:
+        process.kill()
+        process.wait(10)
+
+
+def test_key_from_environment_is_required(server_process):
+    _, url = server_process
+    assert httpx.get(f"{url}/v1/models").status_code == 401
+    models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer from-env"}).json()
+    assert [m["id"] for m in models["data"]][0] == "tiny"
+
+
+def test_sigterm_drains_in_flight_requests_then_exits(server_process):
+    process, url = server_process
+    payload = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "a long answer please"}],
+        "max_tokens": 200,
+        "stream": True,
+    }
+    headers = {"Authorization": "Bearer from-env"}
+    finish_reasons, done = [], False
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=payload, headers=headers, timeout=60
+    ) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: {") and '"token_ids"' in line:
+                process.send_signal(signal.SIGTERM)  # the request is mid-generation
+                break
+        for line in lines:
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                if choice.get("finish_reason"):
+                    finish_reasons.append(choice["finish_reason"])
+    assert done and finish_reasons in (["length"], ["stop"])
+    # uvicorn re-raises SIGTERM after its graceful shutdown: exit by that signal, not a crash.
+    assert process.wait(60) in (0, -signal.SIGTERM)
+    assert "Traceback" not in process.stdout.read()
+
+
+def test_bad_model_path_exits_with_a_clear_message(tmp_path: Path):
+    result = subprocess.run(
+        [sys.executable, "-m", "art_backend.cli", "--model", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode != 0
+    assert "smollm2-135m-instruct" in result.stderr
