@@ -223,7 +223,7 @@ class Engine:
                     if self._batch:
                         self._decode_step()
                         self._drop_finished()
-                except Exception as error:  # noqa: BLE001 - the engine thread must never die
+                except Exception as error:
                     logger.exception("engine step failed")
                     self._fail_everything(new_requests, f"engine step failed: {error}")
             if new_requests or self._batch:
@@ -304,7 +304,7 @@ class Engine:
         for row, request in enumerate(live):
             try:
                 choices = self._new_sequences(request)
-            except Exception as error:  # noqa: BLE001 - e.g. a grammar that fails to start
+            except Exception as error:
                 logger.exception("could not start a request")
                 self._finish_request_early(request, "error", f"could not start: {error}")
                 continue

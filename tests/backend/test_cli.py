@@ -21,8 +21,21 @@ def server_process(tiny_model_dir: Path, tmp_path: Path):
     port = free_port()
     env = {**os.environ, "ART_API_KEY": "from-env", "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "art_backend.cli", "--model", str(tiny_model_dir), "--name",
-         "tiny", "--port", str(port), "--dtype", "float32", "--path", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "art_backend.cli",
+            "--model",
+            str(tiny_model_dir),
+            "--name",
+            "tiny",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--path",
+            str(tmp_path),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -52,7 +65,7 @@ def test_key_from_environment_is_required(server_process):
     _, url = server_process
     assert httpx.get(f"{url}/v1/models").status_code == 401
     models = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer from-env"}).json()
-    assert [m["id"] for m in models["data"]][0] == "tiny"
+    assert next(m["id"] for m in models["data"]) == "tiny"
 
 
 def test_sigterm_drains_in_flight_requests_then_exits(server_process):

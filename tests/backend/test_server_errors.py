@@ -77,9 +77,7 @@ BAD_REQUESTS = [
     ),
     (
         body(
-            tools=[
-                {"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}
-            ]
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]
         ),
         400,
         "tools[0].function.parameters",
