@@ -42,11 +42,20 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(model_dir: Path, art_path: Path, *, api_key: str | None = None, **kwargs):
+def start_server(
+    model: Path | str,
+    art_path: Path,
+    *,
+    api_key: str | None = None,
+    name: str = "tiny",
+    dtype: str = "float32",
+    **kwargs,
+):
+    """Build the app for `model` and run uvicorn on a free 127.0.0.1 port in a thread."""
     from art_backend.cli import build_app
 
     app = build_app(
-        str(model_dir), name="tiny", dtype="float32", api_key=api_key, art_path=art_path, **kwargs
+        str(model), name=name, dtype=dtype, api_key=api_key, art_path=art_path, **kwargs
     )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
