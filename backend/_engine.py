@@ -90,7 +90,10 @@ class _Sequence:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     token_counts: dict[int, int] = field(default_factory=dict)
-    emitted_text: str = ""
+    text: str = ""  # decoded so far
+    emitted_text: str = ""  # sent to the client so far (stop-string prefixes held back)
+    prefix_offset: int = 0  # incremental detokenization window
+    read_offset: int = 0
     length: int = 0  # real tokens in the cache for this row (prompt + sampled, before next)
     finished: bool = False
 
@@ -455,27 +458,43 @@ class Engine:
         params = sequence.request.params
         emit = sequence.request._emit
         assert emit is not None
-        text = self.tokenizer.decode(sequence.token_ids, skip_special_tokens=True)
+        sequence.text += self._decode_increment(sequence)
+        text = sequence.text
         stop_at = _find_stop(text, params.stop)
+        reason: str | None = None
         if stop_at is not None:
-            text = text[:stop_at]
+            text, reason = text[:stop_at], "stop"
         elif token in self.eos_token_ids:
-            pass
-        else:
-            # Hold back an unfinished UTF-8 character and any prefix of a stop string.
-            text = text.rstrip("\ufffd")
-            text = text[: len(text) - _stop_prefix_length(text, params.stop)]
-        delta = text[len(sequence.emitted_text) :] if text.startswith(sequence.emitted_text) else ""
-        if delta:
-            sequence.emitted_text += delta
-        emit(TokenEvent(sequence.choice_index, token, logprob, top, delta))
-        if stop_at is not None or token in self.eos_token_ids:
-            self._finish(sequence, "stop", None, text=text)
+            reason = "stop"
         elif (
             len(sequence.token_ids) >= params.max_new_tokens
             or sequence.length + 1 >= self.context_length
         ):
-            self._finish(sequence, "length", None, text=text)
+            reason = "length"
+        else:  # hold back what may be the start of a stop string
+            text = text[: len(text) - _stop_prefix_length(text, params.stop)]
+        delta = text[len(sequence.emitted_text) :]
+        sequence.emitted_text += delta
+        emit(TokenEvent(sequence.choice_index, token, logprob, top, delta))
+        if reason is not None:
+            self._finish(sequence, reason, None, text=text)
+
+    def _decode_increment(self, sequence: _Sequence) -> str:
+        """New text from the last token, decoding a short window, not the whole sequence.
+
+        The window starts a few tokens back so tokenizers that drop a leading space decode
+        right; an unfinished UTF-8 character (U+FFFD) waits for the next token.
+        """
+        ids = sequence.token_ids
+        decode = self.tokenizer.decode
+        before = decode(
+            ids[sequence.prefix_offset : sequence.read_offset], skip_special_tokens=True
+        )
+        after = decode(ids[sequence.prefix_offset :], skip_special_tokens=True)
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            sequence.prefix_offset, sequence.read_offset = sequence.read_offset, len(ids)
+            return after[len(before) :]
+        return ""
 
     def _finish(
         self, sequence: _Sequence, reason: str, error: str | None, *, text: str | None = None

@@ -140,6 +140,10 @@ class RssSampler:
     def reset_window(self) -> None:
         self.window_peak_bytes = 0
 
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
     def cpu_snapshot(self) -> tuple[float, float, float]:
         """(time, CPU seconds busy on the whole machine, CPU seconds of the tree and of us)."""
         times = self._psutil.cpu_times()
@@ -167,7 +171,7 @@ def other_load(start: tuple[float, float, float], end: tuple[float, float, float
     return round(max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / wall, 2)
 
 
-def wait_for_quiet(max_wait: float = 180.0, threshold: float = 25.0) -> dict[str, float]:
+def wait_for_quiet(max_wait: float = 60.0, threshold: float = 25.0) -> dict[str, float]:
     """Before loading a contender, wait (bounded) until other processes leave the CPUs mostly idle.
 
     The machine is shared; this does not make it quiet, it only avoids starting in a burst.
@@ -187,10 +191,6 @@ def wait_for_quiet(max_wait: float = 180.0, threshold: float = 25.0) -> dict[str
         "cpu_percent_before": percent,
         "loadavg_1min_before": round(os.getloadavg()[0], 2),
     }
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def stop_process_group(process: subprocess.Popen) -> None:
@@ -384,7 +384,7 @@ async def bench_server(
         result["mean_tokens_per_request"] = round(statistics.mean(all_tokens), 2)
         result["min_tokens_per_request"] = min(all_tokens)
         result["ok"] = True
-    except Exception as error:  # a failing contender is recorded, the others still run
+    except Exception as error:  # noqa: BLE001 - a failing contender is recorded, others still run
         result["error"] = f"{type(error).__name__}: {error}"
         result["log_tail"] = tail(log)
         print(f"   FAILED: {result['error']}", flush=True)
@@ -558,7 +558,7 @@ def bench_offline(folder: Path, args: argparse.Namespace, min_new: bool) -> dict
             ok=True,
         )
         result["other_load_cores"] = payload["other_load_cores"]
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - recorded in the report; the run goes on
         result["error"] = f"{type(error).__name__}: {error}"
         print(f"   FAILED: {result['error']}", flush=True)
     finally:

@@ -191,3 +191,22 @@ async def test_adapters_share_base_weights_and_mix_in_one_batch(
 
     engine.unload_adapter("agent@2")
     assert "agent@2" not in engine.adapters
+
+
+async def test_held_back_stop_prefix_is_released_when_the_stop_never_comes(engine, tokenizer):
+    ids = prompt_ids(tokenizer, "held back")
+    params = SamplingParams(max_new_tokens=25, temperature=1.0, seed=11)
+    free = (await run(engine, GenerationRequest(prompt_ids=ids, params=params)))[0]
+    never = free.text[-1] + "\x00"  # its first character ends the text; the whole never appears
+    params = SamplingParams(max_new_tokens=25, temperature=1.0, seed=11, stop=[never])
+    request = GenerationRequest(prompt_ids=ids, params=params)
+    events = engine.submit(request)
+    deltas = []
+    while True:
+        event = await events.get()
+        if isinstance(event, FinishEvent):
+            break
+        deltas.append(event.text_delta)
+    assert event.finish_reason == free.finish_reason
+    assert event.text == free.text == "".join(deltas)
+    assert event.text == tokenizer.decode(event.token_ids, skip_special_tokens=True)

@@ -290,8 +290,14 @@ def test_a_stop_string_ends_the_content_before_its_first_occurrence(client):
 
 
 def test_required_tool_choice_returns_valid_calls_of_the_given_tools(tools_client):
+    # Sampled, the random model may chain calls until max_tokens; greedy stops after one.
     response = tools_client.chat.completions.create(
-        model="tiny", messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=120
+        model="tiny",
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=120,
+        temperature=0.0,
     )
     choice = response.choices[0]
     tools_by_name = {tool["function"]["name"]: tool for tool in TOOLS}
