@@ -458,7 +458,12 @@ class Engine:
         params = sequence.request.params
         emit = sequence.request._emit
         assert emit is not None
-        sequence.text += self._decode_increment(sequence)
+        out_of_room = (
+            len(sequence.token_ids) >= params.max_new_tokens
+            or sequence.length + 1 >= self.context_length
+        )
+        last = out_of_room or token in self.eos_token_ids
+        sequence.text += self._decode_increment(sequence, final=last)
         text = sequence.text
         stop_at = _find_stop(text, params.stop)
         reason: str | None = None
@@ -466,10 +471,7 @@ class Engine:
             text, reason = text[:stop_at], "stop"
         elif token in self.eos_token_ids:
             reason = "stop"
-        elif (
-            len(sequence.token_ids) >= params.max_new_tokens
-            or sequence.length + 1 >= self.context_length
-        ):
+        elif out_of_room:
             reason = "length"
         else:  # hold back what may be the start of a stop string
             text = text[: len(text) - _stop_prefix_length(text, params.stop)]
@@ -479,11 +481,11 @@ class Engine:
         if reason is not None:
             self._finish(sequence, reason, None, text=text)
 
-    def _decode_increment(self, sequence: _Sequence) -> str:
+    def _decode_increment(self, sequence: _Sequence, *, final: bool) -> str:
         """New text from the last token, decoding a short window, not the whole sequence.
 
         The window starts a few tokens back so tokenizers that drop a leading space decode
-        right; an unfinished UTF-8 character (U+FFFD) waits for the next token.
+        right; an unfinished UTF-8 character (U+FFFD) waits for the next token unless `final`.
         """
         ids = sequence.token_ids
         decode = self.tokenizer.decode
@@ -491,7 +493,7 @@ class Engine:
             ids[sequence.prefix_offset : sequence.read_offset], skip_special_tokens=True
         )
         after = decode(ids[sequence.prefix_offset :], skip_special_tokens=True)
-        if len(after) > len(before) and not after.endswith("\ufffd"):
+        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
             sequence.prefix_offset, sequence.read_offset = sequence.read_offset, len(ids)
             return after[len(before) :]
         return ""
