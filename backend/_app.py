@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -139,7 +140,8 @@ def create_app(
             raise InvalidRequestError(
                 f"No PEFT adapter at {body.path!r} (adapter_config.json missing).", param="path"
             )
-        service.engine.load_adapter(body.name, path)
+        # Loading takes the engine lock between steps: keep the event loop free meanwhile.
+        await asyncio.to_thread(service.engine.load_adapter, body.name, path)
         return {"id": body.name, "object": "model"}
 
     # ----------------------------------------------------------------------------- operations
