@@ -63,7 +63,7 @@ def build_tiny_model(folder: Path, *, vocab_size: int = 384, seed: int = 0) -> P
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=512,
+        max_position_embeddings=2048,  # room for a Hermes tools prompt
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,

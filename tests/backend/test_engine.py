@@ -28,7 +28,7 @@ def engine(tiny_model_dir: Path, tokenizer):
         load_model(tiny_model_dir),
         tokenizer,
         eos_token_ids=[tokenizer.eos_token_id],
-        context_length=512,
+        context_length=2048,
         max_batch_size=8,
     )
     engine.start()

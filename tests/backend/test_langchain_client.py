@@ -27,9 +27,12 @@ class Answer(BaseModel):
 
 @pytest.fixture
 def chat(server: RunningServer) -> ChatOpenAI:
-    # The tools prompt takes ~400 of the tiny model's 512 tokens, so completions stay short.
     return ChatOpenAI(
-        base_url=f"{server.url}/v1", api_key="x", model="tiny", max_retries=0, max_tokens=60
+        base_url=f"{server.url}/v1",
+        api_key="x",
+        model="tiny",
+        max_retries=0,
+        max_tokens=60,
     )
 
 

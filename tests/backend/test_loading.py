@@ -36,7 +36,7 @@ def test_local_folder_loads_in_float32_with_its_metadata(tiny_model_dir: Path) -
     assert next(loaded.model.parameters()).dtype == torch.float32
     assert loaded.device == torch.device("cpu")
     assert not loaded.model.training
-    assert loaded.context_length == 512
+    assert loaded.context_length == 2048
     im_end = loaded.tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert loaded.eos_token_ids == [im_end]
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,7 +17,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.backend.conftest import RunningServer, start_server
+from tests.backend.conftest import RunningServer
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
@@ -74,20 +72,9 @@ def no_eos(tokenizer) -> dict[str, int]:
     return {str(tokenizer.eos_token_id): -100}
 
 
-@pytest.fixture(scope="module")
-def tools_client(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[openai.OpenAI]:
-    """The tiny model with a 2048-token context: the tools prompt alone overflows 512 tokens."""
-    model_dir = tmp_path_factory.mktemp("tiny-long") / "model"
-    shutil.copytree(tiny_model_dir, model_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    config["max_position_embeddings"] = 2048
-    (model_dir / "config.json").write_text(json.dumps(config))
-    uv_server, thread, running = start_server(model_dir, tmp_path_factory.mktemp("art-long"))
-    yield openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0)
-    uv_server.should_exit = True
-    thread.join(10)
+@pytest.fixture
+def tools_client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
 
 
 def chat_template_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -127,7 +114,8 @@ def test_completion_reports_the_exact_prompt_and_completion_tokens(client, token
     assert prompt_ids == chat_template_ids(tokenizer, MESSAGES)
     assert response.usage.prompt_tokens == len(prompt_ids)
     assert (
-        response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
+        response.usage.total_tokens
+        == response.usage.prompt_tokens + response.usage.completion_tokens
     )
     choice = response.choices[0]
     assert isinstance(choice.message.content, str)
@@ -354,7 +342,10 @@ def test_a_tool_result_turn_is_accepted(tools_client):
                 {
                     "id": "call_1",
                     "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'},
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": '{"city": "Paris", "unit": "c"}',
+                    },
                 }
             ],
         },
@@ -433,7 +424,8 @@ async def test_concurrent_requests_are_decoded_in_one_batch(
         return metrics["art_batch_size_mean"] * max(metrics["art_decode_steps_total"], 1)
 
     steps = after["art_decode_steps_total"] - before["art_decode_steps_total"]
-    assert (decode_rows(after) - decode_rows(before)) / steps > 1
+    # Mean rows per decode step during these requests (~30 observed; 1 if run one by one).
+    assert (decode_rows(after) - decode_rows(before)) / steps > 8
 
 
 # ----------------------------------------------------------------------------- rollout capture
