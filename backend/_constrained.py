@@ -34,7 +34,7 @@ from art_backend._errors import BackendError, InvalidGrammarError
 
 # Whitespace in JSON is fixed to Python's json.dumps style: `{"a": 1, "b": [2, 3]}`. With
 # flexible whitespace a weak model can emit spaces or newlines forever while staying "valid".
-_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_JSON_LAYOUT: Any = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
 # Terse errors: the verbose form embeds the whole grammar and parser state in the message.

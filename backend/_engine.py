@@ -71,7 +71,7 @@ class GenerationRequest:
     adapter: str | None = None
     constraint_factory: Callable[[], Any] | None = None  # builds one grammar matcher per choice
     cancelled: bool = False
-    _emit: Callable[[TokenEvent | FinishEvent], None] | None = None
+    _emit: Callable[[TokenEvent | FinishEvent], object] | None = None
 
     def cancel(self) -> None:
         """Ask the engine to drop this request's rows at the next step."""
@@ -120,14 +120,14 @@ class Engine:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: Any,  # a transformers causal LM (a PeftModel once an adapter is loaded)
         tokenizer: Any,
         *,
         eos_token_ids: list[int],
         context_length: int,
         max_batch_size: int = 32,
     ) -> None:
-        self.model = model
+        self.model: Any = model
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
         self.context_length = context_length
@@ -142,9 +142,9 @@ class Engine:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="art-engine", daemon=True)
         self._batch: list[_Sequence] = []
-        self._cache: DynamicCache | None = None
-        self._attention_mask: torch.Tensor | None = None
-        self._next_tokens: torch.Tensor | None = None
+        self._cache: Any = None  # a DynamicCache whose layers are edited in place
+        self._attention_mask: Any = None  # [rows, columns] 1 for real tokens, 0 for padding
+        self._next_tokens: Any = None  # tensor of the tokens to feed at the next decode step
 
     # ----------------------------------------------------------------------------------- control
 
@@ -265,7 +265,7 @@ class Engine:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
-        cache: DynamicCache,
+        cache: Any,
         adapters: list[str],
     ) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
@@ -337,9 +337,10 @@ class Engine:
             )
         return sequences
 
-    def _prefill(
-        self, requests: list[GenerationRequest]
-    ) -> tuple[torch.Tensor, DynamicCache, torch.Tensor]:
+    def _peft_adapter(self, served_name: str | None) -> str:
+        return BASE_ADAPTER if served_name is None else self.adapters[served_name]
+
+    def _prefill(self, requests: list[GenerationRequest]) -> tuple[torch.Tensor, Any, torch.Tensor]:
         longest = max(len(r.prompt_ids) for r in requests)
         pad_id = self.tokenizer.pad_token_id or 0
         input_ids = torch.full((len(requests), longest), pad_id, dtype=torch.long)
@@ -350,7 +351,7 @@ class Engine:
             mask[row, longest - length :] = 1
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self._config)
-        adapters = [self.adapters.get(r.adapter, BASE_ADAPTER) for r in requests]
+        adapters = [self._peft_adapter(r.adapter) for r in requests]
         logits = self._forward(input_ids, mask, position_ids, cache, adapters)
         self.metrics.prefill_tokens_total += int(mask.sum())
         return logits, cache, mask
@@ -358,7 +359,7 @@ class Engine:
     def _merge(
         self,
         sequences: list[_Sequence],
-        cache: DynamicCache,
+        cache: Any,
         mask: torch.Tensor,
         next_tokens: torch.Tensor,
     ) -> None:
@@ -391,7 +392,7 @@ class Engine:
         position_ids = torch.tensor([[sequence.length] for sequence in batch])
         for sequence in batch:
             sequence.length += 1
-        adapters = [self.adapters.get(s.request.adapter, BASE_ADAPTER) for s in batch]
+        adapters = [self._peft_adapter(s.request.adapter) for s in batch]
         try:
             logits = self._forward(
                 self._next_tokens.unsqueeze(1),

@@ -240,7 +240,8 @@ def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     model.generation_config = gguf_model.generation_config
     if config.tie_word_embeddings:
         model.tie_weights()
-        embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        embed: Any = model.get_input_embeddings().weight
+        head: Any = model.get_output_embeddings().weight
         if embed.data_ptr() != head.data_ptr():
             raise ModelLoadError(f"Converting {gguf_path.name} left lm_head untied; cannot use it.")
     del gguf_model
