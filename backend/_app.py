@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import re
+from collections.abc import Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import psutil
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art_backend._chat import ChatService
@@ -24,6 +26,7 @@ from art_backend._schemas import ChatCompletionRequest, LoadAdapterRequest
 
 logger = logging.getLogger("art_backend.app")
 
+DISCONNECT_POLL_SECONDS = 0.5
 ADAPTER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}@[0-9]{1,9}$")
 
 
@@ -79,7 +82,7 @@ def create_app(
         if request.stream:
             lines = await service.stream(request, rollout_id)
             return StreamingResponse(lines, media_type="text/event-stream")
-        return await service.complete(request, rollout_id)
+        return await _unless_disconnected(raw, service.complete(request, rollout_id))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(raw: Request):
@@ -155,6 +158,20 @@ def create_app(
         return PlainTextResponse(_prometheus_metrics(service))
 
     return app
+
+
+async def _unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> Any:
+    """Await `work`, cancelling it (and so its rows in the engine) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+        if done:
+            return task.result()
+        if await raw.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
 
 
 def _prometheus_metrics(service: ChatService) -> str:

@@ -175,22 +175,33 @@ class ChatService:
             generation.cancel()
             raise
         _raise_if_failed(finished.values())
-        completion_id = _new_id()
-        choices = [
-            self._choice(finished[index], request, use_tools) for index in range(generation.n)
-        ]
-        body = {
+        body = self._completion_body(
+            _new_id(), int(time.time()), request, generation, finished, use_tools
+        )
+        self._record(body, request, rollout_id)
+        return body
+
+    def _completion_body(
+        self,
+        completion_id: str,
+        created: int,
+        request: ChatCompletionRequest,
+        generation: GenerationRequest,
+        finished: dict[int, FinishEvent],
+        use_tools: bool,
+    ) -> dict[str, Any]:
+        return {
             "id": completion_id,
             "object": "chat.completion",
-            "created": int(time.time()),
+            "created": created,
             "model": request.model,
-            "choices": choices,
+            "choices": [
+                self._choice(finished[index], request, use_tools) for index in range(generation.n)
+            ],
             "usage": _usage(generation, finished.values()),
             "system_fingerprint": None,
             "prompt_token_ids": generation.prompt_ids,
         }
-        self._record(body, request, rollout_id)
-        return body
 
     async def stream(
         self, request: ChatCompletionRequest, rollout_id: str | None
@@ -274,25 +285,20 @@ class ChatService:
                 yield chunk(
                     [{"index": event.choice_index, "delta": delta, "finish_reason": reason}]
                 )
+            if all(
+                event.finish_reason not in ("error", "cancelled") for event in finished.values()
+            ):
+                # Recorded before [DONE], so a client that reads the rollout next finds it.
+                body = self._completion_body(
+                    completion_id, created, request, generation, finished, use_tools
+                )
+                self._record(body, request, rollout_id)
             if request.stream_options and request.stream_options.include_usage:
                 yield chunk([], usage=_usage(generation, finished.values()))
             yield "data: [DONE]\n\n"
         finally:
             if len(finished) < generation.n:
                 generation.cancel()  # the client went away
-        if all(event.finish_reason not in ("error", "cancelled") for event in finished.values()):
-            body = {
-                "id": completion_id,
-                "object": "chat.completion",
-                "created": created,
-                "model": request.model,
-                "choices": [
-                    self._choice(finished[i], request, use_tools) for i in range(generation.n)
-                ],
-                "usage": _usage(generation, finished.values()),
-                "prompt_token_ids": generation.prompt_ids,
-            }
-            self._record(body, request, rollout_id)
 
     def _message(
         self, event: FinishEvent, use_tools: bool, request: ChatCompletionRequest

@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "serve_throughput.json"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 VENV_BIN = Path(sys.executable).parent
-DTYPE = "bfloat16"
+DEFAULT_DTYPE = "bfloat16"
+DTYPE = DEFAULT_DTYPE  # --dtype: the same for every contender
 SERVED_NAME = "smol"
 THREADS: int | None = None  # --threads: OMP_NUM_THREADS for every contender
 
@@ -582,6 +583,8 @@ def bench_offline(folder: Path, args: argparse.Namespace, min_new: bool) -> dict
         str(len(args.prompts)),
         "--retries",
         str(args.retries),
+        "--dtype",
+        DTYPE,
     ] + (["--min-new-tokens"] if min_new else [])
     result: dict[str, Any] = {"name": "offline generate()", "ok": False}
     result["machine_before"] = wait_for_quiet()
@@ -898,13 +901,19 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, help="OMP_NUM_THREADS for every contender (default: torch's)"
     )
+    parser.add_argument(
+        "--dtype",
+        default=DEFAULT_DTYPE,
+        choices=["bfloat16", "float32"],
+        help="dtype of every contender; a non-default one writes nothing unless --write",
+    )
     parser.add_argument("--model", help="model folder (default: the converted SmolLM2)")
     parser.add_argument("--only", help="comma list: ours,transformers_serve,...")
     parser.add_argument("--offline-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--min-new-tokens", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global THREADS
-    THREADS = args.threads
+    global DTYPE, THREADS
+    DTYPE, THREADS = args.dtype, args.threads
     if args.quick:
         args.runs, args.requests, args.max_tokens = 1, 4, 16
     if args.offline_worker:
@@ -920,8 +929,8 @@ def main() -> None:
     report["ratios"] = ratios(report["contenders"])
     section = markdown_section(report)
     print("\n" + section)
-    if args.quick and not args.write:
-        print("(--quick: nothing written; add --write to write the results)")
+    if (args.quick or args.dtype != DEFAULT_DTYPE) and not args.write:
+        print("(--quick or non-default --dtype: nothing written; add --write to write them)")
         return
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
