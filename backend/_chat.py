@@ -164,6 +164,7 @@ class ChatService:
     ) -> dict[str, Any]:
         """Run a non-streaming request to the end and return the OpenAI response body."""
         generation, use_tools = self.prepare(request)
+        generation.stream_tokens = False
         events = self.engine.submit(generation)
         finished: dict[int, FinishEvent] = {}
         try:

@@ -25,6 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from art_backend._errors import EngineStoppedError, InvalidRequestError
+from art_backend._kv_cache import make_growing
 from art_backend._sampling import (
     SamplingParams,
     apply_bias_and_penalties,
@@ -70,6 +71,7 @@ class GenerationRequest:
     n: int = 1
     adapter: str | None = None
     constraint_factory: Callable[[], Any] | None = None  # builds one grammar matcher per choice
+    stream_tokens: bool = True  # False: only FinishEvents (saves a thread hop per token)
     cancelled: bool = False
     _emit: Callable[[TokenEvent | FinishEvent], object] | None = None
 
@@ -317,6 +319,7 @@ class Engine:
             return
         row_index = torch.tensor(rows)
         cache.batch_select_indices(row_index)
+        make_growing(cache)  # from here on, a new token is written in place
         mask = mask[row_index]
         next_tokens = self._sample_rows(logits[row_index], sequences)
         self._merge(sequences, cache, mask, next_tokens)
@@ -478,7 +481,8 @@ class Engine:
             text = text[: len(text) - _stop_prefix_length(text, params.stop)]
         delta = text[len(sequence.emitted_text) :]
         sequence.emitted_text += delta
-        emit(TokenEvent(sequence.choice_index, token, logprob, top, delta))
+        if sequence.request.stream_tokens:
+            emit(TokenEvent(sequence.choice_index, token, logprob, top, delta))
         if reason is not None:
             self._finish(sequence, reason, None, text=text)
 

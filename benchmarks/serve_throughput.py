@@ -45,7 +45,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "serve_throughput.json"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 VENV_BIN = Path(sys.executable).parent
-DEFAULT_DTYPE = "bfloat16"
+
+
+def _auto_dtype() -> str:
+    """What `--dtype auto` gives on this machine's CPU: bf16 only with native bf16 instructions."""
+    from art_backend._loading import cpu_supports_bf16
+
+    return "bfloat16" if cpu_supports_bf16() else "float32"
+
+
+DEFAULT_DTYPE = _auto_dtype()  # the dtype users get by default here
 DTYPE = DEFAULT_DTYPE  # --dtype: the same for every contender
 SERVED_NAME = "smol"
 THREADS: int | None = None  # --threads: OMP_NUM_THREADS for every contender
@@ -53,8 +62,21 @@ THREADS: int | None = None  # --threads: OMP_NUM_THREADS for every contender
 STARTUP_TIMEOUT = 600.0  # model load on a busy 2-core machine
 REQUEST_TIMEOUT = 900.0  # one request, including queueing behind 15 others on a sequential server
 STOP_TIMEOUT = 30.0
-SECTION_START = "<!-- serve_throughput:start -->"
+SECTION_START = "<!-- serve_throughput:start -->"  # the default dtype's section
 SECTION_END = "<!-- serve_throughput:end -->"
+
+
+def results_path(dtype: str) -> Path:
+    """The default dtype's results in serve_throughput.json, another's beside it."""
+    suffix = "" if dtype == DEFAULT_DTYPE else f"_{dtype}"
+    return RESULTS.with_name(f"serve_throughput{suffix}.json")
+
+
+def section_markers(dtype: str) -> tuple[str, str]:
+    if dtype == DEFAULT_DTYPE:
+        return SECTION_START, SECTION_END
+    return f"<!-- serve_throughput_{dtype}:start -->", f"<!-- serve_throughput_{dtype}:end -->"
+
 
 TOPICS = [
     "a lighthouse keeper who finds a message in a bottle",
@@ -788,11 +810,13 @@ the absolute tokens/s.
 """
 
 
-def write_markdown(section: str) -> None:
+def write_markdown(section: str, dtype: str) -> None:
+    start, end = section_markers(dtype)
+    section = section.replace(SECTION_START, start).replace(SECTION_END, end)
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else INTRO
-    if SECTION_START in text and SECTION_END in text:
-        before = text.split(SECTION_START, 1)[0]
-        after = text.split(SECTION_END, 1)[1].lstrip("\n")
+    if start in text and end in text:
+        before = text.split(start, 1)[0]
+        after = text.split(end, 1)[1].lstrip("\n")
         text = before + section + ("\n" + after if after else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section
@@ -905,7 +929,8 @@ def main() -> None:
         "--dtype",
         default=DEFAULT_DTYPE,
         choices=["bfloat16", "float32"],
-        help="dtype of every contender; a non-default one writes nothing unless --write",
+        help=f"dtype of every contender (default here: {DEFAULT_DTYPE}, what --dtype auto gives); "
+        "another dtype is written to serve_throughput_<dtype>.json and its own section",
     )
     parser.add_argument("--model", help="model folder (default: the converted SmolLM2)")
     parser.add_argument("--only", help="comma list: ours,transformers_serve,...")
@@ -929,13 +954,14 @@ def main() -> None:
     report["ratios"] = ratios(report["contenders"])
     section = markdown_section(report)
     print("\n" + section)
-    if (args.quick or args.dtype != DEFAULT_DTYPE) and not args.write:
-        print("(--quick or non-default --dtype: nothing written; add --write to write them)")
+    if args.quick and not args.write:
+        print("(--quick: nothing written; add --write to write them)")
         return
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    write_markdown(section)
-    print(f"wrote {RESULTS.relative_to(ROOT)} and {BENCHMARKS_MD.name}")
+    results = results_path(args.dtype)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(report, indent=2) + "\n")
+    write_markdown(section, args.dtype)
+    print(f"wrote {results.relative_to(ROOT)} and {BENCHMARKS_MD.name}")
 
 
 if __name__ == "__main__":
