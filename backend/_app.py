@@ -17,7 +17,9 @@ import psutil
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from art_backend._chat import ChatService
 from art_backend._errors import BackendError, InvalidNameError, InvalidRequestError
@@ -44,21 +46,8 @@ def create_app(
     app = FastAPI(title="art-server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
 
-    @app.middleware("http")
-    async def require_api_key(request: Request, call_next):
-        if api_key and request.url.path != "/health":
-            header = request.headers.get("authorization", "")
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), api_key):
-                return _error(
-                    401,
-                    "authentication_error",
-                    "Missing or invalid API key: send `Authorization: Bearer <key>` with the key "
-                    "the server was started with (--api-key or ART_API_KEY).",
-                    code="invalid_api_key",
-                )
-        return await call_next(request)
-
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     _register_error_handlers(app)
 
     # ----------------------------------------------------------------------------- completions
@@ -158,6 +147,36 @@ def create_app(
         return PlainTextResponse(_prometheus_metrics(service))
 
     return app
+
+
+class ApiKeyMiddleware:
+    """Every route but /health needs `Authorization: Bearer KEY`.
+
+    A plain ASGI middleware (not FastAPI's `@app.middleware`): it passes `receive` through
+    untouched, so the endpoint still sees the client's disconnect and can cancel its work.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            header = Headers(scope=scope).get("authorization", "")
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode(), self.api_key.encode()
+            ):
+                response = _error(
+                    401,
+                    "authentication_error",
+                    "Missing or invalid API key: send `Authorization: Bearer <key>` with the key "
+                    "the server was started with (--api-key or ART_API_KEY).",
+                    code="invalid_api_key",
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 async def _unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> Any:

@@ -32,10 +32,17 @@ def wait_for_cancellation(server: RunningServer, before: float) -> dict[str, flo
     pytest.fail("the engine kept generating for a client that had gone away")
 
 
-def test_non_streaming_client_that_times_out_is_cancelled(server):
+@pytest.mark.parametrize("server_fixture", ["server", "keyed_server"])
+def test_non_streaming_client_that_times_out_is_cancelled(server_fixture, request):
+    server = request.getfixturevalue(server_fixture)  # with and without the auth middleware
     before = server.metrics()
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/chat/completions", json=long_request(), timeout=0.5)
+        httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json=long_request(),
+            headers=server.headers(),
+            timeout=0.5,
+        )
     after = wait_for_cancellation(server, before["art_requests_cancelled_total"])
     generated = after["art_generated_tokens_total"] - before["art_generated_tokens_total"]
     assert generated < 1800
