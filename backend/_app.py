@@ -53,12 +53,10 @@ def create_app(
     # ----------------------------------------------------------------------------- completions
 
     async def chat_completions(raw: Request, rollout_id: str | None = None):
-        header_rollout = raw.headers.get("x-rollout-id")
-        rollout_id = (
-            validate_rollout_id(rollout_id or header_rollout)
-            if (rollout_id or header_rollout)
-            else None
-        )
+        # The rollout-scoped URL wins over the header; either is validated the same way.
+        rollout_id = rollout_id or raw.headers.get("x-rollout-id")
+        if rollout_id is not None:
+            validate_rollout_id(rollout_id)
         try:
             payload = await raw.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -79,7 +77,7 @@ def create_app(
 
     @app.post("/rollouts/{rollout_id}/v1/chat/completions")
     async def create_rollout_chat_completion(rollout_id: str, raw: Request):
-        return await chat_completions(raw, validate_rollout_id(rollout_id))
+        return await chat_completions(raw, rollout_id)
 
     @app.get("/v1/chat/completions/{completion_id}")
     async def get_chat_completion(completion_id: str):
