@@ -729,7 +729,8 @@ def markdown_section(report: dict[str, Any]) -> str:
     )
     lines = [
         SECTION_START,
-        "## Serving throughput (`benchmarks/serve_throughput.py`)",
+        f"## Serving throughput, {machine['dtype']} (`benchmarks/serve_throughput.py"
+        + ("`)" if machine["dtype"] == DEFAULT_DTYPE else f" --dtype {machine['dtype']}`)"),
         "",
         f'{work["requests"]} concurrent chat requests (different "Write a long story about ..." '
         f"prompts), max {work['max_tokens']} new tokens, temperature 0, model "
@@ -791,7 +792,7 @@ def markdown_section(report: dict[str, Any]) -> str:
         "used by processes outside the benchmark during the timed runs (the machine is shared; "
         "2 cores in all); a run is repeated (`--retries`, default 2) while that exceeds "
         f"{CONTENDED_CORES} cores, and `*` marks a run kept although contended. Raw numbers: "
-        "`benchmarks/results/serve_throughput.json`.",
+        f"`benchmarks/results/{results_path(machine['dtype']).name}`.",
         SECTION_END,
     ]
     return "\n".join(lines) + "\n"
