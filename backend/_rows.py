@@ -1,0 +1,252 @@
+"""Training rows: a trajectory's recorded completions become padded token tensors for the trainer.
+
+Pure functions, no model: recorded turns -> `Sequence`s (`build_sequences`) -> padded `Rows`
+with drop counts (`pack_rows`) -> micro-batches under a token budget (`micro_batches`).
+
+Alignment convention (the trainer must use exactly this)
+--------------------------------------------------------
+Every per-token tensor is aligned with `input_ids`: position p describes token input_ids[p].
+
+- trained_mask[p] is 1 when input_ids[p] was sampled by the model, 0 for context and padding.
+- old_logprobs[p] is the sampler's log pi_old(input_ids[p] | input_ids[:p]); 0 where untrained.
+- The new logprob at position p therefore comes from the logits at position p - 1:
+      new_logprobs[:, p] = log_softmax(logits[:, p - 1])[input_ids[:, p]]
+  `token_logprobs(logits, input_ids)` does this shift and returns a tensor aligned the same way
+  (column 0 is 0). Position 0 is never trained: every turn has a non-empty prompt.
+
+Then `_grpo.policy_loss(new_logprobs, rows.old_logprobs, rows.advantages, rows.trained_mask, ...)`
+takes the tensors as they are. With micro-batches, compute the step's denominator once over all
+rows, `_grpo.loss_denominator(rows.trained_mask, config)` (it is additive over micro-batches),
+and pass it as `policy_loss(..., denominator=...)` for each micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+DROP_REASONS = ("no_trainable_tokens", "truncated", "over_length")
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One sampled assistant turn, as recorded by the server: exact prompt and sampled ids."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # the sampled ids, EOS included
+    logprobs: list[float]  # one per sampled id, from the sampler
+    finish_reason: str  # "stop" | "length" | "tool_calls"
+
+
+@dataclass(frozen=True)
+class TrajectoryTurns:
+    """The recorded turns of one trajectory, in call order, with its advantage from its group."""
+
+    trajectory_id: str
+    group_id: int
+    advantage: float
+    turns: list[TurnRecord]
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One token sequence of a trajectory; 1-D tensors aligned with input_ids (module docstring)."""
+
+    input_ids: torch.Tensor  # long [T]
+    trained_mask: torch.Tensor  # bool [T]
+    old_logprobs: torch.Tensor  # float32 [T]
+    advantage: float
+    trajectory_id: str
+    group_id: int
+    truncated: bool  # a turn of this sequence finished with "length"
+
+    def __len__(self) -> int:
+        return int(self.input_ids.numel())
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Right-padded sequences: [rows, T] token tensors plus one advantage and group id per row."""
+
+    input_ids: torch.Tensor  # long [R, T], padding 0
+    attention_mask: torch.Tensor  # long [R, T], 1 on real tokens
+    trained_mask: torch.Tensor  # bool [R, T]
+    old_logprobs: torch.Tensor  # float32 [R, T]
+    advantages: torch.Tensor  # float32 [R]
+    group_ids: torch.Tensor  # long [R]
+    trajectory_ids: list[str]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Real (unpadded) length of every row."""
+        return self.attention_mask.sum(-1)
+
+    @property
+    def trained_tokens(self) -> int:
+        """Trained tokens in all rows: the token_mean denominator of the step."""
+        return int(self.trained_mask.sum())
+
+    def select(self, indices: list[int]) -> Rows:
+        """These rows, in this order, with columns trimmed to their longest row."""
+        index = torch.tensor(indices, dtype=torch.long)
+        width = int(self.lengths[index].max()) if indices else 0
+        return Rows(
+            input_ids=self.input_ids[index, :width],
+            attention_mask=self.attention_mask[index, :width],
+            trained_mask=self.trained_mask[index, :width],
+            old_logprobs=self.old_logprobs[index, :width],
+            advantages=self.advantages[index],
+            group_ids=self.group_ids[index],
+            trajectory_ids=[self.trajectory_ids[i] for i in indices],
+        )
+
+
+def turns_from_record(record: dict[str, Any]) -> list[TurnRecord]:
+    """The turns of one recorded completion (`_records`): one per choice, in index order."""
+    choices = sorted(record["choices"], key=lambda choice: choice["index"])
+    return [
+        TurnRecord(
+            prompt_token_ids=list(record["prompt_token_ids"]),
+            token_ids=list(choice["token_ids"]),
+            logprobs=list(choice["logprobs"]),
+            finish_reason=choice["finish_reason"],
+        )
+        for choice in choices
+    ]
+
+
+@dataclass
+class _OpenSequence:
+    tokens: list[int]
+    trained: list[bool]
+    logprobs: list[float]
+    truncated: bool
+
+
+def build_sequences(trajectory: TrajectoryTurns) -> list[Sequence]:
+    """One sequence per chain of turns that extend each other; all share the trajectory's advantage.
+
+    Turn k extends a sequence when its prompt starts with that sequence's tokens (earlier prompt
+    plus sampled ids, exactly); the prompt's remaining tokens (tool results, user turns) are
+    context. A turn that extends no sequence (rewritten history, parallel branch) starts one.
+    """
+    sequences: list[_OpenSequence] = []
+    for number, turn in enumerate(trajectory.turns):
+        _check_turn(turn, trajectory.trajectory_id, number)
+        prompt = turn.prompt_token_ids
+        # The longest sequence the prompt extends: a branch interleaved with other calls (a
+        # sub-agent, a parallel sample) still continues its own sequence.
+        extended = [s for s in sequences if prompt[: len(s.tokens)] == s.tokens]
+        if extended:
+            sequence = max(extended, key=lambda s: len(s.tokens))
+        else:
+            sequence = _OpenSequence(tokens=[], trained=[], logprobs=[], truncated=False)
+            sequences.append(sequence)
+        context = prompt[len(sequence.tokens) :]
+        sequence.tokens += [*context, *turn.token_ids]
+        sequence.trained += [False] * len(context) + [True] * len(turn.token_ids)
+        sequence.logprobs += [0.0] * len(context) + list(turn.logprobs)
+        sequence.truncated = sequence.truncated or turn.finish_reason == "length"
+    return [
+        Sequence(
+            input_ids=torch.tensor(s.tokens, dtype=torch.long),
+            trained_mask=torch.tensor(s.trained, dtype=torch.bool),
+            old_logprobs=torch.tensor(s.logprobs, dtype=torch.float32),
+            advantage=trajectory.advantage,
+            trajectory_id=trajectory.trajectory_id,
+            group_id=trajectory.group_id,
+            truncated=s.truncated,
+        )
+        for s in sequences
+    ]
+
+
+def _check_turn(turn: TurnRecord, trajectory_id: str, number: int) -> None:
+    where = f"trajectory {trajectory_id!r}, turn {number}"
+    if not turn.prompt_token_ids:
+        raise ValueError(f"{where}: empty prompt_token_ids; a sampled token needs a context")
+    if len(turn.logprobs) != len(turn.token_ids):
+        raise ValueError(
+            f"{where}: {len(turn.token_ids)} token_ids but {len(turn.logprobs)} logprobs; "
+            "the record must hold one sampler logprob per sampled token"
+        )
+
+
+def pack_rows(
+    sequences: Iterable[Sequence], *, max_length: int, mask_truncated: bool
+) -> tuple[Rows, dict[str, int]]:
+    """Right-pad the kept sequences into Rows; return them with drop counts for every reason.
+
+    A dropped sequence is counted once, under the first reason that applies, in the order of
+    DROP_REASONS: no trained token; truncated (only when mask_truncated); longer than max_length.
+    """
+    dropped = dict.fromkeys(DROP_REASONS, 0)
+    kept: list[Sequence] = []
+    for sequence in sequences:
+        if not bool(sequence.trained_mask.any()):
+            dropped["no_trainable_tokens"] += 1
+        elif mask_truncated and sequence.truncated:
+            dropped["truncated"] += 1
+        elif len(sequence) > max_length:
+            dropped["over_length"] += 1
+        else:
+            kept.append(sequence)
+
+    width = max((len(s) for s in kept), default=0)
+    shape = (len(kept), width)
+    rows = Rows(
+        input_ids=torch.zeros(shape, dtype=torch.long),
+        attention_mask=torch.zeros(shape, dtype=torch.long),
+        trained_mask=torch.zeros(shape, dtype=torch.bool),
+        old_logprobs=torch.zeros(shape, dtype=torch.float32),
+        advantages=torch.tensor([s.advantage for s in kept], dtype=torch.float32),
+        group_ids=torch.tensor([s.group_id for s in kept], dtype=torch.long),
+        trajectory_ids=[s.trajectory_id for s in kept],
+    )
+    for row, sequence in enumerate(kept):
+        length = len(sequence)
+        rows.input_ids[row, :length] = sequence.input_ids
+        rows.attention_mask[row, :length] = 1
+        rows.trained_mask[row, :length] = sequence.trained_mask
+        rows.old_logprobs[row, :length] = sequence.old_logprobs
+    return rows, dropped
+
+
+def micro_batches(rows: Rows, *, token_budget: int) -> list[Rows]:
+    """Split rows, longest first, into micro-batches of padded size (rows x longest) <= budget.
+
+    Deterministic: ties in length keep the original row order. A row longer than the budget is
+    a micro-batch of its own. Each micro-batch is trimmed to its longest row.
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    lengths = rows.lengths.tolist()
+    order = sorted(range(rows.num_rows), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for index in order:
+        # Longest first, so the batch's first row sets its width.
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
+            batches[-1].append(index)
+        else:
+            batches.append([index])
+    return [rows.select(batch) for batch in batches]
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """log p(input_ids[:, p] | input_ids[:, :p]) from logits [R, T, V], aligned with input_ids.
+
+    Column 0 has no prediction and is 0 (never trained). Computed in float32: bf16 logprobs are
+    too coarse to compare with the sampler's.
+    """
+    predicting = logits[:, :-1].float()
+    labels = input_ids[:, 1:]
+    chosen = predicting.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    shifted = chosen - torch.logsumexp(predicting, dim=-1)
+    return torch.nn.functional.pad(shifted, (1, 0), value=0.0)
