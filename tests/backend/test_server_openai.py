@@ -17,6 +17,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from tests.backend.chat_messages import assistant_tool_calls, tool_result
 from tests.backend.conftest import RunningServer
 
 MESSAGES = [
@@ -335,21 +336,8 @@ def test_auto_tool_choice_answers_with_content_or_tool_calls(tools_client):
 def test_a_tool_result_turn_is_accepted(tools_client):
     messages = [
         *MESSAGES,
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {
-                        "name": "get_weather",
-                        "arguments": '{"city": "Paris", "unit": "c"}',
-                    },
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
+        assistant_tool_calls(("get_weather", '{"city": "Paris", "unit": "c"}')),
+        tool_result("call_1", '{"temperature": 21}'),
     ]
     response = tools_client.chat.completions.create(
         model="tiny", messages=messages, tools=TOOLS, max_tokens=10

@@ -16,6 +16,7 @@ from art_backend._tool_calls import (
     render_tools_system_prompt,
     template_supports_tools,
 )
+from tests.backend.chat_messages import assistant_tool_calls, tool_result
 from tests.tiny_model import CHATML_TEMPLATE
 
 WEATHER_TOOL = {
@@ -43,24 +44,11 @@ TOOL_NAMES = {"get_weather", "get_time"}
 
 CONVERSATION_WITH_CALLS = [
     {"role": "user", "content": "Weather and time in Paris?"},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-            },
-            {
-                "id": "call_2",
-                "type": "function",
-                "function": {"name": "get_time", "arguments": '{"zone": "Europe/Paris"}'},
-            },
-        ],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
-    {"role": "tool", "tool_call_id": "call_2", "content": "14:05"},
+    assistant_tool_calls(
+        ("get_weather", '{"city": "Paris"}'), ("get_time", '{"zone": "Europe/Paris"}')
+    ),
+    tool_result("call_1", '{"temperature": 21}'),
+    tool_result("call_2", "14:05"),
 ]
 
 
@@ -216,19 +204,7 @@ def test_assistant_tool_calls_become_tool_call_blocks_after_its_text():
 
 
 def test_assistant_tool_call_with_invalid_json_arguments_keeps_them_as_a_string():
-    messages = [
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": "{city: Paris"},
-                }
-            ],
-        }
-    ]
+    messages = [assistant_tool_calls(("get_weather", "{city: Paris"))]
     prepared = prepare_messages(messages, None, supports_tools=False)
     assert prepared[0]["content"] == (
         '<tool_call>\n{"name": "get_weather", "arguments": "{city: Paris"}\n</tool_call>'

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from tests.backend.chat_messages import assistant_tool_calls, tool_result
 from tests.backend.conftest import start_server
 
 # A trimmed Qwen2.5-style template: tools in the system turn, calls and results as tagged blocks.
@@ -86,18 +87,8 @@ def test_template_renders_the_tools_not_our_system_prompt(tools_server, tiny_mod
 def test_tool_turns_render_through_the_template(tools_server, tiny_model_dir):
     messages = [
         {"role": "user", "content": "weather in Paris?"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"},
+        assistant_tool_calls(("get_weather", '{"city": "Paris"}')),
+        tool_result("call_1", "21 degrees"),
     ]
     body = {"model": "tiny", "messages": messages, "tools": [WEATHER], "max_tokens": 2}
     response = httpx.post(f"{tools_server.url}/v1/chat/completions", json=body)
