@@ -25,6 +25,8 @@ from art_backend._chat import ChatService
 from art_backend._errors import BackendError, InvalidNameError, InvalidRequestError
 from art_backend._records import validate_rollout_id
 from art_backend._schemas import ChatCompletionRequest, LoadAdapterRequest
+from art_backend._training import TrainingService
+from art_backend._training_routes import training_router
 
 logger = logging.getLogger("art_backend.app")
 
@@ -33,7 +35,11 @@ ADAPTER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}@[0-9]{1,9}$
 
 
 def create_app(
-    service: ChatService, *, api_key: str | None = None, art_path: Path | None = None
+    service: ChatService,
+    *,
+    api_key: str | None = None,
+    art_path: Path | None = None,
+    training: TrainingService | None = None,
 ) -> FastAPI:
     """Build the FastAPI app around a started engine's chat service."""
 
@@ -45,6 +51,7 @@ def create_app(
 
     app = FastAPI(title="art-server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
+    app.state.training = training
 
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
@@ -133,6 +140,9 @@ def create_app(
         # Loading takes the engine lock between steps: keep the event loop free meanwhile.
         await asyncio.to_thread(service.engine.load_adapter, body.name, path)
         return {"id": body.name, "object": "model"}
+
+    if training is not None:
+        app.include_router(training_router(training))
 
     # ----------------------------------------------------------------------------- operations
 

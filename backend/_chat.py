@@ -1,7 +1,7 @@
 """Chat completions: an OpenAI request becomes prompt tokens, engine work, and an OpenAI response.
 
 Beside OpenAI's fields every response carries `prompt_token_ids` and, per choice, `token_ids`
-(vLLM's names), and every completion is recorded server-side with its exact tokens and logprobs.
+(vLLM's names) and `completion_id`, and every completion is recorded server-side with its exact tokens and logprobs.
 """
 
 from __future__ import annotations
@@ -196,8 +196,14 @@ class ChatService:
             "object": "chat.completion",
             "created": created,
             "model": request.model,
+            # Each choice names its completion, so a `Choice` object alone identifies a trainable
+            # turn (the training API looks its exact tokens up by this id).
             "choices": [
-                self._choice(finished[index], request, use_tools) for index in range(generation.n)
+                {
+                    **self._choice(finished[index], request, use_tools),
+                    "completion_id": completion_id,
+                }
+                for index in range(generation.n)
             ],
             "usage": _usage(generation, finished.values()),
             "system_fingerprint": None,

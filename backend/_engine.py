@@ -11,12 +11,13 @@ forward). A failure while handling one row finishes that row with an error; the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,7 @@ class Engine:
         self._adapter_counter = itertools.count()
         self._pending: queue.Queue[GenerationRequest] = queue.Queue()
         self._lock = threading.Lock()  # guards adapter changes against the decode loop
+        self._exclusive_waiters = 0  # threads waiting in exclusive(): the loop yields to them
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="art-engine", daemon=True)
         self._batch: list[_Sequence] = []
@@ -189,6 +191,34 @@ class Engine:
             if previous is not None:
                 self.model.delete_adapter(previous)
 
+    def add_trainable_adapter(self, adapter_name: str, peft_config: Any) -> None:
+        """Add a fresh LoRA adapter for a trainer; it is never served under its own name."""
+        from peft import PeftModel, get_peft_model
+
+        with self._lock:
+            if isinstance(self.model, PeftModel):
+                self.model.add_adapter(adapter_name, peft_config)
+            else:
+                self.model = get_peft_model(self.model, peft_config, adapter_name=adapter_name)
+            self.model.eval()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[Any]:
+        """Hold the model between two decode steps (a trainer's micro-batch); yields the model.
+
+        The decode loop yields to a waiting caller after its current step, so generation pauses
+        for the length of one micro-batch instead of starving the trainer.
+        """
+        self._exclusive_waiters += 1  # one trainer at a time: the training queue serialises them
+        try:
+            self._lock.acquire()
+        finally:
+            self._exclusive_waiters -= 1
+        try:
+            yield self.model
+        finally:
+            self._lock.release()
+
     def unload_adapter(self, served_name: str) -> None:
         """Stop serving an adapter and free its weights."""
         with self._lock:
@@ -233,6 +263,8 @@ class Engine:
                     self._fail_everything(new_requests, f"engine step failed: {error}")
             if new_requests or self._batch:
                 self.metrics.busy_seconds_total += time.perf_counter() - started
+            while self._exclusive_waiters:  # a trainer waits for the model: let it in
+                time.sleep(0.001)
 
     def _take_pending(self, *, block: bool) -> list[GenerationRequest]:
         taken: list[GenerationRequest] = []
@@ -271,7 +303,7 @@ class Engine:
         adapters: list[str],
     ) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
-        if self.adapters:  # PEFT routes each row through its own adapter (or none)
+        if self.adapters or self._is_peft:  # PEFT routes each row through its own adapter (or none)
             kwargs["adapter_names"] = adapters
         output = self.model(
             input_ids=input_ids.to(self.device),
@@ -339,6 +371,10 @@ class Engine:
                 )
             )
         return sequences
+
+    @property
+    def _is_peft(self) -> bool:
+        return hasattr(self.model, "peft_config")
 
     def _peft_adapter(self, served_name: str | None) -> str:
         return BASE_ADAPTER if served_name is None else self.adapters[served_name]

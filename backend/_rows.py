@@ -250,3 +250,53 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     chosen = predicting.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     shifted = chosen - torch.logsumexp(predicting, dim=-1)
     return torch.nn.functional.pad(shifted, (1, 0), value=0.0)
+
+
+def sft_sequence(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> Sequence:
+    """A conversation tokenised with the chat template; its assistant turns trained (SFT).
+
+    Each assistant turn's tokens are what the template adds when the turn is appended to the
+    conversation before it (generation prompt excluded), so they match what serving samples.
+    """
+    if not messages:
+        raise ValueError("an SFT example needs at least one message")
+
+    def render(upto: int, generation_prompt: bool) -> list[int]:
+        ids = tokenizer.apply_chat_template(
+            messages[:upto],
+            tools=tools,
+            add_generation_prompt=generation_prompt,
+            tokenize=True,
+            return_dict=False,
+        )
+        return list(ids)
+
+    tokens: list[int] = []
+    trained: list[bool] = []
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        prompt = render(index, True) if index else []
+        full = render(index + 1, False)
+        if prompt[: len(tokens)] != tokens or full[: len(prompt)] != prompt:
+            raise ValueError(
+                f"message {index}: the chat template does not render this conversation "
+                "incrementally, so assistant tokens cannot be located"
+            )
+        context = prompt[len(tokens) :]
+        answer = full[len(prompt) :]
+        tokens += [*context, *answer]
+        trained += [False] * len(context) + [True] * len(answer)
+    if not any(trained):
+        raise ValueError("an SFT example needs at least one assistant message to train on")
+    return Sequence(
+        input_ids=torch.tensor(tokens, dtype=torch.long),
+        trained_mask=torch.tensor(trained, dtype=torch.bool),
+        old_logprobs=torch.zeros(len(tokens), dtype=torch.float32),
+        advantage=0.0,
+        trajectory_id="",
+        group_id=0,
+        truncated=False,
+    )

@@ -32,6 +32,7 @@ def build_app(
     from art_backend._engine import Engine
     from art_backend._loading import load_model
     from art_backend._records import CompletionRecords
+    from art_backend._training import TrainingService
 
     served_name = name or default_served_name(base_model)
     if not SERVED_NAME_PATTERN.match(served_name) or ".." in served_name or "@" in served_name:
@@ -50,13 +51,25 @@ def build_app(
     for adapter_name, adapter_path in discover_checkpoints(art_path):
         engine.load_adapter(adapter_name, adapter_path)
     engine.start()
+    base_names = list(dict.fromkeys([served_name, *base_model_aliases(base_model)]))
+    records = CompletionRecords()
     service = ChatService(
         engine,
-        base_names=list(dict.fromkeys([served_name, base_model])),
-        records=CompletionRecords(),
+        base_names=base_names,
+        records=records,
         grammar_compiler=GrammarCompiler(loaded.tokenizer, loaded.eos_token_ids),
     )
-    return create_app(service, api_key=api_key, art_path=art_path)
+    training = TrainingService(engine, records, art_path=art_path, base_names=base_names)
+    return create_app(service, api_key=api_key, art_path=art_path, training=training)
+
+
+def base_model_aliases(base_model: str) -> list[str]:
+    """Names a client may use for this base model: as given, and the embedded default's two names."""
+    from art_backend._loading import DEFAULT_MODEL, DEFAULT_MODEL_ALIAS
+
+    if base_model in (DEFAULT_MODEL, DEFAULT_MODEL_ALIAS):
+        return [base_model, DEFAULT_MODEL, DEFAULT_MODEL_ALIAS]
+    return [base_model]
 
 
 def default_served_name(base_model: str) -> str:
@@ -66,13 +79,20 @@ def default_served_name(base_model: str) -> str:
     return Path(base_model).expanduser().name or "base"
 
 
-def discover_checkpoints(art_path: Path) -> list[tuple[str, Path]]:
-    """Checkpoints under `.art/<project>/models/<name>/checkpoints/<step>/`, as (`name@step`, path)."""
+def discover_checkpoints(art_path: Path, per_model: int = 2) -> list[tuple[str, Path]]:
+    """The newest checkpoints of each model under `.art/<project>/models/<name>/checkpoints/<step>/`.
+
+    Returned as (`name@step`, path); older steps stay on disk and load on request (POST /v1/adapters).
+    """
     found = []
-    for config in sorted(art_path.glob("*/models/*/checkpoints/*/adapter_config.json")):
-        step_dir = config.parent
-        if step_dir.name.isdigit():
-            found.append((f"{step_dir.parent.parent.name}@{int(step_dir.name)}", step_dir))
+    for checkpoints in sorted(art_path.glob("*/models/*/checkpoints")):
+        steps = sorted(
+            path
+            for path in checkpoints.iterdir()
+            if path.name.isdigit() and (path / "adapter_config.json").is_file()
+        )
+        for step_dir in steps[-per_model:]:
+            found.append((f"{checkpoints.parent.name}@{int(step_dir.name)}", step_dir))
     return found
 
 

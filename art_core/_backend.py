@@ -1,0 +1,242 @@
+"""The Backend protocol and `RemoteBackend`, which talks to a running `art-server` over HTTP.
+
+`LocalBackend` (in `_local_backend.py`) is a RemoteBackend that first starts the server in a
+child process; both share every request below, so one test suite covers both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import httpx
+
+from art_core._config import TrainConfig, TrainResult, TrainSFTConfig
+from art_core._errors import BackendCrashedError, BackendRequestError, InvalidTrajectoryError
+from art_core._trajectory import Trajectory, TrajectoryGroup, group_payload
+
+if TYPE_CHECKING:
+    from art_core._model import TrainableModel
+
+logger = logging.getLogger("art_core.backend")
+
+TRAIN_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a model needs from a backend: serving URLs and the training calls."""
+
+    @property
+    def inference_base_url(self) -> str: ...
+    @property
+    def api_key(self) -> str | None: ...
+    def rollout_base_url(self, rollout_id: str) -> str: ...
+    async def register(self, model: TrainableModel, **options: Any) -> dict[str, Any]: ...
+    async def train(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    ) -> TrainResult: ...
+    async def train_sft(
+        self, model: TrainableModel, trajectories: list[Trajectory], config: TrainSFTConfig
+    ) -> TrainResult: ...
+    async def log(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str
+    ) -> dict[str, Any]: ...
+    async def get_step(self, model: TrainableModel) -> int: ...
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str, maximize: bool
+    ) -> dict[str, Any]: ...
+    async def rollout_records(self, rollout_id: str) -> list[dict[str, Any]]: ...
+    async def close(self) -> None: ...
+
+
+class RemoteBackend:
+    """A backend already running at `base_url` (an `art-server`), with its API key if it has one."""
+
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self._api_key = api_key
+        self._http: httpx.AsyncClient | None = None
+        self._context_warning_shown = False
+
+    @property
+    def inference_base_url(self) -> str:
+        """The OpenAI-compatible base URL (ends in /v1)."""
+        return f"{self.base_url}/v1"
+
+    @property
+    def api_key(self) -> str | None:
+        return self._api_key
+
+    def rollout_base_url(self, rollout_id: str) -> str:
+        """A base URL whose completions are recorded under `rollout_id` (zero-change capture)."""
+        return f"{self.base_url}/rollouts/{rollout_id}/v1"
+
+    # ------------------------------------------------------------------------------- requests
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            self._http = httpx.AsyncClient(
+                base_url=self.base_url, headers=headers, timeout=TRAIN_TIMEOUT
+            )
+        return self._http
+
+    async def _request(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            response = await self._client().request(method, path, json=body)
+        except httpx.TransportError as error:
+            raise self._unreachable(error) from error
+        _raise_for_status(response)
+        return response.json()
+
+    async def _events(self, path: str, body: Any) -> dict[str, Any]:
+        """POST and read NDJSON events until the result; log queue notices and progress."""
+        try:
+            async with self._client().stream("POST", path, json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    _raise_for_status(response)
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event["type"] == "queued":
+                        logger.warning(
+                            "another training step is running on this backend: this one is queued "
+                            "(%d ahead)", event["ahead"],
+                        )  # fmt: skip
+                    elif event["type"] == "error":
+                        raise BackendRequestError(event["message"], status_code=event["status"])
+                    elif event["type"] == "result":
+                        return event
+        except httpx.TransportError as error:
+            raise self._unreachable(error) from error
+        raise BackendCrashedError(
+            f"The backend at {self.base_url} closed the training stream without a result: "
+            "it probably crashed mid-step. The last complete checkpoint is intact; restart it "
+            "and register the model again to resume."
+        )
+
+    def _unreachable(self, error: Exception) -> Exception:
+        return BackendCrashedError(f"The backend at {self.base_url} is unreachable: {error}")
+
+    # ---------------------------------------------------------------------------- the protocol
+
+    def _model_path(self, model: TrainableModel) -> str:
+        return f"/v1/training/models/{model.project}/{model.name}"
+
+    async def register(self, model: TrainableModel, **options: Any) -> dict[str, Any]:
+        body = {
+            "project": model.project,
+            "name": model.name,
+            "base_model": model.base_model,
+            "lora": model.lora_config.model_dump(),
+            **options,
+        }
+        return await self._request("POST", "/v1/training/models", body)
+
+    async def train(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+    ) -> TrainResult:
+        stats: dict[str, int] = {}
+        payload = {
+            "groups": self._groups_payload(groups, stats),
+            "config": config.model_dump(exclude_none=True),
+        }
+        if stats.get("context_assistant_messages") and not self._context_warning_shown:
+            self._context_warning_shown = True
+            logger.warning(
+                "%d assistant message(s) are plain dicts, not Choice objects from "
+                "model.openai_client(): they are context, not trained (counted in "
+                "metrics['context_assistant_messages']). This warning is shown once.",
+                stats["context_assistant_messages"],
+            )
+        event = await self._events(f"{self._model_path(model)}/train", payload)
+        return _result(event)
+
+    async def train_sft(
+        self, model: TrainableModel, trajectories: list[Trajectory], config: TrainSFTConfig
+    ) -> TrainResult:
+        payload = {
+            "trajectories": [{"messages": t.messages(), "tools": t.tools} for t in trajectories],
+            "config": config.model_dump(exclude_none=True),
+        }
+        event = await self._events(f"{self._model_path(model)}/sft", payload)
+        return _result(event)
+
+    async def log(
+        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str
+    ) -> dict[str, Any]:
+        payload = {"groups": self._groups_payload(groups, {}), "split": split}
+        return await self._request("POST", f"{self._model_path(model)}/log", payload)
+
+    async def get_step(self, model: TrainableModel) -> int:
+        info = await self._request("GET", self._model_path(model))
+        return int(info["step"])
+
+    async def history(self, model: TrainableModel) -> list[dict[str, Any]]:
+        """The model's history rows (one per train step and per log call)."""
+        return (await self._request("GET", f"{self._model_path(model)}/history"))["rows"]
+
+    async def delete_checkpoints(
+        self, model: TrainableModel, best_checkpoint_metric: str, maximize: bool
+    ) -> dict[str, Any]:
+        body = {"best_checkpoint_metric": best_checkpoint_metric, "maximize": maximize}
+        return await self._request("POST", f"{self._model_path(model)}/delete_checkpoints", body)
+
+    async def rollout_records(self, rollout_id: str) -> list[dict[str, Any]]:
+        return (await self._request("GET", f"/v1/rollouts/{rollout_id}"))["completions"]
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def __aenter__(self) -> RemoteBackend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @staticmethod
+    def _groups_payload(groups: list[TrajectoryGroup], stats: dict[str, int]) -> list[dict]:
+        if isinstance(groups, TrajectoryGroup):
+            groups = [groups]
+        payload = []
+        for index, group in enumerate(groups):
+            if not isinstance(group, TrajectoryGroup):
+                raise InvalidTrajectoryError(
+                    f"groups[{index}] is a {type(group).__name__}, not an art.TrajectoryGroup"
+                )
+            try:
+                payload.append(group_payload(group, stats=stats))
+            except InvalidTrajectoryError as error:
+                raise InvalidTrajectoryError(f"groups[{index}]: {error}") from error
+        return payload
+
+
+def new_rollout_id() -> str:
+    return "rollout-" + secrets.token_hex(8)
+
+
+def _result(event: dict[str, Any]) -> TrainResult:
+    result = TrainResult(step=event["step"], metrics=event["metrics"], warnings=event["warnings"])
+    for warning in result.warnings:
+        logger.warning(warning)
+    return result
+
+
+def _raise_for_status(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+        message = error["message"]
+        if error.get("param"):
+            message = f"{message} (param: {error['param']})"
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:500] or response.reason_phrase
+    raise BackendRequestError(message, status_code=response.status_code)

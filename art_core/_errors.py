@@ -1,0 +1,39 @@
+"""One exception hierarchy for the client library: every error a user can cause is named here."""
+
+from __future__ import annotations
+
+
+class ArtError(Exception):
+    """Base class of every error art_core raises on purpose."""
+
+
+class BackendRequestError(ArtError):
+    """The backend refused a request (an HTTP 4xx/5xx); the message is the backend's."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class BackendCrashedError(ArtError):
+    """The backend process exited or stopped answering; the message says where its log is."""
+
+
+class ModelNotRegisteredError(ArtError):
+    """The model was used before `await model.register(backend)`."""
+
+
+class NotTrainableError(ArtError):
+    """Training was asked of a `Model` (prompted, not trainable); use `TrainableModel`."""
+
+
+class InvalidTrajectoryError(ArtError):
+    """A trajectory cannot be sent for training (a NaN reward, a malformed message)."""
+
+
+class TooManyExceptionsError(ArtError):
+    """More rollouts raised than `max_exceptions` allows; the first traceback is attached."""
+
+    def __init__(self, message: str, *, first_traceback: str = "") -> None:
+        super().__init__(f"{message}\n\nFirst exception:\n{first_traceback}".rstrip())
+        self.first_traceback = first_traceback

@@ -1,0 +1,152 @@
+"""`LocalBackend`: the backend in a child process on this machine, on a free 127.0.0.1 port.
+
+The user's process stays light (no torch import) and survives a crash of the engine: the next
+call raises `BackendCrashedError` naming the log file. The child is started by the first
+`register` (it needs the base model's name) and stopped by `close()` or at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from art_core._backend import RemoteBackend
+from art_core._errors import ArtError, BackendCrashedError
+
+if TYPE_CHECKING:
+    from art_core._model import TrainableModel
+
+STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may convert the embedded model (~40 s)
+
+
+class LocalBackend(RemoteBackend):
+    """Start `art-server` for the model's base model in a child process; talk to it over HTTP."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = ".art",
+        *,
+        dtype: str = "auto",
+        device: str = "auto",
+        max_batch_size: int = 32,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        super().__init__("http://127.0.0.1:0", api_key=secrets.token_urlsafe(24))
+        self.path = Path(path).resolve()
+        self.dtype = dtype
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.extra_args = list(extra_args or [])
+        self.base_model: str | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = self.path / "backend.log"
+
+    async def register(self, model: TrainableModel, **options: Any) -> dict[str, Any]:
+        if self.process is None:
+            await asyncio.to_thread(self._start, model.base_model)
+        elif model.base_model != self.base_model:
+            raise ArtError(
+                f"This LocalBackend runs base model {self.base_model!r}; model {model.name!r} "
+                f"needs {model.base_model!r}. Use a second LocalBackend for it."
+            )
+        return await super().register(model, **options)
+
+    def _start(self, base_model: str) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        command = [
+            sys.executable, "-m", "art_backend.cli",
+            "--model", base_model,
+            "--path", str(self.path),
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--dtype", self.dtype,
+            "--device", self.device,
+            "--max-batch-size", str(self.max_batch_size),
+            "--log-level", "warning",
+            *self.extra_args,
+        ]  # fmt: skip
+        env = {**os.environ, "ART_API_KEY": self._api_key or ""}
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps writing after we return
+        try:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        except OSError as error:
+            raise ArtError(f"Could not start the backend ({command[0]}): {error}") from error
+        finally:
+            log.close()
+        self.base_model = base_model
+        self.base_url = f"http://127.0.0.1:{port}"
+        atexit.register(self._stop)
+        self._wait_until_healthy()
+
+    def _wait_until_healthy(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise BackendCrashedError(self._exit_message("exited while starting"))
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self._stop()
+        raise BackendCrashedError(
+            f"The backend did not answer within {STARTUP_TIMEOUT_SECONDS:.0f} s; see {self.log_path}"
+        )
+
+    def _unreachable(self, error: Exception) -> Exception:
+        if self.process is not None and self.process.poll() is not None:
+            return BackendCrashedError(self._exit_message("exited"))
+        return super()._unreachable(error)
+
+    def _exit_message(self, what: str) -> str:
+        assert self.process is not None
+        tail = _tail(self.log_path, 15)
+        return (
+            f"The backend process {what} (exit code {self.process.returncode}). "
+            f"Its log is {self.log_path}; last lines:\n{tail}\n"
+            "Checkpoints on disk are intact: start a new LocalBackend and register the model to resume."
+        )
+
+    def _stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    async def close(self) -> None:
+        """Close the HTTP client and stop the child process (in-flight requests drain first)."""
+        await super().close()
+        await asyncio.to_thread(self._stop)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,295 @@
+"""Models: `Model` (prompted, behind any OpenAI-compatible URL) and `TrainableModel` (LoRA on ours).
+
+The served name of step N is `<name>@<N>`; `get_inference_name()` gives the current one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from openai import AsyncOpenAI
+from openai.types.chat.chat_completion import Choice
+
+from art_core._backend import Backend, new_rollout_id
+from art_core._config import LoRAConfig, TrainConfig, TrainResult, TrainSFTConfig
+from art_core._errors import ModelNotRegisteredError, NotTrainableError
+from art_core._trajectory import History, Trajectory, TrajectoryGroup
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def _check_name(value: str, what: str) -> str:
+    if not _NAME.match(value) or ".." in value:
+        raise ValueError(
+            f"invalid {what} {value!r}: use 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+class Model:
+    """A model you prompt but do not train: a baseline, or a judge (any OpenAI-compatible URL).
+
+    `Model(name="gpt-4.1-mini", base_url="https://api.openai.com/v1", api_key=...)`, or register
+    it on one of our backends to prompt the base model it serves.
+    """
+
+    trainable = False
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        project: str = "default",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        inference_model_name: str | None = None,
+    ) -> None:
+        self.name = name
+        self.project = _check_name(project, "project name")
+        self.base_url = base_url
+        self.api_key = api_key
+        self.inference_model_name = inference_model_name or name
+        self._backend: Backend | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, project={self.project!r})"
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise ModelNotRegisteredError(
+                f"{self!r} is not registered: call `await model.register(backend)` first."
+            )
+        return self._backend
+
+    async def register(self, backend: Backend) -> None:
+        """Prompt this model through `backend`'s OpenAI-compatible endpoint."""
+        self._backend = backend
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """The `model` value for chat completions."""
+        return self.inference_model_name
+
+    def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
+        """An AsyncOpenAI client on this model's endpoint."""
+        base_url: str | None = self.base_url
+        api_key: str | None = self.api_key
+        if self._backend is not None:
+            base_url, api_key = self._backend.inference_base_url, self._backend.api_key
+        if base_url is None:
+            raise ModelNotRegisteredError(
+                f"{self!r} has no base_url and no backend: pass base_url= or register it."
+            )
+        return AsyncOpenAI(base_url=base_url, api_key=api_key or "unused", **kwargs)
+
+    async def log(self, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, Any]:
+        """Record groups (e.g. an evaluation) in the backend's history at the current step."""
+        raise NotTrainableError(
+            f"{self!r} is a prompted Model: only a TrainableModel has a history to log into."
+        )
+
+    async def train(self, *args: Any, **kwargs: Any) -> TrainResult:
+        raise NotTrainableError(
+            f"{self!r} is a prompted Model and cannot be trained: use art.TrainableModel."
+        )
+
+
+class TrainableModel(Model):
+    """A LoRA adapter on `base_model`, trained with GRPO by the backend it is registered on."""
+
+    trainable = True
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        project: str = "default",
+        base_model: str,
+        lora: LoRAConfig | None = None,
+    ) -> None:
+        super().__init__(_check_name(name, "model name"), project=project)
+        self.base_model = base_model
+        self.lora_config = lora or LoRAConfig()
+        self._step: int | None = None
+
+    async def register(
+        self,
+        backend: Backend,
+        *,
+        fork_from: TrainableModel | None = None,
+        fork_step: int | None = None,
+    ) -> None:
+        """Create the model on `backend`, or resume it from its last complete checkpoint.
+
+        `fork_from`: start from another model's checkpoint (its latest, or `fork_step`).
+        """
+        options: dict[str, Any] = {}
+        if fork_from is not None:
+            options["fork_from"] = {
+                "project": fork_from.project,
+                "name": fork_from.name,
+                "step": fork_step,
+            }
+        info = await backend.register(self, **options)
+        self._backend = backend
+        self._step = int(info["step"])
+
+    @property
+    def step(self) -> int:
+        """The current step as last seen by this client (see `get_step` for the server's)."""
+        if self._step is None:
+            self.backend  # noqa: B018 - raises ModelNotRegisteredError
+        return self._step or 0
+
+    def get_inference_name(self, step: int | None = None) -> str:
+        """`<name>@<step>`: the served adapter of the current (or given) step."""
+        return f"{self.name}@{self.step if step is None else step}"
+
+    async def get_step(self) -> int:
+        """The model's current step, from the backend."""
+        self._step = await self.backend.get_step(self)
+        return self._step
+
+    async def train(
+        self,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig | None = None,
+        **config_overrides: Any,
+    ) -> TrainResult:
+        """One GRPO step on these groups; the backend then serves `<name>@<step + 1>`."""
+        config = (config or TrainConfig()).model_copy(update=config_overrides)
+        TrainConfig.model_validate(config.model_dump())
+        result = await self.backend.train(self, list(groups), config)
+        self._step = result.step
+        return result
+
+    async def train_sft(
+        self, trajectories: list[Trajectory], config: TrainSFTConfig | None = None
+    ) -> TrainResult:
+        """Supervised steps on the trajectories' assistant turns (a warm start before RL)."""
+        result = await self.backend.train_sft(self, list(trajectories), config or TrainSFTConfig())
+        self._step = result.step
+        return result
+
+    async def log(self, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, Any]:
+        """Record groups (an evaluation, usually) in history and on disk at the current step."""
+        return await self.backend.log(self, list(groups), split)
+
+    async def delete_checkpoints(
+        self, best_checkpoint_metric: str = "val/reward", *, maximize: bool = True
+    ) -> dict[str, Any]:
+        """Delete all checkpoints except the latest and the best by a logged metric."""
+        return await self.backend.delete_checkpoints(self, best_checkpoint_metric, maximize)
+
+    @contextlib.asynccontextmanager
+    async def rollout(self) -> AsyncIterator[RolloutCapture]:
+        """Capture a rollout made by any client that only changes its `base_url`.
+
+        `async with model.rollout() as r:` run the agent against `r.base_url` (model name
+        `r.model`); after the block, `r.trajectory` holds every completion the server recorded
+        for it, with their exact tokens, ready for a reward.
+        """
+        capture = RolloutCapture(self)
+        yield capture
+        await capture.collect()
+
+
+class RolloutCapture:
+    """The scope of one zero-change rollout: its URL, and afterwards its trajectory."""
+
+    def __init__(self, model: TrainableModel) -> None:
+        self.id = new_rollout_id()
+        self.model = model.get_inference_name()
+        self.base_url = model.backend.rollout_base_url(self.id)
+        self.api_key = model.backend.api_key or "unused"
+        self._backend = model.backend
+        self._trajectory: Trajectory | None = None
+        self.reward = 0.0
+        self.metrics: dict[str, float | int | bool] = {}
+        self.metadata: dict[str, Any] = {}
+
+    @property
+    def trajectory(self) -> Trajectory:
+        if self._trajectory is None:
+            raise RuntimeError("the trajectory is assembled when the `async with` block exits")
+        return self._trajectory
+
+    async def collect(self) -> Trajectory:
+        records = await self._backend.rollout_records(self.id)
+        self._trajectory = trajectory_from_records(
+            records,
+            reward=self.reward,
+            metrics=self.metrics,
+            metadata={**self.metadata, "rollout_id": self.id},
+        )
+        return self._trajectory
+
+
+def trajectory_from_records(records: list[dict[str, Any]], **fields: Any) -> Trajectory:
+    """A trajectory from a rollout's recorded completions, in call order.
+
+    A call whose messages extend an earlier history (same messages, then that call's answer,
+    then more) joins it; any other call starts an additional history. Choice 0 is the turn kept.
+    """
+    histories: list[list[Any]] = []
+    tools_of: list[list[dict[str, Any]] | None] = []
+    for record in records:
+        messages = list(record["request"].get("messages", []))
+        choice_data = min(record["choices"], key=lambda c: c["index"])
+        choice = Choice.model_validate(
+            {
+                "index": choice_data["index"],
+                "message": choice_data["message"],
+                "finish_reason": choice_data["finish_reason"],
+                "completion_id": record["id"],
+            }
+        )
+        target = None
+        for index, history in enumerate(histories):
+            plain = [item if isinstance(item, dict) else _message_dict(item) for item in history]
+            if len(messages) > len(plain) and all(
+                _same_message(a, b) for a, b in zip(messages, plain, strict=False)
+            ):
+                target = index
+        if target is None:
+            histories.append([*messages, choice])
+            tools_of.append(record["request"].get("tools"))
+        else:
+            done = len(histories[target])
+            histories[target] += [*messages[done:], choice]
+    if not histories:
+        return Trajectory(messages_and_choices=[], **fields)
+    first, *rest = histories
+    return Trajectory(
+        messages_and_choices=first,
+        tools=tools_of[0],
+        additional_histories=[
+            History(messages_and_choices=h, tools=t)
+            for h, t in zip(rest, tools_of[1:], strict=True)
+        ],
+        **fields,
+    )
+
+
+def _message_dict(choice: Choice) -> dict[str, Any]:
+    return choice.message.model_dump(exclude_none=True)
+
+
+def _same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal as a conversation turn: role, text, and tool calls (ids and null fields ignored)."""
+
+    def key(message: dict[str, Any]) -> tuple[Any, ...]:
+        content = message.get("content") or ""
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        calls = tuple(
+            (call.get("function", {}).get("name"), call.get("function", {}).get("arguments"))
+            for call in message.get("tool_calls") or []
+        )
+        return message.get("role"), content, calls
+
+    return key(a) == key(b)

@@ -1,0 +1,296 @@
+"""The LoRA trainer of one model: GRPO and SFT steps on the engine's model, and its state on disk.
+
+The trainer does not own a copy of the model. Its adapter lives inside the engine's PEFT model
+beside the served ones; each micro-batch takes the engine between two decode steps
+(`Engine.exclusive`), so inference keeps serving while a step trains (it slows, nothing fails).
+The served steps are separate adapters loaded from the checkpoints, so a request never sees
+half-updated weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from art_backend._engine import Engine
+from art_backend._grpo import LossConfig, loss_denominator, policy_loss
+from art_backend._rows import Rows, micro_batches
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+TRAINER_STATE = "trainer_state.pt"
+DEFAULT_TARGET_MODULES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """What one optimizer step does with the gradients of a step."""
+
+    learning_rate: float = 1e-5
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    micro_batch_tokens: int = 2048  # rows x padded length per forward pass: bounds memory
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class StepMetrics:
+    """Sums over the micro-batches of one step, turned into the step's metrics by `as_dict`."""
+
+    loss: float = 0.0
+    entropy_sum: float = 0.0
+    kl_sum: float = 0.0
+    clipped_sum: float = 0.0
+    ratio_sum: float = 0.0
+    trained_tokens: int = 0
+    processed_tokens: int = 0
+    micro_batches: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self, seconds: float, grad_norm: float, with_kl: bool) -> dict[str, float]:
+        tokens = max(self.trained_tokens, 1)
+        metrics = {
+            "loss": self.loss,
+            "entropy": self.entropy_sum / tokens,
+            "grad_norm": grad_norm,
+            "trained_tokens": float(self.trained_tokens),
+            "micro_batches": float(self.micro_batches),
+            "trainer_seconds": seconds,
+            "trainer_tokens_per_second": self.processed_tokens / seconds if seconds else 0.0,
+            **self.extra,
+        }
+        if self.ratio_sum:
+            metrics["clip_fraction"] = self.clipped_sum / tokens
+            metrics["ratio_mean"] = self.ratio_sum / tokens
+        if with_kl:
+            metrics["kl"] = self.kl_sum / tokens
+        return metrics
+
+
+class LoraTrainer:
+    """GRPO and SFT on one LoRA adapter inside the engine's model, with AdamW."""
+
+    def __init__(self, engine: Engine, adapter_name: str, lora: dict[str, Any], *, seed: int = 0):
+        from peft import LoraConfig
+
+        self.engine = engine
+        self.adapter_name = adapter_name
+        self.lora = lora
+        config = LoraConfig(
+            r=lora["r"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora.get("dropout", 0.0),
+            target_modules=list(lora["target_modules"]),
+            task_type="CAUSAL_LM",
+        )
+        with torch.random.fork_rng():  # the LoRA init is reproducible and leaves global RNG alone
+            torch.manual_seed(seed)
+            engine.add_trainable_adapter(adapter_name, config)
+        self.params = [
+            param
+            for name, param in sorted(engine.model.named_parameters())
+            if f".{adapter_name}." in name
+        ]
+        if not self.params:
+            raise ValueError(
+                f"LoRA target modules {lora['target_modules']} matched nothing in the model"
+            )
+        for param in self.params:
+            param.requires_grad_(True)
+        self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, betas=(0.9, 0.99), eps=1e-8)
+        # Constant schedule; the learning rate of each step is set from its TrainConfig.
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
+        self.optimizer_steps = 0
+
+    # ------------------------------------------------------------------------------------ steps
+
+    def grpo_step(
+        self, rows: Rows, loss_config: LossConfig, settings: OptimizerSettings, *, beta: float
+    ) -> dict[str, float]:
+        """One optimizer step of the policy loss over `rows` (micro-batched, accumulated)."""
+        started = time.perf_counter()
+        totals = StepMetrics()
+        denominator = loss_denominator(rows.trained_mask, loss_config)
+        for batch in micro_batches(rows, token_budget=settings.micro_batch_tokens):
+            with self.engine.exclusive() as model:
+                ref = self._reference_logprobs(model, batch) if beta > 0 else None
+                with self._training(model, settings):
+                    new, entropy = self._logprobs(model, batch)
+                    loss, parts = policy_loss(
+                        new,
+                        batch.old_logprobs,
+                        batch.advantages,
+                        batch.trained_mask,
+                        loss_config,
+                        ref_logprobs=ref,
+                        beta=beta,
+                        denominator=denominator,
+                    )
+                    loss.backward()
+            tokens = int(batch.trained_mask.sum())
+            totals.loss += float(loss)
+            totals.entropy_sum += float(entropy)
+            totals.clipped_sum += float(parts["clip_fraction"]) * tokens
+            totals.ratio_sum += float(parts["ratio_mean"]) * tokens
+            totals.kl_sum += float(parts.get("kl", 0.0)) * tokens
+            totals.trained_tokens += tokens
+            totals.processed_tokens += int(batch.attention_mask.sum())
+            totals.micro_batches += 1
+        grad_norm = self._optimizer_step(settings)
+        return totals.as_dict(time.perf_counter() - started, grad_norm, with_kl=beta > 0)
+
+    def sft_step(self, rows: Rows, settings: OptimizerSettings) -> dict[str, float]:
+        """One optimizer step of cross-entropy on the trained (assistant) tokens of `rows`."""
+        started = time.perf_counter()
+        totals = StepMetrics()
+        denominator = max(rows.trained_tokens, 1)
+        for batch in micro_batches(rows, token_budget=settings.micro_batch_tokens):
+            with self.engine.exclusive() as model, self._training(model, settings):
+                new, entropy = self._logprobs(model, batch)
+                loss = -torch.where(batch.trained_mask, new, 0.0).sum() / denominator
+                loss.backward()
+            totals.loss += float(loss)
+            totals.entropy_sum += float(entropy)
+            totals.trained_tokens += int(batch.trained_mask.sum())
+            totals.processed_tokens += int(batch.attention_mask.sum())
+            totals.micro_batches += 1
+        grad_norm = self._optimizer_step(settings)
+        return totals.as_dict(time.perf_counter() - started, grad_norm, with_kl=False)
+
+    def _optimizer_step(self, settings: OptimizerSettings) -> float:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, settings.max_grad_norm))
+        if not math.isfinite(grad_norm):  # never write NaN into the adapter
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"non-finite gradient norm ({grad_norm}); step skipped")
+        for group in self.optimizer.param_groups:
+            group["lr"] = settings.learning_rate
+            group["weight_decay"] = settings.weight_decay
+        with self.engine.exclusive():
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        return grad_norm
+
+    # ---------------------------------------------------------------------------------- forward
+
+    @contextlib.contextmanager
+    def _training(self, model: Any, settings: OptimizerSettings) -> Iterator[None]:
+        """Route the forward through this adapter; training mode only for gradient checkpointing."""
+        model.set_adapter(self.adapter_name)  # also gives requires_grad to this adapter only
+        if settings.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+            model.train()
+        try:
+            with torch.enable_grad():
+                yield
+        finally:
+            if settings.gradient_checkpointing:
+                model.gradient_checkpointing_disable()
+            model.eval()  # the engine's mixed-adapter forward refuses training mode
+
+    def _logprobs(self, model: Any, batch: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """New logprobs aligned with input_ids (see `_rows`), and the summed entropy of trained tokens.
+
+        Only the logits from the first trained position on are computed: the LM head is the
+        largest matrix of a small model, and prompt positions need none.
+        """
+        first = _first_trained_column(batch)
+        width = batch.input_ids.shape[1]
+        device = self.engine.device
+        output = model(
+            input_ids=batch.input_ids.to(device),
+            attention_mask=batch.attention_mask.to(device),
+            use_cache=False,
+            logits_to_keep=width - first + 1,
+        )
+        logits = output.logits[:, :-1].float().cpu()  # predicts positions first .. width-1
+        labels = batch.input_ids[:, first:]
+        log_norm = torch.logsumexp(logits, dim=-1)
+        chosen = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - log_norm
+        new = torch.nn.functional.pad(chosen, (first, 0), value=0.0)
+        with torch.no_grad():
+            probs = torch.softmax(logits, dim=-1)
+            entropy = log_norm - (probs * logits).sum(-1)
+            trained = batch.trained_mask[:, first:]
+            entropy_sum = torch.where(trained, entropy, 0.0).sum()
+        return new, entropy_sum
+
+    @torch.no_grad()
+    def _reference_logprobs(self, model: Any, batch: Rows) -> torch.Tensor:
+        with model.disable_adapter():
+            reference, _ = self._logprobs(model, batch)
+        return reference
+
+    # ------------------------------------------------------------------------------------ state
+
+    def save(self, folder: Path) -> None:
+        """Write the adapter (PEFT format, servable) and the optimizer/scheduler/RNG state."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        with self.engine.exclusive() as model:
+            weights = get_peft_model_state_dict(model, adapter_name=self.adapter_name)
+            weights = {key: tensor.detach().cpu().contiguous() for key, tensor in weights.items()}
+            config = model.peft_config[self.adapter_name]
+        save_file(weights, folder / ADAPTER_WEIGHTS)
+        config.save_pretrained(str(folder))
+        torch.save(
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "optimizer_steps": self.optimizer_steps,
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            },
+            folder / TRAINER_STATE,
+        )
+
+    def load(self, folder: Path) -> None:
+        """Restore adapter weights and, when present, optimizer/scheduler/RNG state."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        weights = load_file(str(folder / ADAPTER_WEIGHTS))
+        with self.engine.exclusive() as model:
+            result = set_peft_model_state_dict(model, weights, adapter_name=self.adapter_name)
+        missing = [
+            key for key in getattr(result, "missing_keys", []) if f".{self.adapter_name}." in key
+        ]
+        if missing:
+            raise ValueError(f"checkpoint {folder} lacks adapter weights: {missing[:3]}")
+        state_path = folder / TRAINER_STATE
+        if state_path.is_file():
+            state = torch.load(state_path, weights_only=False)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.optimizer_steps = state["optimizer_steps"]
+            torch.set_rng_state(state["rng"]["torch"])
+            random.setstate(state["rng"]["python"])
+
+    def close(self) -> None:
+        """Remove this trainer's adapter from the engine's model."""
+        with self.engine.exclusive() as model:
+            model.delete_adapter(self.adapter_name)
+
+
+def _first_trained_column(batch: Rows) -> int:
+    trained_columns = batch.trained_mask.any(0).nonzero()
+    # Position 0 is never trained (every turn has a prompt), so first >= 1.
+    return max(int(trained_columns[0]) if trained_columns.numel() else 1, 1)

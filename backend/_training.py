@@ -1,0 +1,530 @@
+"""Training orchestration: registered models, one queue of steps, groups -> rows -> GRPO -> step N+1.
+
+The flow of one `train` call, top to bottom in `_train`:
+  recorded completions of each trajectory -> advantages per group (`_grpo`) -> token rows
+  (`_rows`) -> one optimizer step (`_trainer`) -> checkpoint N+1 written atomically
+  (`_checkpoints`) -> served as `<name>@<N+1>` -> history row and trajectories logged.
+Anything not trained is counted in the step's metrics under `dropped/...` or `groups/...`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import shutil
+import statistics
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from art_backend._checkpoints import ModelStore
+from art_backend._engine import Engine
+from art_backend._errors import BackendError, InvalidRequestError
+from art_backend._grpo import advantages_from_rewards, loss_preset
+from art_backend._records import CompletionRecords
+from art_backend._rows import (
+    Sequence,
+    TrajectoryTurns,
+    build_sequences,
+    pack_rows,
+    sft_sequence,
+    turns_from_record,
+)
+from art_backend._trainer import LoraTrainer, OptimizerSettings
+from art_backend._training_schemas import (
+    DeleteCheckpointsRequest,
+    GroupPayload,
+    LogRequest,
+    RegisterRequest,
+    SFTRequest,
+    TrainRequest,
+    TrainSettings,
+)
+
+logger = logging.getLogger("art_backend.training")
+
+SERVED_STEPS_PER_MODEL = 2  # the newest step and the one before it (rollouts still finishing)
+
+
+class ModelNotRegisteredError(BackendError):
+    """Training or logging for a model this backend has not registered (HTTP 404)."""
+
+    status_code = 404
+    error_type = "not_found_error"
+
+
+@dataclass
+class RegisteredModel:
+    store: ModelStore
+    trainer: LoraTrainer
+    step: int
+    base_model: str
+    lora: dict[str, Any]
+    served: list[int] = field(default_factory=list)  # steps loaded in the engine, oldest first
+
+    @property
+    def name(self) -> str:
+        return self.store.name
+
+    def inference_name(self, step: int | None = None) -> str:
+        return f"{self.store.name}@{self.step if step is None else step}"
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "project": self.store.project,
+            "name": self.store.name,
+            "base_model": self.base_model,
+            "step": self.step,
+            "inference_name": self.inference_name(),
+            "checkpoints": self.store.checkpoint_steps(),
+            "lora": self.lora,
+        }
+
+
+class TrainingService:
+    """Registers models and runs their training steps one at a time, beside the engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        records: CompletionRecords,
+        *,
+        art_path: Path,
+        base_names: list[str],
+    ) -> None:
+        self.engine = engine
+        self.records = records
+        self.art_path = art_path
+        self.base_names = base_names
+        self.models: dict[tuple[str, str], RegisteredModel] = {}
+        self._adapter_numbers = itertools.count()
+        self._step_lock = asyncio.Lock()  # one training step at a time on this engine
+        self._waiting = 0
+        self.steps_total = 0
+
+    # ------------------------------------------------------------------------------ registration
+
+    async def register(self, request: RegisterRequest) -> dict[str, Any]:
+        """Create or resume a model: its latest complete checkpoint is loaded and served."""
+        if request.base_model not in self.base_names:
+            raise InvalidRequestError(
+                f"This backend serves {self.base_names[0]!r}; the model asks for base model "
+                f"{request.base_model!r}. Start a backend for that model or change base_model.",
+                param="base_model",
+            )
+        key = (request.project, request.name)
+        async with self._step_lock:
+            if key in self.models:
+                return {**self.models[key].info(), "resumed": True, "repairs": []}
+            return await asyncio.to_thread(self._register_blocking, request)
+
+    def _register_blocking(self, request: RegisterRequest) -> dict[str, Any]:
+        store = ModelStore(self.art_path, request.project, request.name)
+        repairs = []
+        if removed := store.remove_stale_temporaries():
+            repairs.append(f"removed {removed} incomplete checkpoint folder(s) left by a crash")
+        repairs += store.repair_history()
+        saved = store.read_model_config()
+        lora = request.lora.model_dump()
+        if saved is not None and saved["lora"] != lora:
+            logger.warning("%s: keeping the saved LoRA settings %s", request.name, saved["lora"])
+            lora = saved["lora"]
+        if saved is None:
+            store.write_model_config({"base_model": request.base_model, "lora": lora})
+
+        trainer = LoraTrainer(
+            self.engine, f"train_{next(self._adapter_numbers)}", lora, seed=request.seed
+        )
+        latest = store.latest_step()
+        resumed = latest is not None
+        if latest is None and request.fork_from is not None:
+            latest = self._copy_fork(request, store)
+        if latest is None:
+            store.write_checkpoint(0, trainer.save, {"kind": "initial"})
+            latest = 0
+        trainer.load(store.checkpoint_dir(latest))
+        model = RegisteredModel(store, trainer, latest, request.base_model, lora)
+        # Steps the server already serves (found at startup) count toward the served window.
+        model.served = sorted(
+            step
+            for step in store.checkpoint_steps()
+            if model.inference_name(step) in self.engine.adapters and step != latest
+        )
+        self.models[(request.project, request.name)] = model
+        self._serve_step(model, latest)
+        for repair in repairs:
+            logger.warning("%s: %s", request.name, repair)
+        return {**model.info(), "resumed": resumed, "repairs": repairs}
+
+    def _copy_fork(self, request: RegisterRequest, store: ModelStore) -> int:
+        fork = request.fork_from
+        assert fork is not None
+        source = ModelStore(self.art_path, fork.project, fork.name)
+        steps = source.checkpoint_steps()
+        step = fork.step if fork.step is not None else (steps[-1] if steps else None)
+        if step is None or step not in steps:
+            raise InvalidRequestError(
+                f"Cannot fork from {fork.project}/{fork.name} step {fork.step}: "
+                f"available checkpoints {steps or 'none'}.",
+                param="fork_from",
+            )
+        store.write_checkpoint(
+            step,
+            lambda tmp: shutil.copytree(source.checkpoint_dir(step), tmp, dirs_exist_ok=True),
+            {"kind": "fork", "source": f"{fork.project}/{fork.name}@{step}"},
+        )
+        return step
+
+    def _serve_step(self, model: RegisteredModel, step: int) -> None:
+        self.engine.load_adapter(model.inference_name(step), model.store.checkpoint_dir(step))
+        model.served.append(step)
+        while len(model.served) > SERVED_STEPS_PER_MODEL:
+            old = model.served.pop(0)
+            if model.inference_name(old) in self.engine.adapters:
+                self.engine.unload_adapter(model.inference_name(old))
+
+    def get(self, project: str, name: str) -> RegisteredModel:
+        model = self.models.get((project, name))
+        if model is None:
+            raise ModelNotRegisteredError(
+                f"Model {project}/{name} is not registered on this backend: "
+                "call `await model.register(backend)` first."
+            )
+        return model
+
+    # ---------------------------------------------------------------------------------- training
+
+    async def queued_steps(self, work: Any) -> AsyncIterator[dict[str, Any]]:
+        """Run `work()` (a coroutine function) after the steps ahead of it; yield events meanwhile.
+
+        The work runs as its own task: a client that disconnects does not cancel a step halfway.
+        """
+        ahead = self._waiting + (1 if self._step_lock.locked() else 0)
+        if ahead:
+            yield {"type": "queued", "ahead": ahead}
+        progress: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+        async def run() -> dict[str, Any]:
+            self._waiting += 1
+            try:
+                await self._step_lock.acquire()
+            finally:
+                self._waiting -= 1
+            try:
+                return await work(progress)
+            finally:
+                self._step_lock.release()
+
+        task = asyncio.create_task(run())
+        while not task.done():
+            getter = asyncio.create_task(progress.get())
+            done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                yield getter.result()
+            else:
+                getter.cancel()
+        while not progress.empty():
+            yield progress.get_nowait()
+        error = task.exception()
+        if error is not None:
+            status = error.status_code if isinstance(error, BackendError) else 500
+            message = error.message if isinstance(error, BackendError) else repr(error)
+            yield {"type": "error", "status": status, "message": message}
+        else:
+            yield {"type": "result", **task.result()}
+
+    def validate_train(self, project: str, name: str, request: TrainRequest) -> RegisteredModel:
+        """Checks that need no model work: a bad request fails before it is queued."""
+        model = self.get(project, name)
+        _loss_config(request.config)  # raises on an inconsistent preset override
+        if not request.groups:
+            raise InvalidRequestError("No trajectory groups to train on.", param="groups")
+        return model
+
+    async def train(
+        self, model: RegisteredModel, request: TrainRequest, progress: asyncio.Queue
+    ) -> dict[str, Any]:
+        """One GRPO step; returns {"step", "metrics", "warnings"}."""
+        started = time.perf_counter()
+        config = request.config
+        loss_config = _loss_config(config)
+        metrics, warnings, trajectories = self._prepare_trajectories(request.groups)
+        rewards = torch.tensor([t.advantage for t in trajectories], dtype=torch.float64)
+        group_ids = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
+        advantages, trainable = (
+            advantages_from_rewards(rewards, group_ids, scale_rewards=loss_config.scale_rewards)
+            if trajectories
+            else (rewards, rewards.bool())
+        )
+        trainable_groups = {int(g) for g, ok in zip(group_ids, trainable, strict=True) if ok}
+        metrics["groups/zero_variance"] = float(len(set(group_ids.tolist()) - trainable_groups))
+        metrics["groups/trainable"] = float(len(trainable_groups))
+
+        sequences: list[Sequence] = []
+        for turns, advantage, ok in zip(trajectories, advantages.tolist(), trainable, strict=True):
+            if ok:
+                with_advantage = TrajectoryTurns(
+                    turns.trajectory_id, turns.group_id, advantage, turns.turns
+                )
+                sequences += build_sequences(with_advantage)
+        max_length = config.max_length or self.engine.context_length
+        rows, drops = pack_rows(
+            sequences, max_length=max_length, mask_truncated=config.mask_truncated
+        )
+        for reason, count in drops.items():
+            metrics[f"dropped/{reason}"] = metrics.get(f"dropped/{reason}", 0.0) + count
+        metrics["rows"] = float(rows.num_rows)
+        await progress.put({"type": "progress", "stage": "rows", "rows": rows.num_rows})
+
+        if rows.num_rows == 0:
+            reason = _why_nothing_trained(metrics)
+            warnings.append(f"Nothing trained this step: {reason}. The step stays {model.step}.")
+            metrics["trained"] = 0.0
+            metrics["step_seconds"] = time.perf_counter() - started
+            model.store.append_history(
+                {"type": "train_skipped", "step": model.step, "metrics": metrics, "reason": reason}
+            )
+            return {"step": model.step, "metrics": metrics, "warnings": warnings}
+
+        settings = OptimizerSettings(
+            learning_rate=config.learning_rate,
+            max_grad_norm=config.max_grad_norm,
+            weight_decay=config.weight_decay,
+            micro_batch_tokens=config.micro_batch_tokens,
+            gradient_checkpointing=config.gradient_checkpointing,
+        )
+        step_metrics = await asyncio.to_thread(
+            model.trainer.grpo_step, rows, loss_config, settings, beta=config.beta
+        )
+        metrics.update(step_metrics)
+        metrics["trained"] = 1.0
+        metrics["learning_rate"] = config.learning_rate
+        metrics["step_seconds"] = time.perf_counter() - started
+        sampled_at = model.step
+        await self._commit_step(model, "train", metrics)
+        await asyncio.to_thread(
+            model.store.write_trajectories, "train", sampled_at, _trajectory_rows(request.groups)
+        )
+        return {"step": model.step, "metrics": metrics, "warnings": warnings}
+
+    def _prepare_trajectories(
+        self, groups: list[GroupPayload]
+    ) -> tuple[dict[str, float], list[str], list[TrajectoryTurns]]:
+        """Recorded turns of every trajectory in groups that can train; the rest counted.
+
+        The reward rides in `TrajectoryTurns.advantage` until advantages are computed.
+        """
+        counts: Counter[str] = Counter()
+        warnings: list[str] = []
+        rewards: list[float] = []
+        kept: list[TrajectoryTurns] = []
+        for group_id, group in enumerate(groups):
+            counts["groups/submitted"] += 1
+            counts["exceptions"] += len(group.exceptions)
+            rewards += [t.reward for t in group.trajectories]
+            if len(group.trajectories) < 2:
+                counts["groups/too_small"] += 1
+                continue
+            for trajectory in group.trajectories:
+                counts["trajectories"] += 1
+                counts["context_assistant_messages"] += trajectory.context_assistant_messages
+                turns = []
+                for history in trajectory.histories:
+                    for ref in history.turns:
+                        record = self.records.get(ref.completion_id)
+                        choices = turns_from_record(record) if record else []
+                        if ref.choice_index >= len(choices):
+                            counts["dropped/unknown_completion"] += 1
+                            continue
+                        turns.append(choices[ref.choice_index])
+                if not turns:
+                    counts["dropped/no_trainable_turns"] += 1
+                kept.append(TrajectoryTurns(trajectory.id, group_id, trajectory.reward, turns))
+        if counts["dropped/unknown_completion"]:
+            warnings.append(
+                f"{counts['dropped/unknown_completion']} turn(s) reference completions this "
+                "backend has no record of (served elsewhere, or evicted after an hour): not trained."
+            )
+        metrics = {key: float(value) for key, value in counts.items()}
+        for key in ("dropped/unknown_completion", "dropped/no_trainable_turns", "groups/too_small"):
+            metrics.setdefault(key, 0.0)
+        metrics.update(_reward_metrics(rewards))
+        return metrics, warnings, kept
+
+    async def _commit_step(self, model: RegisteredModel, kind: str, metrics: dict[str, float]):
+        """Checkpoint N+1 atomically, serve it, then record it in history."""
+        new_step = model.step + 1
+        await asyncio.to_thread(
+            model.store.write_checkpoint,
+            new_step,
+            model.trainer.save,
+            {"kind": kind, "metrics": metrics, "written_at": time.time()},
+        )
+        model.step = new_step
+        await asyncio.to_thread(self._serve_step, model, new_step)
+        model.store.append_history({"type": kind, "step": new_step, "metrics": metrics})
+        self.steps_total += 1
+
+    # ---------------------------------------------------------------------------------------- SFT
+
+    async def train_sft(
+        self, model: RegisteredModel, request: SFTRequest, progress: asyncio.Queue
+    ) -> dict[str, Any]:
+        """Supervised steps on assistant turns (a warm start); one checkpoint at the end."""
+        started = time.perf_counter()
+        config = request.config
+        tokenizer = self.engine.tokenizer
+        sequences = []
+        for index, example in enumerate(request.trajectories):
+            try:
+                sequences.append(sft_sequence(tokenizer, example.messages, example.tools))
+            except ValueError as error:
+                raise InvalidRequestError(f"trajectories[{index}]: {error}") from error
+        max_length = config.max_length or self.engine.context_length
+        settings = OptimizerSettings(
+            learning_rate=config.learning_rate,
+            max_grad_norm=config.max_grad_norm,
+            weight_decay=config.weight_decay,
+            micro_batch_tokens=config.micro_batch_tokens,
+            gradient_checkpointing=config.gradient_checkpointing,
+        )
+        losses: list[float] = []
+        dropped = 0
+        batches = [
+            sequences[start : start + config.batch_size]
+            for _ in range(config.epochs)
+            for start in range(0, len(sequences), config.batch_size)
+        ]
+        for number, batch in enumerate(batches):
+            rows, drops = pack_rows(batch, max_length=max_length, mask_truncated=False)
+            dropped += drops["over_length"]
+            if rows.num_rows:
+                step = await asyncio.to_thread(model.trainer.sft_step, rows, settings)
+                losses.append(step["loss"])
+            await progress.put({"type": "progress", "done": number + 1, "total": len(batches)})
+        metrics = {
+            "loss": losses[-1] if losses else 0.0,
+            "loss_first": losses[0] if losses else 0.0,
+            "optimizer_steps": float(len(losses)),
+            "examples": float(len(sequences)),
+            "dropped/over_length": float(dropped),
+            "learning_rate": config.learning_rate,
+            "step_seconds": time.perf_counter() - started,
+        }
+        if not losses:
+            raise InvalidRequestError(
+                f"Nothing to train: all {len(sequences)} examples are longer than {max_length} tokens."
+            )
+        await self._commit_step(model, "sft", metrics)
+        return {"step": model.step, "metrics": metrics, "warnings": []}
+
+    # ------------------------------------------------------------------------------ logs & admin
+
+    async def log(self, model: RegisteredModel, request: LogRequest) -> dict[str, Any]:
+        """Record evaluation groups at the current step: history row + trajectories file."""
+        rewards = [t.reward for g in request.groups for t in g.trajectories]
+        metrics = _reward_metrics(rewards)
+        per_metric: dict[str, list[float]] = {}
+        for group in request.groups:
+            for trajectory in group.trajectories:
+                for key, value in trajectory.metrics.items():
+                    per_metric.setdefault(key, []).append(value)
+        metrics.update({key: statistics.fmean(values) for key, values in per_metric.items()})
+        metrics["exceptions"] = float(sum(len(g.exceptions) for g in request.groups))
+        metrics["trajectories"] = float(len(rewards))
+        metrics = {key: value for key, value in metrics.items() if math.isfinite(value)}
+        model.store.append_history(
+            {"type": "log", "split": request.split, "step": model.step, "metrics": metrics}
+        )
+        await asyncio.to_thread(
+            model.store.write_trajectories,
+            request.split,
+            model.step,
+            _trajectory_rows(request.groups),
+        )
+        return {"step": model.step, "split": request.split, "metrics": metrics}
+
+    async def delete_checkpoints(
+        self, model: RegisteredModel, request: DeleteCheckpointsRequest
+    ) -> dict[str, Any]:
+        """Delete all checkpoints but the latest and the best by a logged metric."""
+        split, _, metric = request.best_checkpoint_metric.rpartition("/")
+        split = split or "val"
+        scores = {
+            row["step"]: row["metrics"][metric]
+            for row in model.store.read_history()
+            if row.get("type") == "log" and row.get("split") == split and metric in row["metrics"]
+        }
+        steps = model.store.checkpoint_steps()
+        scored = [step for step in steps if step in scores]
+        best = (
+            (max if request.maximize else min)(scored, key=lambda s: scores[s]) if scored else None
+        )
+        keep = {model.step, *([best] if best is not None else [])}
+        deleted = []
+        async with self._step_lock:
+            for step in steps:
+                if step in keep:
+                    continue
+                served_name = model.inference_name(step)
+                if served_name in self.engine.adapters:
+                    await asyncio.to_thread(self.engine.unload_adapter, served_name)
+                    model.served.remove(step)
+                await asyncio.to_thread(model.store.delete_checkpoint, step)
+                deleted.append(step)
+        return {"kept": sorted(keep), "deleted": deleted, "best_step": best}
+
+
+def _loss_config(config: TrainSettings):
+    overrides: dict[str, Any] = {}
+    if config.scale_rewards is not None:
+        overrides["scale_rewards"] = config.scale_rewards
+    if config.epsilon is not None:
+        overrides["eps_low"] = config.epsilon
+    if config.epsilon_high is not None:
+        overrides["eps_high"] = config.epsilon_high
+    elif config.epsilon is not None and config.loss != "grpo":
+        overrides["eps_high"] = config.epsilon
+    if config.max_completion_length is not None:
+        overrides["max_completion_length"] = config.max_completion_length
+    try:
+        return loss_preset(config.loss, **overrides)
+    except ValueError as error:
+        raise InvalidRequestError(str(error), param="config") from error
+
+
+def _reward_metrics(rewards: list[float]) -> dict[str, float]:
+    if not rewards:
+        return {"reward": 0.0, "reward_std": 0.0}
+    return {
+        "reward": statistics.fmean(rewards),
+        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+    }
+
+
+def _why_nothing_trained(metrics: dict[str, float]) -> str:
+    reasons = [
+        f"{int(value)} {key}"
+        for key, value in metrics.items()
+        if key.startswith(("dropped/", "groups/"))
+        and value
+        and key not in ("groups/submitted", "groups/trainable")
+    ]
+    return ", ".join(reasons) or "no trajectories"
+
+
+def _trajectory_rows(groups: list[GroupPayload]) -> list[dict[str, Any]]:
+    rows = []
+    for group_index, group in enumerate(groups):
+        for trajectory in group.trajectories:
+            rows.append({"group": group_index, **trajectory.model_dump()})
+        for exception in group.exceptions:
+            rows.append({"group": group_index, "exception": exception})
+    return rows

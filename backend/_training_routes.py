@@ -1,0 +1,71 @@
+"""HTTP routes of the training API, under `/v1/training/models/...`.
+
+Long operations (`train`, `sft`) answer with NDJSON events: `queued` (when other steps are
+ahead), `progress`, then one `result` or `error`. Bad requests fail with a 4xx before anything
+is queued.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from art_backend._training import TrainingService
+from art_backend._training_schemas import (
+    DeleteCheckpointsRequest,
+    LogRequest,
+    RegisterRequest,
+    SFTRequest,
+    TrainRequest,
+)
+
+
+def training_router(training: TrainingService) -> APIRouter:
+    """The training routes bound to one TrainingService."""
+    router = APIRouter(prefix="/v1/training")
+
+    @router.post("/models")
+    async def register(body: RegisterRequest):
+        return await training.register(body)
+
+    @router.get("/models/{project}/{name}")
+    async def get_model(project: str, name: str):
+        return training.get(project, name).info()
+
+    @router.get("/models/{project}/{name}/history")
+    async def history(project: str, name: str):
+        return {"rows": training.get(project, name).store.read_history()}
+
+    @router.post("/models/{project}/{name}/train")
+    async def train(project: str, name: str, body: TrainRequest):
+        model = training.validate_train(project, name, body)
+        events = training.queued_steps(lambda progress: training.train(model, body, progress))
+        return _ndjson(events)
+
+    @router.post("/models/{project}/{name}/sft")
+    async def train_sft(project: str, name: str, body: SFTRequest):
+        model = training.get(project, name)
+        events = training.queued_steps(lambda progress: training.train_sft(model, body, progress))
+        return _ndjson(events)
+
+    @router.post("/models/{project}/{name}/log")
+    async def log(project: str, name: str, body: LogRequest):
+        return await training.log(training.get(project, name), body)
+
+    @router.post("/models/{project}/{name}/delete_checkpoints")
+    async def delete_checkpoints(project: str, name: str, body: DeleteCheckpointsRequest):
+        return await training.delete_checkpoints(training.get(project, name), body)
+
+    return router
+
+
+def _ndjson(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    async def lines() -> AsyncIterator[str]:
+        async for event in events:
+            yield json.dumps(event) + "\n"
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")

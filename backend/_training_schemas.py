@@ -1,0 +1,170 @@
+"""Request bodies of the training API (`/v1/training/...`): what `art_core` sends, validated here.
+
+Unknown fields are rejected (a misspelt option must not be silently ignored) and every number
+has its range, so a bad config is a 400 that names the field before anything trains.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+SPLIT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
+DEFAULT_TARGET_MODULES = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_name(value: str, what: str) -> str:
+    if not NAME_PATTERN.match(value) or ".." in value:
+        raise ValueError(
+            f"invalid {what} {value!r}: use 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+class LoraSettings(_Strict):
+    r: int = Field(16, ge=1, le=1024)
+    alpha: float = Field(32, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
+
+
+class ForkFrom(_Strict):
+    project: str
+    name: str
+    step: int | None = Field(None, ge=0)  # None: the source's latest step
+
+
+class RegisterRequest(_Strict):
+    project: str
+    name: str
+    base_model: str
+    lora: LoraSettings = LoraSettings()
+    fork_from: ForkFrom | None = None
+    seed: int = 0
+
+    @field_validator("project")
+    @classmethod
+    def _project(cls, value: str) -> str:
+        return _check_name(value, "project name")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _check_name(value, "model name")
+
+
+class TurnRef(_Strict):
+    """A trainable assistant turn: a choice of a completion this server recorded."""
+
+    completion_id: str
+    choice_index: int = Field(0, ge=0)
+
+
+class HistoryPayload(_Strict):
+    """One conversation of a trajectory: its messages (for logs) and its trainable turns in order."""
+
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    turns: list[TurnRef] = Field(default_factory=list)
+
+
+class TrajectoryPayload(_Strict):
+    id: str
+    reward: float
+    metrics: dict[str, float] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    logs: list[str] = Field(default_factory=list)
+    histories: list[HistoryPayload] = Field(default_factory=list)
+    context_assistant_messages: int = Field(0, ge=0)  # plain-dict assistant turns: not trained
+
+    @field_validator("reward")
+    @classmethod
+    def _finite_reward(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError(f"reward must be a finite number, got {value}")
+        return value
+
+
+class GroupPayload(_Strict):
+    trajectories: list[TrajectoryPayload]
+    exceptions: list[str] = Field(default_factory=list)  # rollouts that raised: counted
+
+
+class TrainSettings(_Strict):
+    """The server side of `art.TrainConfig`."""
+
+    learning_rate: float = Field(1e-5, gt=0, le=1)
+    loss: Literal["grpo", "dr_grpo", "gspo", "cispo"] = "grpo"
+    beta: float = Field(0.0, ge=0)  # KL to the base model (adapter disabled); 0 = no KL term
+    scale_rewards: Literal["group", "batch", "none"] | None = None  # None: the preset's
+    epsilon: float | None = Field(None, ge=0)
+    epsilon_high: float | None = Field(None, ge=0)
+    max_completion_length: int | None = Field(None, ge=1)  # dr_grpo's constant
+    mask_truncated: bool = False
+    max_length: int | None = Field(None, ge=2)  # default: the model's context length
+    micro_batch_tokens: int = Field(2048, ge=16)
+    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    gradient_checkpointing: bool = False
+
+
+class TrainRequest(_Strict):
+    groups: list[GroupPayload]
+    config: TrainSettings = TrainSettings()
+
+
+class SFTExample(_Strict):
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+
+
+class SFTSettings(_Strict):
+    """The server side of `art.TrainSFTConfig`."""
+
+    learning_rate: float = Field(1e-4, gt=0, le=1)
+    batch_size: int = Field(8, ge=1)  # examples per optimizer step
+    epochs: int = Field(1, ge=1, le=100)
+    max_length: int | None = Field(None, ge=2)
+    micro_batch_tokens: int = Field(2048, ge=16)
+    max_grad_norm: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    gradient_checkpointing: bool = False
+
+
+class SFTRequest(_Strict):
+    trajectories: list[SFTExample]
+    config: SFTSettings = SFTSettings()
+
+
+class LogRequest(_Strict):
+    groups: list[GroupPayload]
+    split: str = "val"
+
+    @field_validator("split")
+    @classmethod
+    def _split(cls, value: str) -> str:
+        if not SPLIT_PATTERN.match(value):
+            raise ValueError(f"invalid split {value!r}: use letters, digits, '_' or '-'")
+        return value
+
+
+class DeleteCheckpointsRequest(_Strict):
+    best_checkpoint_metric: str = "val/reward"
+    maximize: bool = True
