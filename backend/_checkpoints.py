@@ -29,6 +29,16 @@ from typing import Any
 
 STEP_FILE = "step.json"
 TMP_PREFIX = ".tmp-"
+# Fault injection for the crash tests: `ART_FAULT_PAUSE=<point>:<seconds>` sleeps at that point so
+# a test can SIGKILL the process there. Points: before_checkpoint, before_rename, before_history.
+FAULT_ENV = "ART_FAULT_PAUSE"
+
+
+def fault_point(name: str) -> None:
+    """Sleep here if the crash tests asked for it (no effect otherwise)."""
+    point, _, seconds = os.environ.get(FAULT_ENV, "").partition(":")
+    if point == name:
+        time.sleep(float(seconds or 60))
 
 
 class ModelStore:
@@ -74,10 +84,12 @@ class ModelStore:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
+        fault_point("before_checkpoint")
         write_files(tmp)
         _write_json_synced(tmp / STEP_FILE, {"step": step, **state})
         for path in tmp.iterdir():
             _fsync_path(path)
+        fault_point("before_rename")
         final = self.checkpoint_dir(step)
         if final.exists():  # a re-run of a step that was rolled back: replace it whole
             shutil.rmtree(final)

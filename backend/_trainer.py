@@ -143,7 +143,7 @@ class LoraTrainer:
                     )
                     loss.backward()
             tokens = int(batch.trained_mask.sum())
-            totals.loss += float(loss)
+            totals.loss += float(loss.detach())
             totals.entropy_sum += float(entropy)
             totals.clipped_sum += float(parts["clip_fraction"]) * tokens
             totals.ratio_sum += float(parts["ratio_mean"]) * tokens
@@ -164,7 +164,7 @@ class LoraTrainer:
                 new, entropy = self._logprobs(model, batch)
                 loss = -torch.where(batch.trained_mask, new, 0.0).sum() / denominator
                 loss.backward()
-            totals.loss += float(loss)
+            totals.loss += float(loss.detach())
             totals.entropy_sum += float(entropy)
             totals.trained_tokens += int(batch.trained_mask.sum())
             totals.processed_tokens += int(batch.attention_mask.sum())

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from art_backend._checkpoints import ModelStore
+from art_backend._checkpoints import ModelStore, fault_point
 from art_backend._engine import Engine
 from art_backend._errors import BackendError, InvalidRequestError
 from art_backend._grpo import advantages_from_rewards, loss_preset
@@ -369,6 +369,7 @@ class TrainingService:
         )
         model.step = new_step
         await asyncio.to_thread(self._serve_step, model, new_step)
+        fault_point("before_history")
         model.store.append_history({"type": kind, "step": new_step, "metrics": metrics})
         self.steps_total += 1
 
