@@ -1,0 +1,71 @@
+"""The model store: checkpoints appear whole or not at all, and history survives torn writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from art_backend._checkpoints import ModelStore, read_trajectories
+
+
+def write_files(folder: Path) -> None:
+    (folder / "adapter_config.json").write_text("{}")
+
+
+def test_checkpoint_is_renamed_into_place_complete(tmp_path: Path):
+    store = ModelStore(tmp_path, "p", "m")
+    final = store.write_checkpoint(3, write_files, {"kind": "train", "metrics": {"loss": 1.0}})
+    assert final == tmp_path / "p/models/m/checkpoints/0003"
+    assert sorted(p.name for p in final.iterdir()) == ["adapter_config.json", "step.json"]
+    assert store.checkpoint_steps() == [3] and store.latest_step() == 3
+    assert store.read_step_state(3)["metrics"] == {"loss": 1.0}
+
+
+def test_failed_write_leaves_no_checkpoint_and_the_temporary_is_cleaned(tmp_path: Path):
+    store = ModelStore(tmp_path, "p", "m")
+
+    def crash(folder: Path) -> None:
+        (folder / "adapter_model.safetensors").write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        store.write_checkpoint(1, crash, {"kind": "train"})
+    assert store.checkpoint_steps() == []
+    assert store.remove_stale_temporaries() == 1
+    assert list(store.checkpoints_dir.iterdir()) == []
+
+
+def test_a_folder_without_step_json_is_not_a_checkpoint(tmp_path: Path):
+    store = ModelStore(tmp_path, "p", "m")
+    (store.checkpoints_dir / "0002").mkdir(parents=True)
+    assert store.checkpoint_steps() == []
+
+
+def test_torn_history_line_is_dropped_and_missing_rows_rebuilt(tmp_path: Path):
+    store = ModelStore(tmp_path, "p", "m")
+    store.write_checkpoint(0, write_files, {"kind": "initial"})
+    store.write_checkpoint(1, write_files, {"kind": "train", "metrics": {"loss": 0.5}})
+    store.append_history({"type": "train", "step": 1, "metrics": {"loss": 0.5}})
+    # Step 2 was checkpointed, then the process died before its history row was complete.
+    store.write_checkpoint(2, write_files, {"kind": "train", "metrics": {"loss": 0.25}})
+    with open(store.history_path, "a") as history:
+        history.write('{"type": "train", "st')
+
+    repairs = store.repair_history()
+
+    assert len(repairs) == 2
+    rows = store.read_history()
+    assert [(row["type"], row["step"]) for row in rows] == [("train", 1), ("train", 2)]
+    assert rows[1]["metrics"] == {"loss": 0.25}
+    assert store.repair_history() == []  # idempotent
+    assert all(json.loads(line) for line in store.history_path.read_text().splitlines())
+
+
+def test_trajectories_append_per_split_and_step(tmp_path: Path):
+    store = ModelStore(tmp_path, "p", "m")
+    store.write_trajectories("val", 0, [{"reward": 1.0}])
+    path = store.write_trajectories("val", 0, [{"reward": 0.0}])
+    assert path.name == "0000.jsonl.gz"
+    assert [row["reward"] for row in read_trajectories(path)] == [1.0, 0.0]
