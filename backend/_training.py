@@ -37,7 +37,7 @@ from art_backend._rows import (
     sft_sequence,
     turns_from_record,
 )
-from art_backend._trainer import LoraTrainer, OptimizerSettings
+from art_backend._trainer import TRAINER_STATE, LoraTrainer, OptimizerSettings
 from art_backend._training_schemas import (
     DeleteCheckpointsRequest,
     GroupPayload,
@@ -368,6 +368,8 @@ class TrainingService:
             {"kind": kind, "metrics": metrics, "written_at": time.time()},
         )
         model.step = new_step
+        # Optimizer state (2x the adapter) is needed only to resume: keep it in the newest step.
+        await asyncio.to_thread(model.store.prune_file, TRAINER_STATE, keep_step=new_step)
         await asyncio.to_thread(self._serve_step, model, new_step)
         fault_point("before_history")
         model.store.append_history({"type": kind, "step": new_step, "metrics": metrics})

