@@ -17,9 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import art_core as art
-from art_core._report import Evaluation, before_after_table, summarize, write_report
 from demo_task import MAX_TOKENS, Question, score, split
+
+import art_core as art
+from art_core.report import Evaluation, before_after_table, summarize, write_report
 
 
 async def rollout(model: art.TrainableModel, question: Question) -> art.Trajectory:
