@@ -5,6 +5,7 @@ The served name of step N is `<name>@<N>`; `get_inference_name()` gives the curr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
@@ -54,6 +55,8 @@ class Model:
         self.api_key = api_key
         self.inference_model_name = inference_model_name or name
         self._backend: Backend | None = None
+        self._client: AsyncOpenAI | None = None
+        self._client_key: tuple[str, int] | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, project={self.project!r})"
@@ -75,7 +78,10 @@ class Model:
         return self.inference_model_name
 
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
-        """An AsyncOpenAI client on this model's endpoint."""
+        """An AsyncOpenAI client on this model's endpoint, one per event loop (connections reused).
+
+        Keyword arguments (timeout, max_retries, ...) give a new, separate client.
+        """
         base_url: str | None = self.base_url
         api_key: str | None = self.api_key
         if self._backend is not None:
@@ -84,7 +90,13 @@ class Model:
             raise ModelNotRegisteredError(
                 f"{self!r} has no base_url and no backend: pass base_url= or register it."
             )
-        return AsyncOpenAI(base_url=base_url, api_key=api_key or "unused", **kwargs)
+        if kwargs:
+            return AsyncOpenAI(base_url=base_url, api_key=api_key or "unused", **kwargs)
+        key = (base_url, _running_loop_id())
+        if self._client is None or self._client_key != key:
+            self._client = AsyncOpenAI(base_url=base_url, api_key=api_key or "unused")
+            self._client_key = key
+        return self._client
 
     async def log(self, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, Any]:
         """Record groups (e.g. an evaluation) in the backend's history at the current step."""
@@ -227,6 +239,13 @@ class RolloutCapture:
             metadata={**self.metadata, "rollout_id": self.id},
         )
         return self._trajectory
+
+
+def _running_loop_id() -> int:
+    try:
+        return id(asyncio.get_running_loop())
+    except RuntimeError:
+        return 0
 
 
 def trajectory_from_records(records: list[dict[str, Any]], **fields: Any) -> Trajectory:

@@ -1,8 +1,12 @@
-"""The demo task: small arithmetic, answered with just the number; the reward is exact.
+"""The demo task: small sums, answered as one equation and nothing else; the reward is exact.
 
-SmolLM2-135M-Instruct knows many small sums but never answers with just the number: it writes
-"7 + 7 = 14. Here's why..." So the reward pays for the right number, and most for the right
-number alone. Used by `examples/demo.py` and by `benchmarks/learning_curve.py`.
+Measured on SmolLM2-135M-Instruct (greedy, 64 held-out questions): asked for "3 + 4 = 7" and
+nothing else, it answers "To add 3 and 18, we can use the concept of..." and has the right sum
+in its reply 6% of the time, never in the asked form. Sampled at temperature 1 it sometimes
+writes the equation ("11 + 8 = 19") and then goes on. The reward pays 1 for exactly the
+equation with the right sum, 0.5 for the right sum among other text, 0 otherwise: the format is
+learnable from its own samples, the arithmetic is what the model already half knows.
+Used by `examples/demo.py` and by `benchmarks/learning_curve.py`.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import random
 import re
 from dataclasses import dataclass
 
-SYSTEM_PROMPT = "You are a calculator. Reply with only the final number, nothing else."
+SYSTEM_PROMPT = "Reply with the sum written as an equation, like 3 + 4 = 7, and nothing else."
 MAX_TOKENS = 16
 
 
@@ -51,19 +55,19 @@ def split(
 
 
 _INTEGER = re.compile(r"-?\d+")
+_EQUATION = re.compile(r"\s*(\d+)\s*\+\s*(\d+)\s*=\s*(-?\d+)\s*\.?\s*")
 
 
 def score(question: Question, reply: str) -> dict[str, float]:
-    """reward: 1 for exactly the right number, 0.5 for the right number among other text, else 0."""
-    text = reply.strip().rstrip(".")
-    just_a_number = bool(re.fullmatch(r"-?\d+", text))
-    numbers = [int(n) for n in _INTEGER.findall(reply)]
-    contains = question.answer in numbers
-    exact = just_a_number and int(text) == question.answer
+    """reward: 1 for exactly "a + b = sum", 0.5 for the right sum among other text, else 0."""
+    equation = _EQUATION.fullmatch(reply)
+    in_form = bool(equation) and {int(equation[1]), int(equation[2])} == {question.a, question.b}
+    exact = in_form and int(equation[3]) == question.answer  # type: ignore[index]
+    contains = question.answer in [int(n) for n in _INTEGER.findall(reply)]
     reward = 1.0 if exact else 0.5 if contains else 0.0
     return {
         "reward": reward,
         "exact": float(exact),
-        "format": float(just_a_number),
+        "format": float(in_form),
         "contains_answer": float(contains),
     }
