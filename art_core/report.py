@@ -58,11 +58,11 @@ def plot_rewards(history: list[dict[str, Any]], path: Path, *, title: str) -> Pa
     ]
     figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
     if train:
-        axes.plot(
-            *zip(*train, strict=True), marker=".", label="train reward (rollouts of the step)"
-        )
+        axes.plot(*zip(*train, strict=True), marker=".", label="train reward (sampled rollouts)")
     if val:
-        axes.plot(*zip(*val, strict=True), marker="o", linewidth=2, label="held-out reward")
+        axes.plot(
+            *zip(*val, strict=True), marker="o", linewidth=2, label="held-out reward (greedy)"
+        )
     axes.set_xlabel("step (policy that produced the rollouts)")
     axes.set_ylabel("mean reward")
     axes.set_title(title)

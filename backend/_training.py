@@ -10,6 +10,9 @@ Anything not trained is counted in the step's metrics under `dropped/...` or `gr
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import functools
 import itertools
 import logging
 import math
@@ -18,6 +21,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +112,19 @@ class TrainingService:
         self._step_lock = asyncio.Lock()  # one training step at a time on this engine
         self._waiting = 0
         self.steps_total = 0
+        # All model work of training runs on one thread: glibc gives each thread its own malloc
+        # arena, and a step's ~1.5 GB of activations freed on six pool threads kept six arenas
+        # at their peak (8.5 GB resident for SmolLM2-135M, measured).
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-trainer")
+
+    async def _in_trainer_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._executor, functools.partial(function, *args, **kwargs)
+            )
+        finally:
+            release_free_memory()
 
     # ------------------------------------------------------------------------------ registration
 
@@ -123,7 +140,7 @@ class TrainingService:
         async with self._step_lock:
             if key in self.models:
                 return {**self.models[key].info(), "resumed": True, "repairs": []}
-            return await asyncio.to_thread(self._register_blocking, request)
+            return await self._in_trainer_thread(self._register_blocking, request)
 
     def _register_blocking(self, request: RegisterRequest) -> dict[str, Any]:
         store = ModelStore(self.art_path, request.project, request.name)
@@ -300,7 +317,7 @@ class TrainingService:
             micro_batch_tokens=config.micro_batch_tokens,
             gradient_checkpointing=config.gradient_checkpointing,
         )
-        step_metrics = await asyncio.to_thread(
+        step_metrics = await self._in_trainer_thread(
             model.trainer.grpo_step, rows, loss_config, settings, beta=config.beta
         )
         metrics.update(step_metrics)
@@ -309,7 +326,7 @@ class TrainingService:
         metrics["step_seconds"] = time.perf_counter() - started
         sampled_at = model.step
         await self._commit_step(model, "train", metrics)
-        await asyncio.to_thread(
+        await self._in_trainer_thread(
             model.store.write_trajectories, "train", sampled_at, _trajectory_rows(request.groups)
         )
         return {"step": model.step, "metrics": metrics, "warnings": warnings}
@@ -361,7 +378,7 @@ class TrainingService:
     async def _commit_step(self, model: RegisteredModel, kind: str, metrics: dict[str, float]):
         """Checkpoint N+1 atomically, serve it, then record it in history."""
         new_step = model.step + 1
-        await asyncio.to_thread(
+        await self._in_trainer_thread(
             model.store.write_checkpoint,
             new_step,
             model.trainer.save,
@@ -369,8 +386,8 @@ class TrainingService:
         )
         model.step = new_step
         # Optimizer state (2x the adapter) is needed only to resume: keep it in the newest step.
-        await asyncio.to_thread(model.store.prune_file, TRAINER_STATE, keep_step=new_step)
-        await asyncio.to_thread(self._serve_step, model, new_step)
+        await self._in_trainer_thread(model.store.prune_file, TRAINER_STATE, keep_step=new_step)
+        await self._in_trainer_thread(self._serve_step, model, new_step)
         fault_point("before_history")
         model.store.append_history({"type": kind, "step": new_step, "metrics": metrics})
         self.steps_total += 1
@@ -409,7 +426,7 @@ class TrainingService:
             rows, drops = pack_rows(batch, max_length=max_length, mask_truncated=False)
             dropped += drops["over_length"]
             if rows.num_rows:
-                step = await asyncio.to_thread(model.trainer.sft_step, rows, settings)
+                step = await self._in_trainer_thread(model.trainer.sft_step, rows, settings)
                 losses.append(step["loss"])
             await progress.put({"type": "progress", "done": number + 1, "total": len(batches)})
         metrics = {
@@ -446,7 +463,7 @@ class TrainingService:
         model.store.append_history(
             {"type": "log", "split": request.split, "step": model.step, "metrics": metrics}
         )
-        await asyncio.to_thread(
+        await self._in_trainer_thread(
             model.store.write_trajectories,
             request.split,
             model.step,
@@ -478,11 +495,17 @@ class TrainingService:
                     continue
                 served_name = model.inference_name(step)
                 if served_name in self.engine.adapters:
-                    await asyncio.to_thread(self.engine.unload_adapter, served_name)
+                    await self._in_trainer_thread(self.engine.unload_adapter, served_name)
                     model.served.remove(step)
-                await asyncio.to_thread(model.store.delete_checkpoint, step)
+                await self._in_trainer_thread(model.store.delete_checkpoint, step)
                 deleted.append(step)
         return {"kept": sorted(keep), "deleted": deleted, "best_step": best}
+
+
+def release_free_memory() -> None:
+    """Hand memory freed by a step back to the OS (glibc keeps it otherwise); no-op elsewhere."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _loss_config(config: TrainSettings):

@@ -1,4 +1,4 @@
-"""`make demo`: teach SmolLM2-135M-Instruct, on CPU, to answer arithmetic with just the number.
+"""`make demo`: teach SmolLM2-135M-Instruct, on CPU, to answer small sums as one exact equation.
 
 The whole loop a user writes: a rollout (plain OpenAI client code), a reward computed by code,
 groups of rollouts per question, `model.train(groups)`, and a held-out evaluation before and
@@ -133,7 +133,7 @@ async def main(args: argparse.Namespace) -> None:
     folder = Path(args.path) / "demo" / "models" / model.name / "report"
     report = write_report(
         folder,
-        title="SmolLM2-135M-Instruct learns to answer with just the number",
+        title="SmolLM2-135M-Instruct learns to answer sums as one exact equation",
         description=(
             f"GRPO on a LoRA adapter (r=16, q/k/v/o), {args.steps} steps of {args.groups_per_step} "
             f"questions x {args.rollouts_per_group} rollouts, CPU only, {minutes:.1f} minutes in all. "

@@ -279,3 +279,28 @@ async def test_fork_starts_from_the_source_checkpoint(
 async def test_rollout_helper_returns_a_trajectory(model: art.TrainableModel):
     trajectory = await answer_rollout(model, "What is 1 + 1?")
     assert trajectory.messages()[-1]["role"] == "assistant"
+
+
+@pytest.mark.parametrize(
+    ("config", "expected_metric"),
+    [
+        (art.TrainConfig(beta=0.1), "kl"),
+        (art.TrainConfig(loss="gspo"), "clip_fraction"),
+        (art.TrainConfig(loss="cispo"), "clip_fraction"),
+        (art.TrainConfig(loss="dr_grpo", max_completion_length=8), "clip_fraction"),
+        (art.TrainConfig(gradient_checkpointing=True), "grad_norm"),
+    ],
+    ids=["kl", "gspo", "cispo", "dr_grpo", "gradient_checkpointing"],
+)
+async def test_loss_options_train_and_serving_goes_on(
+    model: art.TrainableModel, config: art.TrainConfig, expected_metric: str
+):
+    groups = varied_group(await groups_for(model, QUESTIONS))
+    result = await model.train(groups, config=config)
+    assert result.step == 1 and expected_metric in result.metrics
+    assert result.metrics["grad_norm"] > 0
+    if config.beta:
+        assert result.metrics["kl"] == pytest.approx(0.0, abs=1e-6)  # adapter starts at zero
+    # The engine's mixed-adapter forward still works after the trainer's forward.
+    after = await answer_rollout(model, "What is 1 + 1?")
+    assert after.messages()[-1]["role"] == "assistant"
