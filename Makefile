@@ -32,8 +32,15 @@ test: $(VENV)/.installed
 test-slow: $(VENV)/.installed-smollm2
 	$(PY) -m pytest -m slow -q
 
-bench: $(VENV)/.installed-smollm2
+# The training benchmarks need the peer (TRL); installed with torch already pinned above.
+$(VENV)/.installed-bench: $(VENV)/.installed-smollm2
+	$(PIP) install -q -e ".[backend,dev,report,bench]"
+	touch $@
+
+bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/serve_throughput.py
+	$(PY) benchmarks/train_step.py
+	$(PY) benchmarks/learning_curve.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix .

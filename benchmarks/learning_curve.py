@@ -1,0 +1,204 @@
+"""Held-out reward against training wall-clock on the demo task: ours vs TRL GRPOTrainer.
+
+Same task, questions in the same order, same settings (groups x rollouts per step, temperature
+1.0, 16 new tokens, LoRA r16/alpha 32 on q,k,v,o, the same lr, DAPO-style token-mean loss,
+beta 0). The held-out set is answered greedily at step 0, every `--eval-every` steps and at the
+end; evaluation time is excluded from both clocks. The target: ours reaches TRL's final held-out
+reward in at most half of TRL's training time.
+
+    .venv/bin/python benchmarks/learning_curve.py [--steps 12] [--eval-every 4]
+
+Writes benchmarks/results/learning_curve.json and the learning_curve section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+from demo import evaluate, rollout  # noqa: E402
+from demo_task import split  # noqa: E402
+
+import art_core as art  # noqa: E402
+
+RESULTS = HERE / "results" / "learning_curve.json"
+BENCHMARKS_MD = HERE.parent / "BENCHMARKS.md"
+START, END = "<!-- learning_curve:start -->", "<!-- learning_curve:end -->"
+TIME_RATIO_TARGET = 0.5
+
+
+async def our_curve(args: argparse.Namespace) -> dict[str, Any]:
+    """The demo's loop, with the training clock stopped during held-out evaluations."""
+    train_questions, held_out = split(args.train_questions, args.eval_size, seed=args.seed)
+    with tempfile.TemporaryDirectory(prefix="art-curve-") as path:
+        backend = art.LocalBackend(path=path)
+        model = art.TrainableModel(
+            name="curve",
+            project="bench",
+            base_model="smollm2-135m-instruct",
+            lora=art.LoRAConfig(
+                r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+            ),
+        )
+        await model.register(backend)
+        config = art.TrainConfig(learning_rate=args.learning_rate)
+        points = [
+            {
+                "step": 0,
+                "train_seconds": 0.0,
+                "heldout_reward": (await evaluate(model, held_out)).metrics["reward"],
+            }
+        ]
+        clock = 0.0
+        for batch in art.iterate_dataset(
+            train_questions, args.groups_per_step, num_epochs=100, use_tqdm=False
+        ):
+            if batch.step >= args.steps:
+                break
+            started = time.perf_counter()
+            groups = await art.gather_trajectory_groups(
+                (
+                    art.TrajectoryGroup(rollout(model, q) for _ in range(args.rollouts_per_group))
+                    for q in batch.items
+                ),
+                pbar_desc=None,
+            )
+            result = await model.train(groups, config=config)
+            clock += time.perf_counter() - started
+            if result.step % args.eval_every == 0 or result.step == args.steps:
+                reward = (await evaluate(model, held_out)).metrics["reward"]
+                points.append(
+                    {"step": result.step, "train_seconds": clock, "heldout_reward": reward}
+                )
+                print(f"  ours step {result.step}: {clock:.0f}s, held-out {reward:.3f}", flush=True)
+        await backend.close()
+    return {"contender": "ours", "points": points}
+
+
+def time_to_reach(points: list[dict[str, Any]], target: float) -> float | None:
+    """Training seconds at the first evaluation whose held-out reward is >= target."""
+    for point in points:
+        if point["heldout_reward"] >= target:
+            return point["train_seconds"]
+    return None
+
+
+def markdown(result: dict[str, Any]) -> str:
+    ours, trl = result["ours"]["points"], result["trl"]["points"]
+    steps = sorted({p["step"] for p in ours} | {p["step"] for p in trl})
+
+    def cell(points: list[dict[str, Any]], step: int) -> str:
+        match = [p for p in points if p["step"] == step]
+        return (
+            f"{match[0]['heldout_reward']:.3f} @ {match[0]['train_seconds']:.0f}s" if match else ""
+        )
+
+    table = "\n".join(f"| {s} | {cell(ours, s)} | {cell(trl, s)} |" for s in steps)
+    summary = result["summary"]
+    ratio = summary["time_ratio"]
+    verdict = (
+        "not reached by ours" if ratio is None
+        else f"**{ratio:.2f}x** (target <= {TIME_RATIO_TARGET}: {'met' if ratio <= TIME_RATIO_TARGET else 'missed'})"
+    )  # fmt: skip
+    s = result["settings"]
+    return f"""{START}
+## Learning curve on the demo task: ours vs TRL GRPOTrainer (`benchmarks/learning_curve.py`)
+
+{result["when"]}, {result["machine"]}. SmolLM2-135M-Instruct, float32, the `make demo` task
+(`examples/demo_task.py`), {s["steps"]} steps of {s["groups_per_step"]} questions x
+{s["rollouts_per_group"]} rollouts (temperature 1.0, 16 new tokens), LoRA r16/alpha 32 on
+q,k,v,o, lr {s["learning_rate"]}, DAPO-style token-mean loss, beta 0; same questions in the same
+order. Held-out: {s["eval_size"]} questions, greedy; evaluation time excluded from the clocks.
+
+| step | ours: held-out reward @ training time | TRL: held-out reward @ training time |
+|---|---|---|
+{table}
+
+TRL's final held-out reward {summary["trl_final"]:.3f} after {summary["trl_seconds"]:.0f}s; ours
+first reaches it after {summary["ours_seconds_to_trl_final"] if summary["ours_seconds_to_trl_final"] is not None else "-"}s: time ratio {verdict}.
+{END}"""
+
+
+def write_section(section: str) -> None:
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
+    if START in text and END in text:
+        text = text.split(START, 1)[0] + section + text.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    BENCHMARKS_MD.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--groups-per-step", type=int, default=8)
+    parser.add_argument("--rollouts-per-group", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--eval-size", type=int, default=64)
+    parser.add_argument("--train-questions", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+
+    from _trl_learning_curve import run_trl_curve_in_subprocess
+
+    from art_backend._loading import ensure_default_model
+
+    print("ours ...", flush=True)
+    ours = asyncio.run(our_curve(args))
+    print("TRL GRPOTrainer ...", flush=True)
+    trl = run_trl_curve_in_subprocess(
+        str(ensure_default_model()),
+        steps=args.steps,
+        groups_per_step=args.groups_per_step,
+        rollouts_per_group=args.rollouts_per_group,
+        learning_rate=args.learning_rate,
+        eval_every=args.eval_every,
+        train_questions=args.train_questions,
+        eval_size=args.eval_size,
+        seed=args.seed,
+    )
+    trl_final = trl["points"][-1]["heldout_reward"]
+    trl_seconds = trl["points"][-1]["train_seconds"]
+    ours_seconds = time_to_reach(ours["points"], trl_final)
+    result = {
+        "when": time.strftime("%Y-%m-%d"),
+        "machine": f"{psutil.cpu_count()} cores, {platform.processor() or platform.machine()}",
+        "settings": {k: v for k, v in vars(args).items() if k != "no_write"},
+        "ours": ours,
+        "trl": trl,
+        "summary": {
+            "trl_final": trl_final,
+            "trl_seconds": trl_seconds,
+            "ours_final": ours["points"][-1]["heldout_reward"],
+            "ours_seconds": ours["points"][-1]["train_seconds"],
+            "ours_seconds_to_trl_final": ours_seconds,
+            "time_ratio": ours_seconds / trl_seconds
+            if ours_seconds is not None and trl_seconds
+            else None,
+        },
+    }
+    section = markdown(result)
+    print(section)
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+        write_section(section)
+
+
+if __name__ == "__main__":
+    main()

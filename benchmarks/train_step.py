@@ -1,0 +1,235 @@
+"""One GRPO step, ours against TRL's GRPOTrainer, side by side in one run.
+
+SmolLM2-135M-Instruct, 4 prompts x 4 completions x up to 32 new tokens, LoRA r16/alpha 32 on
+q,k,v,o, matched loss (TRL `loss_type="dapo"` = our `grpo` preset: token mean over the step,
+eps 0.2/0.28, `scale_rewards="group"`, beta 0), lr 1e-5, the same reward (a digit in the answer).
+A step is generation + training (+ for us, the checkpoint write and serving the new step).
+Medians over `--steps` steps after `--warmup`. Each contender runs alone, in its own processes.
+
+    .venv/bin/python benchmarks/train_step.py [--steps 4] [--warmup 1] [--trl-dtype float32]
+
+Writes benchmarks/results/train_step.json and the train_step section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _trl_peer import DEFAULT_PROMPTS, run_trl_in_subprocess
+
+import art_core as art
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "train_step.json"
+BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+START, END = "<!-- train_step:start -->", "<!-- train_step:end -->"
+STEP_RATIO_TARGET = 0.5
+
+
+class TreeRss:
+    """Peak resident memory of a process and its children, sampled every 50 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                total = self.process.memory_info().rss
+                total += sum(c.memory_info().rss for c in self.process.children(recursive=True))
+                self.peak = max(self.peak, total)
+            except psutil.Error:
+                pass
+            self._stop.wait(0.05)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def digit_reward(text: str) -> float:
+    return 1.0 if any(ch.isdigit() for ch in text) else 0.0
+
+
+async def our_steps(args: argparse.Namespace) -> dict[str, Any]:
+    """Our full step: 4 requests with n=4 -> 16 trajectories -> model.train -> step N+1 served."""
+    sampler = TreeRss(psutil.Process().pid)
+    with tempfile.TemporaryDirectory(prefix="art-bench-") as path:
+        backend = art.LocalBackend(path=path, dtype=args.dtype)
+        model = art.TrainableModel(
+            name="bench",
+            project="bench",
+            base_model="smollm2-135m-instruct",
+            lora=art.LoRAConfig(
+                r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+            ),
+        )
+        await model.register(backend)
+        client = model.openai_client()
+        config = art.TrainConfig(learning_rate=1e-5, loss="grpo", scale_rewards="group", beta=0.0)
+        steps = []
+        for _ in range(args.warmup + args.steps):
+            started = time.perf_counter()
+
+            async def prompt_group(prompt: str) -> art.TrajectoryGroup:
+                messages = [{"role": "user", "content": prompt}]
+                response = await client.chat.completions.create(
+                    model=model.get_inference_name(),
+                    messages=messages,  # type: ignore[arg-type]
+                    max_tokens=32,
+                    temperature=1.0,
+                    n=4,
+                )
+                return art.TrajectoryGroup(
+                    art.Trajectory(
+                        messages_and_choices=[*messages, choice],
+                        reward=digit_reward(choice.message.content or ""),
+                    )
+                    for choice in response.choices
+                )
+
+            groups = await asyncio.gather(*(prompt_group(p) for p in DEFAULT_PROMPTS))
+            generated = time.perf_counter()
+            result = await model.train(list(groups), config=config)
+            finished = time.perf_counter()
+            steps.append(
+                {
+                    "step_s": finished - started,
+                    "rollout_s": generated - started,
+                    "train_s": finished - generated,
+                    "trainer_s": result.metrics.get("trainer_seconds", 0.0),
+                    "trained_tokens": result.metrics.get("trained_tokens", 0.0),
+                    "trained": result.metrics.get("trained", 0.0),
+                    "completion_tokens": sum(
+                        len(getattr(t.messages_and_choices[-1], "token_ids", []) or [])
+                        for g in groups
+                        for t in g.trajectories
+                    ),
+                }
+            )
+        await backend.close()
+    peak = sampler.stop()
+    measured = steps[args.warmup :]
+    return {
+        "contender": "ours (art_core.LocalBackend + art_backend)",
+        "dtype": args.dtype,
+        "median_step_s": statistics.median(s["step_s"] for s in measured),
+        "median_rollout_s": statistics.median(s["rollout_s"] for s in measured),
+        "median_train_s": statistics.median(s["train_s"] for s in measured),
+        "median_trained_tokens": statistics.median(s["trained_tokens"] for s in measured),
+        "median_train_s_per_trained_token": statistics.median(
+            s["train_s"] / s["trained_tokens"] for s in measured if s["trained_tokens"]
+        ),
+        "peak_rss_mb": peak / 2**20,
+        "steps": steps,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    ours, trl = result["ours"], result["trl"]
+    ratio = result["ratios"]
+    rows = [
+        ("full step (s, median)", ours["median_step_s"], trl["median_step_s"]),
+        ("  generation (s)", ours["median_rollout_s"], trl["median_rollout_s"]),
+        ("  training (s)", ours["median_train_s"], trl["median_train_s"]),
+        ("trained tokens per step", ours["median_trained_tokens"], trl["median_trained_tokens"]),
+        ("training s per 1k trained tokens", 1000 * ours["median_train_s_per_trained_token"],
+         1000 * trl["median_train_s"] / max(trl["median_trained_tokens"], 1)),
+        ("peak RSS (MB, all processes)", ours["peak_rss_mb"], trl["peak_rss_mb"]),
+    ]  # fmt: skip
+    table = "\n".join(f"| {name} | {a:.2f} | {b:.2f} |" for name, a, b in rows)
+    verdict_step = "met" if ratio["step"] <= STEP_RATIO_TARGET else "missed"
+    verdict_rss = "met" if ratio["peak_rss"] <= 1.0 else "missed"
+    return f"""{START}
+## One GRPO step: ours vs TRL GRPOTrainer (`benchmarks/train_step.py`)
+
+{result["when"]}, {result["machine"]}. SmolLM2-135M-Instruct, 4 prompts x 4 completions x up to
+32 new tokens, LoRA r16/alpha 32 on q,k,v,o, DAPO-style token-mean loss (eps 0.2/0.28),
+`scale_rewards="group"`, beta 0, lr 1e-5; ours in {ours["dtype"]}, TRL with
+bf16 autocast = {trl["bf16_autocast"]} (use_vllm=False, use_cpu=True, trl {trl["trl_version"]}).
+Medians of {result["steps"]} steps after {result["warmup"]} warm-up step(s); each contender alone.
+
+| | ours | TRL |
+|---|---|---|
+{table}
+
+Ratios (ours / TRL): full step **{ratio["step"]:.2f}x** (target <= {STEP_RATIO_TARGET}: {verdict_step}),
+peak RSS **{ratio["peak_rss"]:.2f}x** (target <= 1: {verdict_rss}).
+Our step includes writing the checkpoint and loading the new step into the server.
+{END}"""
+
+
+def write_section(section: str) -> None:
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
+    if START in text and END in text:
+        text = text.split(START, 1)[0] + section + text.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    BENCHMARKS_MD.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", help="our engine and trainer dtype")
+    parser.add_argument("--trl-dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+
+    from art_backend._loading import ensure_default_model
+
+    model_dir = str(ensure_default_model())
+    print("ours ...", flush=True)
+    ours = asyncio.run(our_steps(args))
+    print(json.dumps({k: v for k, v in ours.items() if k != "steps"}, indent=2), flush=True)
+    print("TRL GRPOTrainer ...", flush=True)
+    trl = run_trl_in_subprocess(
+        model_dir,
+        prompts=DEFAULT_PROMPTS,
+        steps=args.steps,
+        warmup=args.warmup,
+        bf16_autocast=args.trl_dtype == "bfloat16",
+    )
+    print(json.dumps({k: v for k, v in trl.items() if k != "steps"}, indent=2), flush=True)
+    result = {
+        "when": time.strftime("%Y-%m-%d"),
+        "machine": f"{psutil.cpu_count()} cores, {platform.processor() or platform.machine()}",
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "ours": ours,
+        "trl": trl,
+        "ratios": {
+            "step": ours["median_step_s"] / trl["median_step_s"],
+            "peak_rss": ours["peak_rss_mb"] / trl["peak_rss_mb"],
+        },
+    }
+    section = markdown(result)
+    print(section)
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+        write_section(section)
+
+
+if __name__ == "__main__":
+    main()
