@@ -26,15 +26,6 @@ from art_backend._rows import Rows, micro_batches
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 TRAINER_STATE = "trainer_state.pt"
-DEFAULT_TARGET_MODULES = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Request bodies of the training API (`/v1/training/...`): what `art_core` sends, validated here.
 
+The settings models (LoRA, train, SFT) are art_core's, imported (art_core has no torch).
+
 Unknown fields are rejected (a misspelt option must not be silently ignored) and every number
 has its range, so a bad config is a 400 that names the field before anything trains.
 """
@@ -8,21 +10,17 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# The settings are the client's own models: one definition of every field, range and default.
+from art_core._config import LoRAConfig as LoraSettings
+from art_core._config import TrainConfig as TrainSettings
+from art_core._config import TrainSFTConfig as SFTSettings
+
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 SPLIT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
-DEFAULT_TARGET_MODULES = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-]
 
 
 class _Strict(BaseModel):
@@ -36,13 +34,6 @@ def _check_name(value: str, what: str) -> str:
             "starting with a letter or digit"
         )
     return value
-
-
-class LoraSettings(_Strict):
-    r: int = Field(16, ge=1, le=1024)
-    alpha: float = Field(32, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
 
 
 class ForkFrom(_Strict):
@@ -107,24 +98,6 @@ class GroupPayload(_Strict):
     exceptions: list[str] = Field(default_factory=list)  # rollouts that raised: counted
 
 
-class TrainSettings(_Strict):
-    """The server side of `art.TrainConfig`."""
-
-    learning_rate: float = Field(1e-5, gt=0, le=1)
-    loss: Literal["grpo", "dr_grpo", "gspo", "cispo"] = "grpo"
-    beta: float = Field(0.0, ge=0)  # KL to the base model (adapter disabled); 0 = no KL term
-    scale_rewards: Literal["group", "batch", "none"] | None = None  # None: the preset's
-    epsilon: float | None = Field(None, ge=0)
-    epsilon_high: float | None = Field(None, ge=0)
-    max_completion_length: int | None = Field(None, ge=1)  # dr_grpo's constant
-    mask_truncated: bool = False
-    max_length: int | None = Field(None, ge=2)  # default: the model's context length
-    micro_batch_tokens: int = Field(2048, ge=16)
-    max_grad_norm: float = Field(1.0, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    gradient_checkpointing: bool = False
-
-
 class TrainRequest(_Strict):
     groups: list[GroupPayload]
     config: TrainSettings = TrainSettings()
@@ -133,19 +106,6 @@ class TrainRequest(_Strict):
 class SFTExample(_Strict):
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
-
-
-class SFTSettings(_Strict):
-    """The server side of `art.TrainSFTConfig`."""
-
-    learning_rate: float = Field(1e-4, gt=0, le=1)
-    batch_size: int = Field(8, ge=1)  # examples per optimizer step
-    epochs: int = Field(1, ge=1, le=100)
-    max_length: int | None = Field(None, ge=2)
-    micro_batch_tokens: int = Field(2048, ge=16)
-    max_grad_norm: float = Field(1.0, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    gradient_checkpointing: bool = False
 
 
 class SFTRequest(_Strict):

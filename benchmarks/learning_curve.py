@@ -29,13 +29,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
+from _markdown import write_section  # noqa: E402
 from demo import evaluate, rollout  # noqa: E402
 from demo_task import split  # noqa: E402
 
 import art_core as art  # noqa: E402
 
 RESULTS = HERE / "results" / "learning_curve.json"
-BENCHMARKS_MD = HERE.parent / "BENCHMARKS.md"
 START, END = "<!-- learning_curve:start -->", "<!-- learning_curve:end -->"
 TIME_RATIO_TARGET = 0.5
 
@@ -132,15 +132,6 @@ first reaches it after {summary["ours_seconds_to_trl_final"] if summary["ours_se
 {END}"""
 
 
-def write_section(section: str) -> None:
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        text = text.split(START, 1)[0] + section + text.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    BENCHMARKS_MD.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
@@ -197,7 +188,7 @@ def main() -> None:
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-        write_section(section)
+        write_section(START, END, section)
 
 
 if __name__ == "__main__":

@@ -29,13 +29,13 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _markdown import write_section
 from _trl_peer import DEFAULT_PROMPTS, run_trl_in_subprocess
 
 import art_core as art
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "train_step.json"
-BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 START, END = "<!-- train_step:start -->", "<!-- train_step:end -->"
 STEP_RATIO_TARGET = 0.5
 
@@ -178,15 +178,6 @@ Our step includes writing the checkpoint and loading the new step into the serve
 {END}"""
 
 
-def write_section(section: str) -> None:
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        text = text.split(START, 1)[0] + section + text.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    BENCHMARKS_MD.write_text(text)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
@@ -228,7 +219,7 @@ def main() -> None:
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-        write_section(section)
+        write_section(START, END, section)
 
 
 if __name__ == "__main__":
