@@ -83,7 +83,7 @@ class _RssSampler:
             self.peak = max(self.peak, self._proc.memory_info().rss)
             self._stop.wait(self._interval)
 
-    def __enter__(self) -> "_RssSampler":
+    def __enter__(self) -> _RssSampler:
         self._thread.start()
         return self
 
@@ -91,6 +91,34 @@ class _RssSampler:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self._proc.memory_info().rss)
+
+
+def quiet_trainer_args(seed: int) -> dict[str, Any]:
+    """GRPOConfig arguments shared by the TRL peers: no reporting, no saving, no workers."""
+    return {
+        "report_to": "none",
+        "save_strategy": "no",
+        "logging_strategy": "steps",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "log_completions": False,
+        "seed": seed,
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": False,
+    }
+
+
+def lora_qkvo() -> Any:
+    """The benchmarks' adapter: LoRA r16/alpha 32 on q, k, v, o, no dropout."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=16,
+        lora_alpha=32,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        task_type="CAUSAL_LM",
+    )
 
 
 def _median(xs: list[float]) -> float | None:
@@ -122,11 +150,10 @@ def run_trl_train_steps(
     """
     _offline_env()
     import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     import transformers
     import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     if not prompts:
@@ -136,7 +163,9 @@ def run_trl_train_steps(
     batch = len(prompts) * num_generations
 
     t_load = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left", truncation_side="left")
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_dir, padding_side="left", truncation_side="left"
+    )
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     load_s = time.perf_counter() - t_load
 
@@ -164,43 +193,36 @@ def run_trl_train_steps(
         learning_rate=learning_rate,
         max_steps=warmup + steps,
         gradient_checkpointing=gradient_checkpointing,
-        # no reporting, no saving
-        report_to="none",
-        save_strategy="no",
-        logging_strategy="steps",
-        logging_steps=1,
-        disable_tqdm=True,
-        log_completions=False,
-        seed=seed,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=False,
+        **quiet_trainer_args(seed),
     )
-    peft_config = LoraConfig(
-        r=16,
-        lora_alpha=32,
-        lora_dropout=0.0,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        task_type="CAUSAL_LM",
-    )
+    peft_config = lora_qkvo()
 
     steps_rec: list[dict[str, Any]] = []
     cur: dict[str, Any] = {}
 
     class _StepTimer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+        def on_step_begin(self, args, state, control, **kw):
             cur.clear()
-            cur.update(rollout_s=0.0, generate_s=0.0, trained_tokens=0, prompt_tokens=0,
-                       padded_tokens=0, completions=0)
+            cur.update(
+                rollout_s=0.0,
+                generate_s=0.0,
+                trained_tokens=0,
+                prompt_tokens=0,
+                padded_tokens=0,
+                completions=0,
+            )
             cur["t0"] = time.perf_counter()
 
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+        def on_step_end(self, args, state, control, **kw):
             cur["step_s"] = time.perf_counter() - cur.pop("t0")
             cur["train_s"] = cur["step_s"] - cur["rollout_s"]
             steps_rec.append(dict(cur))
 
-        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
+        def on_log(self, args, state, control, logs=None, **kw):
             if steps_rec and logs:
-                steps_rec[-1]["log"] = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
+                steps_rec[-1]["log"] = {
+                    k: v for k, v in logs.items() if isinstance(v, (int, float))
+                }
 
     trainer = GRPOTrainer(
         model=model,
@@ -249,7 +271,9 @@ def run_trl_train_steps(
     first_q = next(m for n, m in trainer.model.named_modules() if n.endswith("q_proj"))
 
     def _dtype_hook(mod: Any, inp: Any, out: Any) -> None:
-        seen["train" if torch.is_grad_enabled() else "generate"].add(str(out.dtype).replace("torch.", ""))
+        seen["train" if torch.is_grad_enabled() else "generate"].add(
+            str(out.dtype).replace("torch.", "")
+        )
 
     hook = first_q.register_forward_hook(_dtype_hook)
 
@@ -300,8 +324,11 @@ def run_trl_train_steps(
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
         "steps": [
             {k: v for k, v in s.items() if k != "log"}
-            | {"loss": s.get("log", {}).get("loss"), "reward": s.get("log", {}).get("reward"),
-               "mean_length": s.get("log", {}).get("completions/mean_length")}
+            | {
+                "loss": s.get("log", {}).get("loss"),
+                "reward": s.get("log", {}).get("reward"),
+                "mean_length": s.get("log", {}).get("completions/mean_length"),
+            }
             for s in steps_rec
         ],
     }
@@ -310,7 +337,12 @@ def run_trl_train_steps(
 
 def run_trl_in_subprocess(model_dir: str, *, timeout: float | None = 1800, **kwargs: Any) -> dict:
     """Run :func:`run_trl_train_steps` in a fresh interpreter (so peak RSS is per run)."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps({"model_dir": str(model_dir), **kwargs})]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        json.dumps({"model_dir": str(model_dir), **kwargs}),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"TRL peer failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
