@@ -134,11 +134,11 @@ first reaches it after {summary["ours_seconds_to_trl_final"] if summary["ours_se
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--groups-per-step", type=int, default=8)
     parser.add_argument("--rollouts-per-group", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
-    parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-size", type=int, default=64)
     parser.add_argument("--train-questions", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)

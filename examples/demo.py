@@ -4,7 +4,7 @@ The whole loop a user writes: a rollout (plain OpenAI client code), a reward com
 groups of rollouts per question, `model.train(groups)`, and a held-out evaluation before and
 after. Writes a before/after table, a reward-curve PNG and an HTML report under `.art/`.
 
-    python examples/demo.py [--steps 12] [--groups-per-step 8] [--rollouts-per-group 8]
+    python examples/demo.py [--steps 10] [--groups-per-step 8] [--rollouts-per-group 8]
 """
 
 from __future__ import annotations
@@ -160,13 +160,13 @@ def _mean(groups: list[art.TrajectoryGroup], metric: str) -> float:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--groups-per-step", type=int, default=8)
     parser.add_argument("--rollouts-per-group", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--train-questions", type=int, default=200)
     parser.add_argument("--eval-size", type=int, default=64)
-    parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--path", default=".art")
     parser.add_argument("--name", default=None, help="model name (default: a new one per run)")
