@@ -219,10 +219,9 @@ def run_trl_train_steps(
             steps_rec.append(dict(cur))
 
         def on_log(self, args, state, control, logs=None, **kw):
-            if steps_rec and logs:
-                steps_rec[-1]["log"] = {
-                    k: v for k, v in logs.items() if isinstance(v, (int, float))
-                }
+            # transformers 5 logs *before* on_step_end, so the step's log belongs to `cur`
+            if logs and "loss" in logs and "t0" in cur:
+                cur["log"] = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
 
     trainer = GRPOTrainer(
         model=model,
@@ -279,11 +278,20 @@ def run_trl_train_steps(
 
     import psutil
 
-    rss_after_load = psutil.Process().memory_info().rss
+    me = psutil.Process()
+    rss_after_load = me.memory_info().rss
     t_train = time.perf_counter()
+    cpu_sys0, cpu_me0 = psutil.cpu_times(), me.cpu_times()
     with _RssSampler() as sampler, contextlib.redirect_stdout(sys.stderr):
         trainer.train()
     train_total_s = time.perf_counter() - t_train
+    cpu_sys1, cpu_me1 = psutil.cpu_times(), me.cpu_times()
+    own_cpu_s = (cpu_me1.user + cpu_me1.system) - (cpu_me0.user + cpu_me0.system)
+    sys_cpu_s = sum(
+        getattr(cpu_sys1, f, 0.0) - getattr(cpu_sys0, f, 0.0)
+        for f in ("user", "nice", "system", "irq", "softirq", "steal")
+    )
+    other_load_cores = max(0.0, sys_cpu_s - own_cpu_s) / train_total_s
     hook.remove()
 
     measured = steps_rec[warmup:]
@@ -317,6 +325,10 @@ def run_trl_train_steps(
             [s["trained_tokens"] / s["step_s"] for s in measured if s["step_s"] > 0]
         ),
         "observed_q_proj_dtype": {k: sorted(v) for k, v in seen.items()},
+        "own_cpu_cores": own_cpu_s / train_total_s,
+        # CPU used by *other* processes during train(): the machine is shared (os.cpu_count() cores)
+        "other_load_cores": other_load_cores,
+        "cpu_count": os.cpu_count(),
         "load_s": load_s,
         "train_total_s": train_total_s,
         "rss_after_load_mb": rss_after_load / 2**20,

@@ -128,8 +128,13 @@ order. Held-out: {s["eval_size"]} questions, greedy; evaluation time excluded fr
 {table}
 
 TRL's final held-out reward {summary["trl_final"]:.3f} after {summary["trl_seconds"]:.0f}s; ours
-first reaches it after {summary["ours_seconds_to_trl_final"] if summary["ours_seconds_to_trl_final"] is not None else "-"}s: time ratio {verdict}.
+first reaches it after {_seconds(summary["ours_seconds_to_trl_final"])}: time ratio {verdict}
+(times to reach are read at the evaluation points only, every {s["eval_every"]} steps).
 {END}"""
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}s"
 
 
 def main() -> None:
