@@ -15,3 +15,13 @@ def write_section(start: str, end: str, section: str, path: Path = BENCHMARKS_MD
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.write_text(text)
+
+
+def publish(result: dict, results_path: Path, start: str, end: str, section: str) -> None:
+    """Print the section, write the JSON results and the BENCHMARKS.md section."""
+    import json
+
+    print(section)
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(result, indent=2) + "\n")
+    write_section(start, end, section)

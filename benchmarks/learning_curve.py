@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import sys
 import tempfile
@@ -29,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
-from _markdown import write_section  # noqa: E402
+from _markdown import publish  # noqa: E402
 from demo import evaluate, rollout  # noqa: E402
 from demo_task import split  # noqa: E402
 
@@ -188,12 +187,10 @@ def main() -> None:
             else None,
         },
     }
-    section = markdown(result)
-    print(section)
-    if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-        write_section(START, END, section)
+    if args.no_write:
+        print(markdown(result))
+    else:
+        publish(result, RESULTS, START, END, markdown(result))
 
 
 if __name__ == "__main__":

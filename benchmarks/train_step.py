@@ -29,7 +29,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _markdown import write_section
+from _markdown import publish
 from _trl_peer import DEFAULT_PROMPTS, run_trl_in_subprocess
 
 import art_core as art
@@ -214,12 +214,10 @@ def main() -> None:
             "peak_rss": ours["peak_rss_mb"] / trl["peak_rss_mb"],
         },
     }
-    section = markdown(result)
-    print(section)
-    if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-        write_section(START, END, section)
+    if args.no_write:
+        print(markdown(result))
+    else:
+        publish(result, RESULTS, START, END, markdown(result))
 
 
 if __name__ == "__main__":
