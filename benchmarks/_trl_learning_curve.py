@@ -53,7 +53,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
-from _trl_peer import _default_model_dir, _offline_env, lora_qkvo, quiet_trainer_args  # noqa: E402
+from _trl_peer import (  # noqa: E402
+    _default_model_dir,
+    _offline_env,
+    lora_qkvo,
+    one_step_per_batch,
+    quiet_trainer_args,
+)
 
 EVAL_BATCH = 32
 
@@ -159,11 +165,7 @@ def run_trl_curve(
         fp16=False,
         use_vllm=False,
         # batch geometry: one optimizer step = groups_per_step x rollouts_per_group completions
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
-        generation_batch_size=batch,
-        num_generations=rollouts_per_group,
-        num_iterations=1,
+        **one_step_per_batch(batch, rollouts_per_group),
         shuffle_dataset=False,
         # sampling
         temperature=1.0,

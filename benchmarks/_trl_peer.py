@@ -93,6 +93,17 @@ class _RssSampler:
         self.peak = max(self.peak, self._proc.memory_info().rss)
 
 
+def one_step_per_batch(batch: int, num_generations: int) -> dict[str, Any]:
+    """GRPOConfig batch geometry: generate `batch` completions, train on them in one step."""
+    return {
+        "per_device_train_batch_size": batch,
+        "gradient_accumulation_steps": 1,
+        "generation_batch_size": batch,
+        "num_generations": num_generations,
+        "num_iterations": 1,
+    }
+
+
 def quiet_trainer_args(seed: int) -> dict[str, Any]:
     """GRPOConfig arguments shared by the TRL peers: no reporting, no saving, no workers."""
     return {
@@ -177,11 +188,7 @@ def run_trl_train_steps(
         fp16=False,
         use_vllm=False,
         # batch geometry: one optimizer step = len(prompts) x num_generations completions
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
-        generation_batch_size=batch,
-        num_generations=num_generations,
-        num_iterations=1,
+        **one_step_per_batch(batch, num_generations),
         max_completion_length=max_new_tokens,
         generation_kwargs=({"min_new_tokens": min_new_tokens} if min_new_tokens else None),
         # loss

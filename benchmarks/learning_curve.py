@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
 from _markdown import publish  # noqa: E402
+from _ours import qkvo_model  # noqa: E402
 from demo import evaluate, rollout  # noqa: E402
 from demo_task import split  # noqa: E402
 
@@ -44,14 +45,7 @@ async def our_curve(args: argparse.Namespace) -> dict[str, Any]:
     train_questions, held_out = split(args.train_questions, args.eval_size, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="art-curve-") as path:
         backend = art.LocalBackend(path=path)
-        model = art.TrainableModel(
-            name="curve",
-            project="bench",
-            base_model="smollm2-135m-instruct",
-            lora=art.LoRAConfig(
-                r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
-            ),
-        )
+        model = qkvo_model("curve")
         await model.register(backend)
         config = art.TrainConfig(learning_rate=args.learning_rate)
         points = [

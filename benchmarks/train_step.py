@@ -30,6 +30,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _markdown import publish
+from _ours import qkvo_model
 from _trl_peer import DEFAULT_PROMPTS, run_trl_in_subprocess
 
 import art_core as art
@@ -75,14 +76,7 @@ async def our_steps(args: argparse.Namespace) -> dict[str, Any]:
     sampler = TreeRss(psutil.Process().pid)
     with tempfile.TemporaryDirectory(prefix="art-bench-") as path:
         backend = art.LocalBackend(path=path, dtype=args.dtype)
-        model = art.TrainableModel(
-            name="bench",
-            project="bench",
-            base_model="smollm2-135m-instruct",
-            lora=art.LoRAConfig(
-                r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
-            ),
-        )
+        model = qkvo_model("bench")
         await model.register(backend)
         client = model.openai_client()
         config = art.TrainConfig(learning_rate=1e-5, loss="grpo", scale_rewards="group", beta=0.0)
