@@ -238,7 +238,7 @@ class ChatService:
                 "choices": choices,
                 **extra,
             }
-            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+            return f"data: {sse_json(body)}\n\n"
 
         finished: dict[int, FinishEvent] = {}
         try:
@@ -400,6 +400,19 @@ def _raise_if_failed(finished: Any) -> None:
     for event in finished:
         if event.finish_reason in ("error", "cancelled"):
             raise BackendError(f"Generation failed: {event.error or event.finish_reason}")
+
+
+# Characters that str.splitlines() treats as line breaks but json.dumps(ensure_ascii=False)
+# leaves raw: a client that splits an SSE stream with splitlines (httpx's iter_lines does)
+# would cut an event in two. Escaping them keeps every event on one line for any client.
+_LINE_BREAKS_JSON_KEEPS = str.maketrans(
+    {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
+
+def sse_json(body: Any) -> str:
+    """JSON for one `data:` line: UTF-8 text kept, every line-break character escaped."""
+    return json.dumps(body, ensure_ascii=False).translate(_LINE_BREAKS_JSON_KEEPS)
 
 
 def _new_id() -> str:

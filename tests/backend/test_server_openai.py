@@ -491,3 +491,13 @@ def test_models_are_listed_under_a_rollout_url_too(server: RunningServer):
         base_url=f"{server.url}/rollouts/x/v1", api_key="unused", max_retries=0
     )
     assert "tiny" in [model.id for model in rollout_client.models.list()]
+
+
+def test_sse_events_stay_on_one_line_for_splitlines_clients():
+    from art_backend._chat import sse_json
+
+    body = {"content": "a\u2028b\u2029c\x85d\x1ce\nf é"}
+    encoded = sse_json(body)
+    assert len(f"data: {encoded}".splitlines()) == 1
+    assert json.loads(encoded) == body
+    assert "é" in encoded  # UTF-8 text is not ASCII-escaped
