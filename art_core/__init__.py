@@ -8,38 +8,66 @@ Names follow OpenPipe ART, so ART code ports by changing the import:
 """
 
 from art_core._backend import Backend, RemoteBackend
-from art_core._config import LoRAConfig, TrainConfig, TrainResult, TrainSFTConfig
+from art_core._cache import ResponseCache
+from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
 from art_core._errors import (
     ArtError,
     BackendCrashedError,
     BackendRequestError,
     InvalidTrajectoryError,
+    JudgeError,
+    JudgeResponseError,
+    JudgeUnavailableError,
+    ModelConfigError,
     ModelNotRegisteredError,
     NotTrainableError,
+    ScenarioGenerationError,
     TooManyExceptionsError,
 )
-from art_core._gather import gather_trajectories, gather_trajectory_groups
+from art_core._gather import GatheredGroups, gather_trajectories, gather_trajectory_groups
 from art_core._local_backend import LocalBackend
 from art_core._model import Model, RolloutCapture, TrainableModel, trajectory_from_records
+from art_core._ruler import RulerScore, ruler, ruler_score_group
+from art_core._ruler_prompt import DEFAULT_RUBRIC
+from art_core._scenarios import (
+    Scenario,
+    generate_scenarios,
+    load_scenarios,
+    save_scenarios,
+    split_scenarios,
+)
+from art_core._structured import JudgeUsage, resolve_model
 from art_core._trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from art_core._utils import DatasetBatch, iterate_dataset, retry
 
 __all__ = [
+    "DEFAULT_RUBRIC",
     "ArtError",
     "Backend",
     "BackendCrashedError",
     "BackendRequestError",
     "DatasetBatch",
+    "GatheredGroups",
     "History",
     "InvalidTrajectoryError",
+    "JudgeError",
+    "JudgeResponseError",
+    "JudgeUnavailableError",
+    "JudgeUsage",
     "LoRAConfig",
     "LocalBackend",
     "Model",
+    "ModelConfigError",
     "ModelNotRegisteredError",
     "NotTrainableError",
     "RemoteBackend",
+    "ResponseCache",
     "RolloutCapture",
     "RolloutException",
+    "RulerScore",
+    "Scenario",
+    "ScenarioGenerationError",
+    "TokenPrice",
     "TooManyExceptionsError",
     "TrainConfig",
     "TrainResult",
@@ -49,7 +77,14 @@ __all__ = [
     "TrajectoryGroup",
     "gather_trajectories",
     "gather_trajectory_groups",
+    "generate_scenarios",
     "iterate_dataset",
+    "load_scenarios",
+    "resolve_model",
     "retry",
+    "ruler",
+    "ruler_score_group",
+    "save_scenarios",
+    "split_scenarios",
     "trajectory_from_records",
 ]

@@ -145,6 +145,10 @@ class RemoteBackend:
         payload = {
             "groups": self._groups_payload(groups, stats),
             "config": config.model_dump(exclude_none=True),
+            # Groups an `after_each` (a judge that failed) dropped during the gather.
+            "client_metrics": {
+                "groups/dropped_before_training": float(getattr(groups, "dropped", 0))
+            },
         }
         if stats.get("context_assistant_messages") and not self._context_warning_shown:
             self._context_warning_shown = True

@@ -71,3 +71,15 @@ class TrainResult(BaseModel):
 
     def __getitem__(self, key: str) -> Any:
         return self.metrics[key]
+
+
+class TokenPrice(_Config):
+    """What a hosted model charges, in dollars per million tokens (for judge cost accounting)."""
+
+    input_per_million: float = Field(ge=0)
+    output_per_million: float = Field(ge=0)
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (
+            prompt_tokens * self.input_per_million + completion_tokens * self.output_per_million
+        ) / 1e6

@@ -37,3 +37,31 @@ class TooManyExceptionsError(ArtError):
     def __init__(self, message: str, *, first_traceback: str = "") -> None:
         super().__init__(f"{message}\n\nFirst exception:\n{first_traceback}".rstrip())
         self.first_traceback = first_traceback
+
+
+class ModelConfigError(ArtError):
+    """A model named by a string (`"openai/gpt-4.1-mini"`) cannot be resolved: missing key or URL."""
+
+
+class JudgeError(ArtError):
+    """An LLM call for a judgement or for generated data failed; see the two subclasses."""
+
+
+class JudgeUnavailableError(JudgeError):
+    """The judge or generator did not answer: timeouts, 5xx or connection errors after retries."""
+
+
+class JudgeResponseError(JudgeError):
+    """The judge's answer was unusable twice (malformed, short, duplicated or out-of-range).
+
+    `problems` lists what was wrong with the last answer; `answer` is its text.
+    """
+
+    def __init__(self, message: str, *, problems: list[str], answer: str = "") -> None:
+        super().__init__(message)
+        self.problems = problems
+        self.answer = answer
+
+
+class ScenarioGenerationError(ArtError):
+    """Scenario generation could not produce the requested number of valid, distinct scenarios."""

@@ -24,6 +24,15 @@ logger = logging.getLogger("art_core.gather")
 AfterEach = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]]
 
 
+class GatheredGroups(list[TrajectoryGroup]):
+    """The groups a gather kept, in order; `dropped` counts those `after_each` dropped.
+
+    `model.train(groups)` reports `dropped` as the step's `groups/dropped_before_training`.
+    """
+
+    dropped: int = 0
+
+
 class _Progress:
     """The shared bar: rollouts done, running mean reward, exceptions; enforces the limit."""
 
@@ -101,11 +110,12 @@ async def gather_trajectory_groups(
     max_exceptions: int | float = 0,
     after_each: AfterEach | None = None,
     show_progress: bool = True,
-) -> list[TrajectoryGroup]:
+) -> GatheredGroups:
     """Run every pending rollout of every group concurrently; returns the groups in order.
 
     `after_each(group)` runs as soon as a group's rollouts finish (e.g. an LLM judge) and may
-    return a new group, or None to drop it (logged). Exceptions stay on their groups.
+    return a new group, or None to drop it (logged, and counted in `.dropped`). Exceptions stay
+    on their groups.
     """
     resolved: list[TrajectoryGroup] = []
     for item in groups:
@@ -122,9 +132,10 @@ async def gather_trajectory_groups(
         )
     finally:
         progress.close()
-    kept = [group for group in results if group is not None]
-    if len(kept) < len(results):
-        logger.warning("after_each dropped %d of %d groups", len(results) - len(kept), len(results))
+    kept = GatheredGroups(group for group in results if group is not None)
+    kept.dropped = len(results) - len(kept)
+    if kept.dropped:
+        logger.warning("after_each dropped %d of %d groups", kept.dropped, len(results))
     return kept
 
 

@@ -15,7 +15,7 @@ from openai import AsyncOpenAI
 from openai.types.chat.chat_completion import Choice
 
 from art_core._backend import Backend, new_rollout_id
-from art_core._config import LoRAConfig, TrainConfig, TrainResult, TrainSFTConfig
+from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
 from art_core._errors import ModelNotRegisteredError, NotTrainableError
 from art_core._trajectory import History, Trajectory, TrajectoryGroup
 
@@ -35,7 +35,8 @@ class Model:
     """A model you prompt but do not train: a baseline, or a judge (any OpenAI-compatible URL).
 
     `Model(name="gpt-4.1-mini", base_url="https://api.openai.com/v1", api_key=...)`, or register
-    it on one of our backends to prompt the base model it serves.
+    it on one of our backends to prompt the base model it serves. `price` (dollars per million
+    tokens) turns a judge's token usage into a cost in the step metrics.
     """
 
     trainable = False
@@ -48,8 +49,10 @@ class Model:
         base_url: str | None = None,
         api_key: str | None = None,
         inference_model_name: str | None = None,
+        price: TokenPrice | None = None,
     ) -> None:
         self.name = name
+        self.price = price
         self.project = _check_name(project, "project name")
         self.base_url = base_url
         self.api_key = api_key
@@ -175,7 +178,9 @@ class TrainableModel(Model):
         """One GRPO step on these groups; the backend then serves `<name>@<step + 1>`."""
         config = (config or TrainConfig()).model_copy(update=config_overrides)
         TrainConfig.model_validate(config.model_dump())
-        result = await self.backend.train(self, list(groups), config)
+        # A gathered list keeps its `dropped` count (groups a judge dropped) for the metrics.
+        groups = groups if isinstance(groups, list) else list(groups)
+        result = await self.backend.train(self, groups, config)
         self._step = result.step
         return result
 

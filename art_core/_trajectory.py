@@ -87,6 +87,7 @@ class TrajectoryGroup:
 
     `TrajectoryGroup(rollout(model, s) for _ in range(8))` holds eight pending rollouts;
     `gather_trajectory_groups` runs them. Exceptions are kept on the group, not raised.
+    `metrics` are group-level counts (a judge's tokens and cost): the step sums them over groups.
     """
 
     def __init__(
@@ -95,10 +96,12 @@ class TrajectoryGroup:
         *,
         exceptions: Iterable[BaseException | RolloutException] = (),
         metadata: dict[str, Any] | None = None,
+        metrics: dict[str, float] | None = None,
     ) -> None:
         self.trajectories: list[Trajectory] = []
         self.exceptions: list[RolloutException] = []
         self.metadata: dict[str, Any] = dict(metadata or {})
+        self.metrics: dict[str, float] = dict(metrics or {})
         self._pending: list[Awaitable[Trajectory]] = []
         for item in trajectories:
             self._add(item)
@@ -151,6 +154,7 @@ def group_payload(group: TrajectoryGroup, *, stats: dict[str, int]) -> dict[str,
     return {
         "trajectories": [trajectory_payload(t, stats=stats) for t in group.trajectories],
         "exceptions": [f"{e.type}: {e.message}" for e in group.exceptions],
+        "metrics": {key: float(value) for key, value in group.metrics.items()},
     }
 
 

@@ -273,6 +273,9 @@ class TrainingService:
         config = request.config
         loss_config = _loss_config(config)
         metrics, warnings, trajectories = self._prepare_trajectories(request.groups)
+        for key, value in request.client_metrics.items():
+            if math.isfinite(value):
+                metrics[key] = metrics.get(key, 0.0) + value
         rewards = torch.tensor([t.advantage for t in trajectories], dtype=torch.float64)
         group_ids = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
         advantages, trainable = (
@@ -345,6 +348,9 @@ class TrainingService:
         for group_id, group in enumerate(groups):
             counts["groups/submitted"] += 1
             counts["exceptions"] += len(group.exceptions)
+            for key, value in group.metrics.items():
+                if math.isfinite(value):
+                    counts[key] += value  # type: ignore[assignment]
             rewards += [t.reward for t in group.trajectories]
             if len(group.trajectories) < 2:
                 counts["groups/too_small"] += 1
@@ -459,6 +465,9 @@ class TrainingService:
         metrics.update({key: statistics.fmean(values) for key, values in per_metric.items()})
         metrics["exceptions"] = float(sum(len(g.exceptions) for g in request.groups))
         metrics["trajectories"] = float(len(rewards))
+        for group in request.groups:
+            for key, value in group.metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + value
         metrics = {key: value for key, value in metrics.items() if math.isfinite(value)}
         model.store.append_history(
             {"type": "log", "split": request.split, "step": model.step, "metrics": metrics}

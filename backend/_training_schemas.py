@@ -96,11 +96,14 @@ class TrajectoryPayload(_Strict):
 class GroupPayload(_Strict):
     trajectories: list[TrajectoryPayload]
     exceptions: list[str] = Field(default_factory=list)  # rollouts that raised: counted
+    metrics: dict[str, float] = Field(default_factory=dict)  # group-level: summed over groups
 
 
 class TrainRequest(_Strict):
     groups: list[GroupPayload]
     config: TrainSettings = TrainSettings()
+    # Counted by the client before sending (e.g. groups an `after_each` judge dropped).
+    client_metrics: dict[str, float] = Field(default_factory=dict)
 
 
 class SFTExample(_Strict):

@@ -10,6 +10,7 @@ import pytest
 
 import art_core as art
 from tests.backend.conftest import RunningServer, start_server
+from tests.core.scripted_judge import ScriptedJudge, start_scripted_judge
 
 
 @pytest.fixture(scope="session")
@@ -53,3 +54,30 @@ async def model(backend: art.RemoteBackend, tiny_model_dir: Path) -> art.Trainab
     )
     await trainable.register(backend)
     return trainable
+
+
+@pytest.fixture(scope="session")
+def scripted_judge_server() -> Iterator[ScriptedJudge]:
+    judge, server, thread = start_scripted_judge()
+    yield judge
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture
+def scripted_judge(scripted_judge_server: ScriptedJudge) -> Iterator[ScriptedJudge]:
+    """The scripted judge with an empty script and no recorded requests."""
+    scripted_judge_server.reset()
+    yield scripted_judge_server
+    scripted_judge_server.reset()
+
+
+@pytest.fixture
+def judge_model(scripted_judge: ScriptedJudge) -> art.Model:
+    """The scripted judge as an art.Model, priced at $1/$4 per million tokens."""
+    return art.Model(
+        name="scripted-judge",
+        base_url=scripted_judge.url,
+        api_key="test-key",
+        price=art.TokenPrice(input_per_million=1.0, output_per_million=4.0),
+    )

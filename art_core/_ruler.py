@@ -1,0 +1,242 @@
+"""RULER: an LLM judge scores the runs of one group relative to each other, as the reward.
+
+    group = await art.ruler_score_group(group, judge="openai/gpt-4.1-mini")
+    groups = await art.gather_trajectory_groups(..., after_each=functools.partial(
+        art.ruler_score_group, judge=judge, swallow_exceptions=True))
+
+GRPO only needs rewards that rank the runs of a group, so a judge that sees them side by side is
+enough; no reward code. The prompt layout is in `_ruler_prompt.py`; the call, its one re-ask,
+retries, cost and cache in `_structured.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from pydantic import BaseModel
+
+from art_core._cache import ResponseCache, resolve_cache
+from art_core._errors import JudgeError
+from art_core._model import Model
+from art_core._ruler_prompt import (
+    DEFAULT_MESSAGE_CHAR_BUDGET,
+    DEFAULT_RUBRIC,
+    JudgePrompt,
+    build_judge_prompt,
+    distinct_runs,
+)
+from art_core._structured import JudgeUsage, resolve_model, structured_completion
+from art_core._trajectory import Trajectory, TrajectoryGroup
+
+logger = logging.getLogger("art_core.ruler")
+
+
+class RulerScore(BaseModel):
+    """One run's score in [0, 1] and the judge's explanation.
+
+    `position_gap`: with `reverse_order_check`, how much the score moved when the runs were
+    shown in reverse order (0 when the judge is free of position bias).
+    """
+
+    score: float
+    explanation: str
+    position_gap: float | None = None
+
+
+async def ruler(
+    message_lists: list[list[dict[str, Any]]],
+    judge: Model | str,
+    rubric: str = DEFAULT_RUBRIC,
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    message_char_budget: int = DEFAULT_MESSAGE_CHAR_BUDGET,
+    reverse_order_check: bool = False,
+    cache: bool | str | ResponseCache | None = True,
+    max_tokens: int | None = None,
+    sampling: dict[str, Any] | None = None,
+    timeout: float = 120.0,
+    max_retries: int = 3,
+    usage: JudgeUsage | None = None,
+) -> list[RulerScore]:
+    """Score each conversation (same task, one per run) relative to the others; one per list.
+
+    `judge`: an `art.Model` or `"<provider>/<model>"`. `reverse_order_check`: judge again with
+    the runs in reverse order and average (twice the cost; removes position bias). `cache`:
+    a folder, True for `~/.cache/art-trainer/judge`, False for none. `usage` accumulates cost.
+    """
+    if message_char_budget < 200:
+        raise ValueError(
+            f"message_char_budget must be >= 200 characters, got {message_char_budget}"
+        )
+    if not message_lists:
+        return []
+    model = resolve_model(judge)
+    usage = usage if usage is not None else JudgeUsage()
+    distinct = distinct_runs(message_lists, tools)
+    options: dict[str, Any] = {
+        "model": model,
+        "cache": resolve_cache(cache),
+        "sampling": sampling,
+        "timeout": timeout,
+        "max_retries": max_retries,
+        "usage": usage,
+    }
+    forward = build_judge_prompt(distinct, rubric=rubric, message_char_budget=message_char_budget)
+    usage.truncated_messages += forward.truncated_messages
+    usage.truncated_chars += forward.truncated_chars
+    scores = await _judge(forward, max_tokens, **options)
+    if reverse_order_check and len(distinct.runs) > 1:
+        order = list(reversed(range(len(distinct.runs))))
+        backward = build_judge_prompt(
+            distinct, rubric=rubric, order=order, message_char_budget=message_char_budget
+        )
+        reversed_scores = await _judge(backward, max_tokens, **options)
+        for position, index in enumerate(order):
+            first, second = scores[index], reversed_scores[position]
+            scores[index] = RulerScore(
+                score=(first.score + second.score) / 2,
+                explanation=first.explanation,
+                position_gap=abs(first.score - second.score),
+            )
+    return [scores[index].model_copy() for index in distinct.index_of]
+
+
+async def _judge(
+    prompt: JudgePrompt,
+    max_tokens: int | None,
+    *,
+    model: Model,
+    cache: ResponseCache | None,
+    sampling: dict[str, Any] | None,
+    timeout: float,
+    max_retries: int,
+    usage: JudgeUsage,
+) -> list[RulerScore]:
+    count = prompt.num_runs
+    return await structured_completion(
+        model,
+        prompt.messages,
+        schema_name="ruler_scores",
+        schema=prompt.schema,
+        validate=lambda parsed: validate_scores(parsed, count),
+        correction=lambda problems: correction_message(problems, count),
+        usage=usage,
+        cache=cache,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        timeout=timeout,
+        max_retries=max_retries,
+    )
+
+
+def validate_scores(parsed: Any, count: int) -> tuple[list[RulerScore] | None, list[str]]:
+    """Exactly run_1..run_count, each with a score in [0, 1]; every problem named."""
+    expected = [f"run_{k}" for k in range(1, count + 1)]
+    if not isinstance(parsed, dict):
+        return None, [f"it is a JSON {type(parsed).__name__}, not an object with keys run_1..."]
+    problems = [
+        f'"{key}" is not one of the runs (the ids are 1 to {count})'
+        for key in parsed
+        if key not in expected
+    ]
+    scores = []
+    for key in expected:
+        item = parsed.get(key)
+        if item is None:
+            problems.append(f'"{key}" is missing')
+            continue
+        score, explanation = (
+            (item.get("score"), item.get("explanation", ""))
+            if isinstance(item, dict)
+            else (item, "")
+        )
+        if isinstance(score, bool) or not isinstance(score, int | float):
+            problems.append(f'"{key}" has no numeric "score" (got {score!r:.40})')
+        elif not math.isfinite(score) or not 0 <= score <= 1:
+            problems.append(f'"{key}" has score {score}, outside [0, 1]')
+        else:
+            scores.append(RulerScore(score=float(score), explanation=str(explanation or "")))
+    return (scores if not problems else None), problems
+
+
+def correction_message(problems: list[str], count: int) -> str:
+    last = f"run_{count}"
+    return (
+        f"Your answer cannot be used: {'; '.join(problems)}. Answer again with only the JSON "
+        f"object: exactly the keys run_1 to {last}, one per run, each "
+        '{"explanation": "<one or two sentences>", "score": <a number from 0 to 1>}.'
+    )
+
+
+def judged_messages(trajectory: Trajectory) -> list[dict[str, Any]]:
+    """What the judge sees of a trajectory: its main conversation, then any additional ones."""
+    messages = list(trajectory.messages())
+    for number, history in enumerate(trajectory.additional_histories, start=2):
+        messages.append({"role": "system", "content": f"(conversation {number} of this run)"})
+        messages += history.messages()
+    return messages
+
+
+async def ruler_score_group(
+    group: TrajectoryGroup,
+    judge: Model | str,
+    rubric: str = DEFAULT_RUBRIC,
+    *,
+    swallow_exceptions: bool = False,
+    **options: Any,
+) -> TrajectoryGroup | None:
+    """A new group whose rewards are the judge's scores (see `ruler` for `options`).
+
+    Each trajectory keeps its previous reward in `metrics["independent_reward"]`, gets
+    `metrics["ruler_score"]` and the explanation in its logs; the judge's usage is added to the
+    group's metrics (summed into the step's). A judge failure raises a `JudgeError`, or with
+    `swallow_exceptions=True` is logged and returns None: as `after_each`, the group is dropped
+    and counted in the step's `groups/dropped_before_training`.
+    """
+    if not group.trajectories:
+        return group
+    tools = next((t.tools for t in group.trajectories if t.tools), None)
+    usage = JudgeUsage()
+    try:
+        scores = await ruler(
+            [judged_messages(t) for t in group.trajectories],
+            judge,
+            rubric,
+            tools,
+            usage=usage,
+            **options,
+        )
+    except JudgeError as error:
+        if not swallow_exceptions:
+            raise
+        logger.warning(
+            "RULER could not score a group of %d trajectories, dropping it: %s",
+            len(group.trajectories),
+            error,
+        )
+        return None
+    scored = []
+    for trajectory, result in zip(group.trajectories, scores, strict=True):
+        metrics: dict[str, float | int | bool] = {
+            **trajectory.metrics,
+            "independent_reward": trajectory.reward,
+            "ruler_score": result.score,
+        }
+        if result.position_gap is not None:
+            metrics["ruler_position_gap"] = result.position_gap
+        scored.append(
+            trajectory.model_copy(
+                update={
+                    "reward": result.score,
+                    "metrics": metrics,
+                    "logs": [*trajectory.logs, f"RULER: {result.explanation}"],
+                }
+            )
+        )
+    new_group = TrajectoryGroup(scored, exceptions=group.exceptions, metadata=group.metadata)
+    new_group.metrics = dict(group.metrics)
+    for key, value in usage.metrics().items():
+        new_group.metrics[key] = new_group.metrics.get(key, 0.0) + value
+    return new_group

@@ -1,0 +1,273 @@
+"""Generated scenarios: training inputs from a task description, when there is no data set.
+
+    scenarios = await art.generate_scenarios("Answer questions about ...", 40, generator=model)
+    train, val = art.split_scenarios(scenarios, val_fraction=0.2)
+    art.save_scenarios("scenarios.jsonl", scenarios)
+
+The generator answers under a JSON schema; each scenario is validated (a real task, difficulty in
+range), duplicates (same normalized text) are dropped, and the generator is asked again for what is
+still missing, shown what it already wrote, until `n` are valid or the attempts run out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from art_core._cache import ResponseCache, resolve_cache
+from art_core._errors import JudgeResponseError, ScenarioGenerationError
+from art_core._model import Model
+from art_core._structured import JudgeUsage, resolve_model, structured_completion
+
+MIN_TASK_CHARS = 12
+MAX_TASK_CHARS = 600
+MAX_EXPECTED_CHARS = 300
+
+
+class Scenario(BaseModel):
+    """One input for a rollout: the task as the agent receives it, its difficulty, and
+    optionally what a correct outcome looks like (for a judge or a check)."""
+
+    task: str = Field(min_length=1)
+    difficulty: int = Field(ge=1, le=10)
+    expected: str | None = None
+
+    @property
+    def id(self) -> str:
+        """Stable across runs and machines: a hash of the normalized task."""
+        return hashlib.sha256(normalize_task(self.task).encode()).hexdigest()[:16]
+
+
+def normalize_task(text: str) -> str:
+    """Case, accents, punctuation and spacing removed: what makes two tasks the same."""
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode().lower()
+    return " ".join(re.sub(r"[^a-z0-9]+", " ", text).split())
+
+
+GENERATOR_PROMPT = """\
+You write realistic tasks for training an AI agent. The agent's job:
+
+{description}
+{tools}
+Write {count} new tasks, each one a message a real user would send to this agent. Make them \
+varied in topic, wording and length; each must make sense on its own and be answerable by the \
+agent. Give each a difficulty from {low} (easy) to {high} (hard), spread across that range. \
+Where a correct answer is short and certain, put it in "expected"; otherwise set it to null.{custom}"""
+
+
+async def generate_scenarios(
+    description: str,
+    n: int,
+    generator: Model | str,
+    tools: list[dict[str, Any]] | None = None,
+    difficulty: tuple[int, int] = (1, 5),
+    custom_instructions: str | None = None,
+    *,
+    batch_size: int = 8,
+    max_requests: int | None = None,
+    cache: bool | str | ResponseCache | None = True,
+    sampling: dict[str, Any] | None = None,
+    timeout: float = 120.0,
+    usage: JudgeUsage | None = None,
+) -> list[Scenario]:
+    """`n` valid, distinct scenarios for `description`, asked of `generator` in batches.
+
+    `tools` (OpenAI function specs) are shown so tasks use them. With `cache` (the default), a
+    re-run with the same arguments returns the same scenarios without requests; pass
+    `cache=False` for fresh ones. Raises `ScenarioGenerationError` when `max_requests` (default:
+    enough for three tries per batch) do not give `n`.
+    """
+    low, high = difficulty
+    if not 1 <= low <= high <= 10:
+        raise ValueError(
+            f"difficulty must be (low, high) with 1 <= low <= high <= 10, got {difficulty}"
+        )
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not description.strip():
+        raise ValueError("description is empty: describe the agent's job in a sentence or more")
+    model = resolve_model(generator)
+    usage = usage if usage is not None else JudgeUsage()
+    max_requests = max_requests or 3 * math.ceil(n / batch_size) + 2
+    scenarios: list[Scenario] = []
+    seen: set[str] = set()
+    rejected: dict[str, int] = {"duplicate": 0, "invalid": 0, "unusable answer": 0}
+    examples_of_invalid: list[str] = []
+    for _ in range(max_requests):
+        count = min(batch_size, n - len(scenarios))
+        if count <= 0:
+            break
+        messages = [
+            {
+                "role": "user",
+                "content": _prompt(
+                    description, count, tools, low, high, custom_instructions, scenarios
+                ),
+            }
+        ]
+        try:
+            batch = await structured_completion(
+                model,
+                messages,
+                schema_name="scenarios",
+                schema=scenario_schema(count, low, high),
+                validate=_as_list,
+                correction=lambda problems: (
+                    f"Your answer cannot be used: {'; '.join(problems)}. "
+                    'Answer again with only the JSON object {"scenarios": [...]}.'
+                ),
+                usage=usage,
+                cache=resolve_cache(cache),
+                max_tokens=count * 400 + 50,
+                sampling=sampling,
+                timeout=timeout,
+            )
+        except JudgeResponseError:
+            rejected["unusable answer"] += 1
+            continue
+        for item in batch:
+            try:
+                scenario = Scenario.model_validate(item)
+                problem = _problem(scenario, low, high)
+            except ValidationError as error:
+                scenario, problem = None, error.errors()[0]["msg"]
+            if problem or scenario is None:
+                rejected["invalid"] += 1
+                if len(examples_of_invalid) < 3:
+                    examples_of_invalid.append(f"{str(item)[:80]!r}: {problem}")
+                continue
+            key = normalize_task(scenario.task)
+            if key in seen:
+                rejected["duplicate"] += 1
+                continue
+            seen.add(key)
+            scenarios.append(scenario)
+            if len(scenarios) == n:
+                return scenarios
+    details = ", ".join(f"{count} {reason}" for reason, count in rejected.items() if count)
+    raise ScenarioGenerationError(
+        f"Got {len(scenarios)} of {n} scenarios from {model.get_inference_name()} in "
+        f"{max_requests} requests (rejected: {details or 'none'}). "
+        + (f"Invalid ones: {'; '.join(examples_of_invalid)}. " if examples_of_invalid else "")
+        + "Use a stronger generator, a more specific description, or raise max_requests."
+    )
+
+
+def scenario_schema(count: int, low: int, high: int) -> dict[str, Any]:
+    """Exactly `count` scenarios; each a task, an integer difficulty in range, expected or null."""
+    item = {
+        "type": "object",
+        "properties": {
+            "task": {"type": "string", "minLength": MIN_TASK_CHARS, "maxLength": MAX_TASK_CHARS},
+            "difficulty": {"type": "integer", "minimum": low, "maximum": high},
+            "expected": {
+                "anyOf": [{"type": "string", "maxLength": MAX_EXPECTED_CHARS}, {"type": "null"}]
+            },
+        },
+        "required": ["task", "difficulty", "expected"],
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "scenarios": {"type": "array", "items": item, "minItems": count, "maxItems": count}
+        },
+        "required": ["scenarios"],
+        "additionalProperties": False,
+    }
+
+
+def _prompt(
+    description: str,
+    count: int,
+    tools: list[dict[str, Any]] | None,
+    low: int,
+    high: int,
+    custom_instructions: str | None,
+    existing: list[Scenario],
+) -> str:
+    tool_lines = ""
+    if tools:
+        lines = []
+        for tool in tools:
+            function = tool.get("function", tool)
+            lines.append(
+                f"- {function.get('name')}: {function.get('description') or ''}".rstrip(": ")
+            )
+        tool_lines = (
+            "\nThe agent can use these tools; write tasks that need them:\n"
+            + "\n".join(lines)
+            + "\n"
+        )
+    custom = f"\n\n{custom_instructions.strip()}" if custom_instructions else ""
+    prompt = GENERATOR_PROMPT.format(
+        description=description.strip(),
+        tools=tool_lines,
+        count=count,
+        low=low,
+        high=high,
+        custom=custom,
+    )
+    if existing:
+        shown = "\n".join(f"- {s.task[:120]}" for s in existing[-30:])
+        prompt += f"\n\nThese tasks already exist; write different ones:\n{shown}"
+    return prompt
+
+
+def _as_list(parsed: Any) -> tuple[list[Any] | None, list[str]]:
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("scenarios"), list):
+        return None, ['the answer must be a JSON object {"scenarios": [...]}']
+    return parsed["scenarios"], []
+
+
+def _problem(scenario: Scenario, low: int, high: int) -> str | None:
+    task = scenario.task.strip()
+    if len(task) < MIN_TASK_CHARS or len(normalize_task(task).split()) < 3:
+        return "the task is too short to be a real request"
+    if len(task) > MAX_TASK_CHARS:
+        return f"the task is longer than {MAX_TASK_CHARS} characters"
+    if not low <= scenario.difficulty <= high:
+        return f"difficulty {scenario.difficulty} is outside {low}..{high}"
+    return None
+
+
+def save_scenarios(path: str | Path, scenarios: list[Scenario]) -> None:
+    """One JSON object per line."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with Path(path).open("w") as out:
+        for scenario in scenarios:
+            out.write(json.dumps(scenario.model_dump(), ensure_ascii=False) + "\n")
+
+
+def load_scenarios(path: str | Path) -> list[Scenario]:
+    """Scenarios saved by `save_scenarios` (a bad line names its number)."""
+    scenarios = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            scenarios.append(Scenario.model_validate_json(line))
+        except ValidationError as error:
+            raise ValueError(
+                f"{path}:{number}: not a scenario: {error.errors()[0]['msg']}"
+            ) from error
+    return scenarios
+
+
+def split_scenarios(
+    scenarios: list[Scenario], val_fraction: float = 0.2, *, seed: int = 0
+) -> tuple[list[Scenario], list[Scenario]]:
+    """(train, val), deterministic: the same scenarios and `seed` give the same split in any order
+    (ranked by a hash of each task), and val holds round(len * val_fraction) of them."""
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    ranked = sorted(scenarios, key=lambda s: hashlib.sha256(f"{seed}:{s.id}".encode()).hexdigest())
+    val_ids = {s.id for s in ranked[: round(len(scenarios) * val_fraction)]}
+    return [s for s in scenarios if s.id not in val_ids], [s for s in scenarios if s.id in val_ids]

@@ -1,0 +1,115 @@
+"""A scripted OpenAI-compatible judge on 127.0.0.1, for the exact cases a real judge cannot
+produce on demand: it answers from a script (a JSON text, an HTTP status, a delay) and records
+every request it receives. It speaks the real chat-completions wire format, so the code under
+test uses the real `openai` client over real HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from tests.backend.conftest import free_port
+
+
+@dataclass
+class Reply:
+    """One scripted answer: `content` as the message text, or an HTTP `status` error; after
+    `delay` seconds. `usage` is (prompt_tokens, completion_tokens)."""
+
+    content: str = ""
+    status: int = 200
+    delay: float = 0.0
+    usage: tuple[int, int] = (100, 20)
+    finish_reason: str = "stop"
+
+
+def scores_json(*scores: float, explanation: str = "ok") -> str:
+    """A well-formed RULER answer for runs 1..N."""
+    return json.dumps(
+        {f"run_{k}": {"explanation": explanation, "score": s} for k, s in enumerate(scores, 1)}
+    )
+
+
+@dataclass
+class ScriptedJudge:
+    url: str
+    script: list[Reply] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    default: Reply | None = None
+
+    def queue(self, *replies: Reply | str) -> None:
+        self.script.extend(r if isinstance(r, Reply) else Reply(r) for r in replies)
+
+    def reset(self) -> None:
+        self.script.clear()
+        self.requests.clear()
+        self.default = None
+
+    def user_prompt(self, index: int = -1) -> str:
+        return self.requests[index]["messages"][-1]["content"]
+
+
+def _app(judge: ScriptedJudge) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def complete(request: Request) -> JSONResponse:
+        body = await request.json()
+        judge.requests.append(body)
+        reply = judge.script.pop(0) if judge.script else judge.default
+        if reply is None:
+            return JSONResponse({"error": {"message": "script exhausted"}}, status_code=418)
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.status != 200:
+            return JSONResponse(
+                {"error": {"message": f"scripted {reply.status}", "type": "server_error"}},
+                status_code=reply.status,
+            )
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{len(judge.requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": reply.content},
+                        "finish_reason": reply.finish_reason,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": reply.usage[0],
+                    "completion_tokens": reply.usage[1],
+                    "total_tokens": sum(reply.usage),
+                },
+            }
+        )
+
+    return app
+
+
+def start_scripted_judge() -> tuple[ScriptedJudge, uvicorn.Server, threading.Thread]:
+    port = free_port()
+    judge = ScriptedJudge(f"http://127.0.0.1:{port}/v1")
+    server = uvicorn.Server(
+        uvicorn.Config(_app(judge), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the scripted judge did not start")
+        time.sleep(0.02)
+    return judge, server, thread
