@@ -7,6 +7,7 @@ Names follow OpenPipe ART, so ART code ports by changing the import:
     await model.register(art.LocalBackend(path=".art"))
 """
 
+from art_core._autorl import AutoRLResult, autorl
 from art_core._backend import Backend, RemoteBackend
 from art_core._cache import ResponseCache
 from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
@@ -43,6 +44,7 @@ from art_core._utils import DatasetBatch, iterate_dataset, retry
 __all__ = [
     "DEFAULT_RUBRIC",
     "ArtError",
+    "AutoRLResult",
     "Backend",
     "BackendCrashedError",
     "BackendRequestError",
@@ -75,6 +77,7 @@ __all__ = [
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",
+    "autorl",
     "gather_trajectories",
     "gather_trajectory_groups",
     "generate_scenarios",

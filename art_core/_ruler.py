@@ -191,13 +191,15 @@ async def ruler_score_group(
 
     Each trajectory keeps its previous reward in `metrics["independent_reward"]`, gets
     `metrics["ruler_score"]` and the explanation in its logs; the judge's usage is added to the
-    group's metrics (summed into the step's). A judge failure raises a `JudgeError`, or with
-    `swallow_exceptions=True` is logged and returns None: as `after_each`, the group is dropped
-    and counted in the step's `groups/dropped_before_training`.
+    group's metrics (summed into the step's), and to `options["usage"]` when given. A judge
+    failure raises a `JudgeError`, or with `swallow_exceptions=True` is logged and returns None:
+    as `after_each`, the group is dropped and counted in the step's
+    `groups/dropped_before_training`.
     """
     if not group.trajectories:
         return group
     tools = next((t.tools for t in group.trajectories if t.tools), None)
+    total: JudgeUsage | None = options.pop("usage", None)
     usage = JudgeUsage()
     try:
         scores = await ruler(
@@ -209,6 +211,8 @@ async def ruler_score_group(
             **options,
         )
     except JudgeError as error:
+        if total is not None:
+            total.add(usage)  # a failed judgement still cost its requests
         if not swallow_exceptions:
             raise
         logger.warning(
@@ -217,6 +221,8 @@ async def ruler_score_group(
             error,
         )
         return None
+    if total is not None:
+        total.add(usage)
     scored = []
     for trajectory, result in zip(group.trajectories, scores, strict=True):
         metrics: dict[str, float | int | bool] = {

@@ -10,6 +10,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +45,8 @@ class ScriptedJudge:
     url: str
     script: list[Reply] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
-    default: Reply | None = None
+    # When the script is empty: a fixed Reply, or a function of the request body.
+    default: Reply | Callable[[dict[str, Any]], Reply] | None = None
 
     def queue(self, *replies: Reply | str) -> None:
         self.script.extend(r if isinstance(r, Reply) else Reply(r) for r in replies)
@@ -66,6 +68,8 @@ def _app(judge: ScriptedJudge) -> FastAPI:
         body = await request.json()
         judge.requests.append(body)
         reply = judge.script.pop(0) if judge.script else judge.default
+        if callable(reply):
+            reply = reply(body)
         if reply is None:
             return JSONResponse({"error": {"message": "script exhausted"}}, status_code=418)
         if reply.delay:

@@ -1,0 +1,234 @@
+"""AutoRL: train from a one-paragraph task description, with no data and no reward code.
+
+    result = await art.autorl("Answer customer emails for a bike shop ...", model, judge=judge)
+
+1. `generate_scenarios` writes inputs from the description; a deterministic split holds some out;
+2. each step runs `rollouts_per_group` answers per scenario, RULER scores each group as it
+   finishes (a group the judge cannot score is dropped and counted), and the model trains;
+3. the held-out scenarios are answered greedily before and after, and scored by the judge one
+   answer at a time (an absolute score by the rubric); at the end each held-out scenario's first
+   and last answers are also judged side by side, in both orders, for a win rate;
+4. the report is the demo's: before/after table, reward curve, examples, settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from art_core._config import TrainConfig, TrainResult
+from art_core._gather import gather_trajectory_groups
+from art_core._model import Model, TrainableModel
+from art_core._ruler import ruler, ruler_score_group
+from art_core._ruler_prompt import DEFAULT_RUBRIC
+from art_core._scenarios import Scenario, generate_scenarios, split_scenarios
+from art_core._structured import JudgeUsage, resolve_model
+from art_core._trajectory import Trajectory, TrajectoryGroup
+from art_core._utils import iterate_dataset
+from art_core.report import Evaluation, summarize, write_report
+
+
+@dataclass
+class AutoRLResult:
+    """What an AutoRL run did: the held-out evaluations, the steps, the judge's bill, the report."""
+
+    before: Evaluation
+    after: Evaluation
+    steps: list[TrainResult]
+    train_scenarios: list[Scenario]
+    val_scenarios: list[Scenario]
+    judge_usage: JudgeUsage
+    win_rate: float | None = None
+    report: Path | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+async def autorl(
+    task_description: str,
+    model: TrainableModel,
+    *,
+    judge: Model | str,
+    generator: Model | str | None = None,
+    steps: int = 10,
+    groups_per_step: int = 4,
+    rollouts_per_group: int = 4,
+    num_scenarios: int = 32,
+    val_fraction: float = 0.25,
+    scenarios: list[Scenario] | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    system_prompt: str | None = None,
+    max_tokens: int = 256,
+    config: TrainConfig | None = None,
+    judge_options: dict[str, Any] | None = None,
+    report_dir: str | Path | None = None,
+    show_progress: bool = True,
+) -> AutoRLResult:
+    """Generate inputs, roll out, judge with RULER, train, evaluate held-out; see the module doc.
+
+    `model` must be registered. `generator` defaults to the judge. `scenarios` skips generation.
+    `judge_options` go to `ruler` (cache, reverse_order_check, message_char_budget, ...).
+    """
+    started = time.monotonic()
+    judge_model = resolve_model(judge)
+    usage = JudgeUsage()
+    judge_options = {"sampling": {"temperature": 0.0}, **(judge_options or {})}
+    if scenarios is None:
+        _say(show_progress, f"Generating {num_scenarios} scenarios ...")
+        scenarios = await generate_scenarios(
+            task_description,
+            num_scenarios,
+            generator or judge_model,
+            usage=usage,
+            cache=judge_options.get("cache", True),
+        )
+    train, val = split_scenarios(scenarios, val_fraction)
+    if not train or not val:
+        raise ValueError(
+            f"{len(scenarios)} scenarios split into {len(train)} train / {len(val)} held-out: "
+            "raise num_scenarios or change val_fraction so both sides have some."
+        )
+    system = system_prompt or task_description
+    config = config or TrainConfig()
+
+    async def answer(scenario: Scenario, temperature: float) -> Trajectory:
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": scenario.task},
+        ]
+        response = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(),
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
+        return Trajectory(
+            messages_and_choices=[*messages, response.choices[0]],
+            metadata={"scenario": scenario.task, "difficulty": scenario.difficulty},
+        )
+
+    async def evaluate() -> tuple[Evaluation, list[Trajectory]]:
+        answers = list(await asyncio.gather(*(answer(s, 0.0) for s in val)))
+        scored = await asyncio.gather(
+            *(
+                ruler([t.messages()], judge_model, rubric, usage=usage, **judge_options)
+                for t in answers
+            )
+        )
+        for trajectory, [score] in zip(answers, scored, strict=True):
+            trajectory.reward = score.score
+            trajectory.logs.append(f"RULER: {score.explanation}")
+        await model.log([TrajectoryGroup(answers)], split="val")
+        evaluation = summarize(model.step, [t.reward for t in answers])
+        evaluation.examples = [
+            {"prompt": s.task, "answer": t.messages()[-1].get("content"), "reward": t.reward}
+            for s, t in list(zip(val, answers, strict=True))[:12]
+        ]
+        return evaluation, answers
+
+    _say(show_progress, f"Held-out evaluation at step {model.step} ({len(val)} scenarios) ...")
+    before, first_answers = await evaluate()
+    score_group = functools.partial(
+        ruler_score_group,
+        judge=judge_model,
+        rubric=rubric,
+        swallow_exceptions=True,
+        usage=usage,
+        **judge_options,
+    )
+    results: list[TrainResult] = []
+    for batch in iterate_dataset(
+        train, groups_per_step, num_epochs=1_000, initial_step=model.step, use_tqdm=False
+    ):
+        if len(results) >= steps:
+            break
+        groups = await gather_trajectory_groups(
+            (
+                TrajectoryGroup(
+                    (answer(s, 1.0) for _ in range(rollouts_per_group)),
+                    metadata={"scenario": s.task},
+                )
+                for s in batch.items
+            ),
+            pbar_desc=f"step {len(results) + 1}/{steps}" if show_progress else None,
+            max_exceptions=0.1,
+            after_each=score_group,
+        )
+        result = await model.train(groups, config=config)
+        results.append(result)
+        _say(
+            show_progress,
+            f"  step {result.step}: judged reward {result.metrics.get('reward', 0):.3f}, "
+            f"trainable groups {result.metrics.get('groups/trainable', 0):.0f}, "
+            f"dropped by the judge {result.metrics.get('groups/dropped_before_training', 0):.0f}",
+        )
+
+    _say(show_progress, f"Held-out evaluation at step {model.step} ...")
+    after, last_answers = await evaluate()
+    win_rate = await _win_rate(
+        first_answers, last_answers, judge_model, rubric, usage, judge_options
+    )
+    after.metrics["win_rate_vs_start"] = win_rate
+    before.metrics["win_rate_vs_start"] = 0.5
+    settings = {
+        "task_description": task_description,
+        "base_model": model.base_model,
+        "judge": judge_model.get_inference_name(),
+        "steps": steps,
+        "groups_per_step": groups_per_step,
+        "rollouts_per_group": rollouts_per_group,
+        "scenarios": f"{len(train)} train / {len(val)} held-out",
+        "learning_rate": config.learning_rate,
+        "judge_requests": usage.requests,
+        "judge_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "judge_cost_usd": round(usage.cost_usd, 4),
+        "minutes": round((time.monotonic() - started) / 60, 1),
+    }
+    report = None
+    if report_dir is not None:
+        report = write_report(
+            Path(report_dir),
+            title=f"AutoRL: {model.name}",
+            description=(
+                f"{task_description.strip()} | Trained from generated scenarios with RULER "
+                f"rewards ({judge_model.get_inference_name()} as judge). Held-out reward is "
+                "the judge's absolute score of one greedy answer; win_rate_vs_start compares "
+                "the last and first answers side by side. A stronger judge gives better rewards."
+            ),
+            before=before,
+            after=after,
+            history=await model.backend.history(model),
+            settings=settings,
+        )
+    return AutoRLResult(before, after, results, train, val, usage, win_rate, report, settings)
+
+
+async def _win_rate(
+    first: list[Trajectory],
+    last: list[Trajectory],
+    judge: Model,
+    rubric: str,
+    usage: JudgeUsage,
+    judge_options: dict[str, Any],
+) -> float:
+    """How often the judge prefers the last answer to the first (both orders; a tie is half)."""
+    options = {**judge_options, "reverse_order_check": True}
+    pairs = await asyncio.gather(
+        *(
+            ruler([a.messages(), b.messages()], judge, rubric, usage=usage, **options)
+            for a, b in zip(first, last, strict=True)
+        )
+    )
+    wins = [
+        1.0 if after.score > before.score else 0.5 if after.score == before.score else 0.0
+        for before, after in pairs
+    ]
+    return sum(wins) / len(wins) if wins else 0.5
+
+
+def _say(show: bool, text: str) -> None:
+    if show:
+        print(text, flush=True)

@@ -1,0 +1,84 @@
+"""AutoRL end to end: generated scenarios, rollouts on our backend, RULER rewards, training,
+held-out evaluation and the report. The generator and judge are the scripted server (real HTTP,
+real openai client), so every score is known; the policy is the tiny model on our backend."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import art_core as art
+from tests.core.scripted_judge import Reply, ScriptedJudge, scores_json
+
+TASK = "Answer short questions about the opening hours and services of a bike shop."
+
+
+def responder(body: dict[str, Any], counter=itertools.count()) -> Reply:
+    """Scenarios when asked for scenarios; otherwise scores that favour longer runs."""
+    schema = body["response_format"]["json_schema"]
+    if schema["name"] == "scenarios":
+        count = schema["schema"]["properties"]["scenarios"]["minItems"]
+        tasks = [
+            {"task": f"Question {next(counter)}: when do you open on day {i}?", "difficulty": 2,
+             "expected": None}
+            for i in range(count)
+        ]  # fmt: skip
+        return Reply(json.dumps({"scenarios": tasks}))
+    runs = len(schema["schema"]["required"])
+    return Reply(scores_json(*[(k + 1) / runs for k in range(runs)]))
+
+
+async def test_autorl_generates_trains_evaluates_and_reports(
+    scripted_judge: ScriptedJudge,
+    judge_model: art.Model,
+    remote_backend: art.RemoteBackend,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+):
+    scripted_judge.default = responder
+    model = art.TrainableModel(
+        name=f"autorl-{uuid.uuid4().hex[:6]}", project="tests", base_model=str(tiny_model_dir)
+    )
+    await model.register(remote_backend)
+    result = await art.autorl(
+        TASK,
+        model,
+        judge=judge_model,
+        steps=2,
+        groups_per_step=2,
+        rollouts_per_group=3,
+        num_scenarios=8,
+        max_tokens=8,
+        config=art.TrainConfig(learning_rate=1e-4),
+        judge_options={"cache": False},
+        report_dir=tmp_path / "report",
+        show_progress=False,
+    )
+    assert len(result.train_scenarios) == 6 and len(result.val_scenarios) == 2
+    assert [r.step for r in result.steps] == [1, 2] and await model.get_step() == 2
+    for step in result.steps:
+        assert step.metrics["groups/submitted"] == 2
+        assert step.metrics["judge/requests"] == 2  # one judgement per group
+    assert result.before.step == 0 and result.after.step == 2
+    assert 0 <= result.after.metrics["reward"] <= 1
+    # the last answer is shown second in the forward order, first in the reverse one: the
+    # scripted judge favours the later run, so the two orders cancel out exactly
+    assert result.win_rate == pytest.approx(0.5)
+    # 1 generation + 2x2 held-out singles + 4 groups + 2 pairs, each judged in both orders
+    # unless its first and last answers are identical (then once: identical runs merge)
+    assert 1 + 4 + 4 + 2 <= result.judge_usage.requests <= 1 + 4 + 4 + 4
+    assert (tmp_path / "report" / "report.html").exists()
+    assert "win_rate_vs_start" in (tmp_path / "report" / "report.html").read_text()
+
+
+async def test_autorl_refuses_too_few_scenarios_to_split(
+    judge_model: art.Model, model: art.TrainableModel
+):
+    scenarios = [art.Scenario(task="Only one scenario here.", difficulty=1)]
+    with pytest.raises(ValueError, match="raise num_scenarios"):
+        await art.autorl(TASK, model, judge=judge_model, scenarios=scenarios, show_progress=False)
