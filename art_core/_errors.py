@@ -51,6 +51,10 @@ class JudgeUnavailableError(JudgeError):
     """The judge or generator did not answer: timeouts, 5xx or connection errors after retries."""
 
 
+class JudgeContextError(JudgeError):
+    """The judge answered that the prompt exceeds its context window (RULER then cuts harder)."""
+
+
 class JudgeResponseError(JudgeError):
     """The judge's answer was unusable twice (malformed, short, duplicated or out-of-range).
 

@@ -18,11 +18,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from art_core._cache import ResponseCache, resolve_cache
-from art_core._errors import JudgeError
+from art_core._errors import JudgeContextError, JudgeError
 from art_core._model import Model
 from art_core._ruler_prompt import (
     DEFAULT_MESSAGE_CHAR_BUDGET,
     DEFAULT_RUBRIC,
+    MIN_MESSAGE_CHAR_BUDGET,
     JudgePrompt,
     build_judge_prompt,
     distinct_runs,
@@ -65,10 +66,14 @@ async def ruler(
     `judge`: an `art.Model` or `"<provider>/<model>"`. `reverse_order_check`: judge again with
     the runs in reverse order and average (twice the cost; removes position bias). `cache`:
     a folder, True for `~/.cache/art-trainer/judge`, False for none. `usage` accumulates cost.
+    `message_char_budget`: each message is cut to this many characters (marked); if the judge
+    still answers that the prompt exceeds its context, the budget is halved and the prompt
+    resent, down to 200 characters.
     """
-    if message_char_budget < 200:
+    if message_char_budget < MIN_MESSAGE_CHAR_BUDGET:
         raise ValueError(
-            f"message_char_budget must be >= 200 characters, got {message_char_budget}"
+            f"message_char_budget must be >= {MIN_MESSAGE_CHAR_BUDGET} characters, "
+            f"got {message_char_budget}"
         )
     if not message_lists:
         return []
@@ -83,16 +88,35 @@ async def ruler(
         "max_retries": max_retries,
         "usage": usage,
     }
-    forward = build_judge_prompt(distinct, rubric=rubric, message_char_budget=message_char_budget)
-    usage.truncated_messages += forward.truncated_messages
-    usage.truncated_chars += forward.truncated_chars
-    scores = await _judge(forward, max_tokens, **options)
+    budget = message_char_budget
+
+    async def judge_in(order: list[int] | None) -> list[RulerScore]:
+        """Judge the runs in `order`; a prompt too long for the judge is cut harder and resent."""
+        nonlocal budget
+        while True:
+            prompt = build_judge_prompt(
+                distinct, rubric=rubric, order=order, message_char_budget=budget
+            )
+            try:
+                scores = await _judge(prompt, max_tokens, **options)
+            except JudgeContextError:
+                if budget <= MIN_MESSAGE_CHAR_BUDGET:
+                    raise
+                budget = max(MIN_MESSAGE_CHAR_BUDGET, budget // 2)
+                logger.warning(
+                    "The RULER prompt is too long for %s: cutting messages to %d characters",
+                    model.get_inference_name(),
+                    budget,
+                )
+                continue
+            usage.truncated_messages += prompt.truncated_messages
+            usage.truncated_chars += prompt.truncated_chars
+            return scores
+
+    scores = await judge_in(None)
     if reverse_order_check and len(distinct.runs) > 1:
         order = list(reversed(range(len(distinct.runs))))
-        backward = build_judge_prompt(
-            distinct, rubric=rubric, order=order, message_char_budget=message_char_budget
-        )
-        reversed_scores = await _judge(backward, max_tokens, **options)
+        reversed_scores = await judge_in(order)
         for position, index in enumerate(order):
             first, second = scores[index], reversed_scores[position]
             scores[index] = RulerScore(

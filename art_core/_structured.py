@@ -29,10 +29,21 @@ import openai
 
 from art_core._cache import ResponseCache
 from art_core._config import TokenPrice
-from art_core._errors import JudgeError, JudgeResponseError, JudgeUnavailableError, ModelConfigError
+from art_core._errors import (
+    JudgeContextError,
+    JudgeError,
+    JudgeResponseError,
+    JudgeUnavailableError,
+    ModelConfigError,
+)
 from art_core._model import Model
 
 T = TypeVar("T")
+
+# How OpenAI, vLLM, Anthropic and our backend word a prompt longer than the context window.
+_CONTEXT_OVERFLOW = re.compile(
+    r"context (length|window)|model's context|maximum context|prompt is too long", re.IGNORECASE
+)
 
 # Providers with an OpenAI-compatible chat endpoint: default URL; the key is <PROVIDER>_API_KEY.
 PROVIDER_URLS = {
@@ -241,6 +252,9 @@ async def _complete(
         ) from error
     except openai.AuthenticationError as error:
         raise JudgeError(f"{label} rejected the API key (401): {error.message}") from error
+    except openai.BadRequestError as error:
+        kind = JudgeContextError if _CONTEXT_OVERFLOW.search(str(error.message)) else JudgeError
+        raise kind(f"{label} refused the request (400): {error.message}") from error
     except openai.APIStatusError as error:
         raise JudgeError(
             f"{label} refused the request ({error.status_code}): {error.message}"

@@ -173,16 +173,21 @@ async def test_adapters_share_base_weights_and_mix_in_one_batch(
     engine, tokenizer, tiny_model_dir, tmp_path
 ):
     base_weight = engine.model.model.layers[0].self_attn.q_proj.weight
+    ids = prompt_ids(tokenizer, "which adapter am I")
+    before_adapters = (await run(engine, greedy(ids)))[0].token_ids
     engine.load_adapter("agent@1", make_random_adapter(tiny_model_dir, tmp_path / "1", seed=1))
     engine.load_adapter("agent@2", make_random_adapter(tiny_model_dir, tmp_path / "2", seed=2))
     peft_layer = engine.model.base_model.model.model.layers[0].self_attn.q_proj
     assert peft_layer.base_layer.weight.data_ptr() == base_weight.data_ptr()
 
-    ids = prompt_ids(tokenizer, "which adapter am I")
     alone = {}
     for adapter in (None, "agent@1", "agent@2"):
         alone[adapter] = (await run(engine, greedy(ids, adapter=adapter)))[0].token_ids
     assert alone[None] != alone["agent@1"] != alone["agent@2"]
+    # the base model with adapters loaded (their layers bypassed) is the model before them,
+    # and bypassing them for a base batch leaves them on for the next adapter batch
+    assert alone[None] == before_adapters
+    assert (await run(engine, greedy(ids, adapter="agent@1")))[0].token_ids == alone["agent@1"]
 
     mixed = await asyncio.gather(
         *(run(engine, greedy(ids, adapter=adapter)) for adapter in (None, "agent@1", "agent@2"))

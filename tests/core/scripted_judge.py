@@ -31,6 +31,7 @@ class Reply:
     delay: float = 0.0
     usage: tuple[int, int] = (100, 20)
     finish_reason: str = "stop"
+    message: str = ""  # the error message of a non-200 reply
 
 
 def scores_json(*scores: float, explanation: str = "ok") -> str:
@@ -76,7 +77,7 @@ def _app(judge: ScriptedJudge) -> FastAPI:
             await asyncio.sleep(reply.delay)
         if reply.status != 200:
             return JSONResponse(
-                {"error": {"message": f"scripted {reply.status}", "type": "server_error"}},
+                {"error": {"message": reply.message or f"scripted {reply.status}"}},
                 status_code=reply.status,
             )
         return JSONResponse(

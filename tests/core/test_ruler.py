@@ -226,6 +226,19 @@ async def test_an_unreachable_judge_is_unavailable():
         await art.ruler([run("a"), run("b")], nowhere, cache=False, max_retries=0)
 
 
+async def test_a_prompt_too_long_for_the_judge_is_cut_harder_and_resent(
+    scripted_judge: ScriptedJudge, judge_model: art.Model
+):
+    too_long = "This model's maximum context length is 8192 tokens. However, you requested 9000."
+    scripted_judge.queue(Reply(status=400, message=too_long), scores_json(0.5, 0.5))
+    usage = art.JudgeUsage()
+    lists = [run("a", tool_output="x" * 5000), run("b", tool_output="y" * 5000)]
+    await art.ruler(lists, judge_model, cache=False, usage=usage)
+    first, second = (len(scripted_judge.user_prompt(i)) for i in (0, 1))
+    assert second < first - 1500  # each 5000-char result cut to 1000 instead of 2000
+    assert usage.truncated_messages == 2
+
+
 # ----------------------------------------------------------------------------- cache and cost
 
 

@@ -1,0 +1,90 @@
+"""AutoRL: train SmolLM2-135M-Instruct from one paragraph, with no data and no reward code.
+
+The generator writes the training and held-out inputs, RULER (an LLM judge ranking each group of
+answers) gives the rewards, GRPO trains a LoRA adapter, and the report is the demo's.
+
+    python examples/autorl.py                                 # judge: the base model, offline
+    python examples/autorl.py --judge openai/gpt-4.1-mini     # a hosted judge (OPENAI_API_KEY)
+
+By default the judge and the generator are SmolLM2-135M-Instruct itself, served by the same
+backend, so this runs offline on a laptop CPU. A 135M judge is a weak judge: its scores are noisy
+and the report says so; a stronger judge (any OpenAI-compatible model) gives better rewards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+import art_core as art
+from art_core.report import before_after_table
+
+TASK = (
+    "You are the assistant of Rolling Wheels, a bike shop open 9am to 6pm Monday to Saturday and "
+    "closed on Sunday. Customers write short questions about opening hours, repairs, rentals and "
+    "prices. Reply in one or two friendly sentences that answer the question directly and, when "
+    "it is about when to come in, state the opening hours."
+)
+
+
+async def main(args: argparse.Namespace) -> None:
+    backend = art.LocalBackend(path=args.path)
+    model = art.TrainableModel(
+        name=args.name or time.strftime("autorl-%Y%m%d-%H%M%S"),
+        project="autorl",
+        base_model="smollm2-135m-instruct",
+        lora=art.LoRAConfig(
+            r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+        ),
+    )
+    print(f"Starting the backend (SmolLM2-135M-Instruct on CPU) under {args.path}/ ...")
+    await model.register(backend)
+    if args.judge:
+        judge: art.Model | str = args.judge
+    else:  # the base model, served by the same backend under its own name
+        judge = art.Model(name="smollm2-135m-instruct")
+        await judge.register(backend)
+    result = await art.autorl(
+        TASK,
+        model,
+        judge=judge,
+        steps=args.steps,
+        groups_per_step=args.groups_per_step,
+        rollouts_per_group=args.rollouts_per_group,
+        num_scenarios=args.scenarios,
+        max_tokens=args.max_tokens,
+        config=art.TrainConfig(learning_rate=args.learning_rate),
+        report_dir=Path(args.path) / "autorl" / "models" / model.name / "report",
+    )
+    print()
+    print(before_after_table(result.before, result.after))
+    usage = result.judge_usage
+    print(
+        f"\nJudge and generator: {usage.requests} requests, {usage.prompt_tokens} prompt + "
+        f"{usage.completion_tokens} completion tokens, {usage.cache_hits} cache hits"
+        + (f", ${usage.cost_usd:.4f}" if usage.cost_usd else "")
+    )
+    print(f"Report: {result.report}")
+    await backend.close()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--judge", default=None, help="'<provider>/<model>' (default: the base model)"
+    )
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--groups-per-step", type=int, default=4)
+    parser.add_argument("--rollouts-per-group", type=int, default=4)
+    parser.add_argument("--scenarios", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--path", default=".art")
+    parser.add_argument("--name", default=None)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))
