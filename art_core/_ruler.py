@@ -57,7 +57,7 @@ async def ruler(
     cache: bool | str | ResponseCache | None = True,
     max_tokens: int | None = None,
     sampling: dict[str, Any] | None = None,
-    timeout: float = 120.0,
+    timeout: float = 600.0,
     max_retries: int = 3,
     usage: JudgeUsage | None = None,
 ) -> list[RulerScore]:

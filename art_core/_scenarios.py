@@ -11,6 +11,7 @@ still missing, shown what it already wrote, until `n` are valid or the attempts 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -70,19 +71,21 @@ async def generate_scenarios(
     difficulty: tuple[int, int] = (1, 5),
     custom_instructions: str | None = None,
     *,
-    batch_size: int = 8,
+    batch_size: int = 4,
+    concurrency: int = 4,
     max_requests: int | None = None,
     cache: bool | str | ResponseCache | None = True,
     sampling: dict[str, Any] | None = None,
-    timeout: float = 120.0,
+    timeout: float = 600.0,
     usage: JudgeUsage | None = None,
 ) -> list[Scenario]:
     """`n` valid, distinct scenarios for `description`, asked of `generator` in batches.
 
     `tools` (OpenAI function specs) are shown so tasks use them. With `cache` (the default), a
     re-run with the same arguments returns the same scenarios without requests; pass
-    `cache=False` for fresh ones. Raises `ScenarioGenerationError` when `max_requests` (default:
-    enough for three tries per batch) do not give `n`.
+    `cache=False` for fresh ones. Batches of `batch_size` are asked `concurrency` at a time, each
+    leaning to one difficulty level for variety. Raises `ScenarioGenerationError` when
+    `max_requests` (default: enough for three tries per batch) do not give `n`.
     """
     low, high = difficulty
     if not 1 <= low <= high <= 10:
@@ -100,22 +103,17 @@ async def generate_scenarios(
     seen: set[str] = set()
     rejected: dict[str, int] = {"duplicate": 0, "invalid": 0, "unusable answer": 0}
     examples_of_invalid: list[str] = []
-    for _ in range(max_requests):
-        count = min(batch_size, n - len(scenarios))
-        if count <= 0:
-            break
-        messages = [
-            {
-                "role": "user",
-                "content": _prompt(
-                    description, count, tools, low, high, custom_instructions, scenarios
-                ),
-            }
-        ]
+    levels = high - low + 1
+    requests_made = 0
+
+    async def one_batch(count: int, focus: int) -> list[Any] | None:
+        prompt = _prompt(description, count, tools, low, high, custom_instructions, scenarios)
+        if levels > 1 and count < levels:
+            prompt += f"\n\nThis time, make most of them difficulty {focus}."
         try:
-            batch = await structured_completion(
+            return await structured_completion(
                 model,
-                messages,
+                [{"role": "user", "content": prompt}],
                 schema_name="scenarios",
                 schema=scenario_schema(count, low, high),
                 validate=_as_list,
@@ -131,8 +129,21 @@ async def generate_scenarios(
             )
         except JudgeResponseError:
             rejected["unusable answer"] += 1
-            continue
-        for item in batch:
+            return None
+
+    while len(scenarios) < n and requests_made < max_requests:
+        # Up to `concurrency` batches at once (a local backend answers them in one batch).
+        missing = n - len(scenarios)
+        batches = min(concurrency, math.ceil(missing / batch_size), max_requests - requests_made)
+        counts = [missing // batches + (k < missing % batches) for k in range(batches)]
+        answers = await asyncio.gather(
+            *(
+                one_batch(count, low + (requests_made + k) % levels)
+                for k, count in enumerate(counts)
+            )
+        )
+        requests_made += batches
+        for item in (item for batch in answers if batch for item in batch):
             try:
                 scenario = Scenario.model_validate(item)
                 problem = _problem(scenario, low, high)
@@ -154,7 +165,7 @@ async def generate_scenarios(
     details = ", ".join(f"{count} {reason}" for reason, count in rejected.items() if count)
     raise ScenarioGenerationError(
         f"Got {len(scenarios)} of {n} scenarios from {model.get_inference_name()} in "
-        f"{max_requests} requests (rejected: {details or 'none'}). "
+        f"{requests_made} requests (rejected: {details or 'none'}). "
         + (f"Invalid ones: {'; '.join(examples_of_invalid)}. " if examples_of_invalid else "")
         + "Use a stronger generator, a more specific description, or raise max_requests."
     )

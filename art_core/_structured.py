@@ -159,7 +159,7 @@ async def structured_completion(
     cache: ResponseCache | None = None,
     max_tokens: int | None = None,
     sampling: dict[str, Any] | None = None,
-    timeout: float = 120.0,
+    timeout: float = 600.0,
     max_retries: int = 3,
 ) -> T:
     """Ask `model` for JSON matching `schema`; `validate(parsed)` returns (value, problems).

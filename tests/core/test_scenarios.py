@@ -155,3 +155,19 @@ async def test_the_tiny_model_on_our_backend_answers_the_scenario_schema(
     assert len(items) == 2
     for item in items:
         assert 12 <= len(item["task"]) <= 600 and 1 <= item["difficulty"] <= 5
+
+
+async def test_batches_are_asked_concurrently_each_leaning_to_a_difficulty(
+    scripted_judge: ScriptedJudge, judge_model: art.Model
+):
+    counter = iter(range(100))
+    scripted_judge.default = lambda body: Reply(
+        batch(*(f"Distinct question number {next(counter)} about bikes" for _ in range(2)))
+    )
+    scenarios = await art.generate_scenarios(
+        DESCRIPTION, 8, generator=judge_model, batch_size=2, concurrency=4, cache=False
+    )
+    assert len(scenarios) == 8 and len(scripted_judge.requests) == 4
+    prompts = [scripted_judge.user_prompt(i) for i in range(4)]
+    assert all("Write 2 new tasks" in p for p in prompts)
+    assert {p.rsplit("difficulty ", 1)[1] for p in prompts} == {"1.", "2.", "3.", "4."}
