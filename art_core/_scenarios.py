@@ -28,8 +28,8 @@ from art_core._model import Model
 from art_core._structured import JudgeUsage, resolve_model, structured_completion
 
 MIN_TASK_CHARS = 12
-MAX_TASK_CHARS = 600
-MAX_EXPECTED_CHARS = 300
+MAX_TASK_CHARS = 400
+MAX_EXPECTED_CHARS = 200
 
 
 class Scenario(BaseModel):

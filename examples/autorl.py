@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from smollm2 import smollm2_trainable
 
 import art_core as art
 from art_core.report import before_after_table
@@ -31,14 +36,7 @@ TASK = (
 
 async def main(args: argparse.Namespace) -> None:
     backend = art.LocalBackend(path=args.path)
-    model = art.TrainableModel(
-        name=args.name or time.strftime("autorl-%Y%m%d-%H%M%S"),
-        project="autorl",
-        base_model="smollm2-135m-instruct",
-        lora=art.LoRAConfig(
-            r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
-        ),
-    )
+    model = smollm2_trainable(args.name or time.strftime("autorl-%Y%m%d-%H%M%S"), "autorl")
     print(f"Starting the backend (SmolLM2-135M-Instruct on CPU) under {args.path}/ ...")
     await model.register(backend)
     if args.judge:

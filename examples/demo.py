@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from demo_task import MAX_TOKENS, Question, score, split
+from smollm2 import smollm2_trainable
 
 import art_core as art
 from art_core.report import Evaluation, before_after_table, summarize, write_report
@@ -83,14 +84,7 @@ async def main(args: argparse.Namespace) -> None:
     started = time.monotonic()
     train_questions, held_out = split(args.train_questions, args.eval_size, seed=args.seed)
     backend = art.LocalBackend(path=args.path)
-    model = art.TrainableModel(
-        name=args.name or time.strftime("arith-%Y%m%d-%H%M%S"),
-        project="demo",
-        base_model="smollm2-135m-instruct",
-        lora=art.LoRAConfig(
-            r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
-        ),
-    )
+    model = smollm2_trainable(args.name or time.strftime("arith-%Y%m%d-%H%M%S"), "demo")
     print(f"Starting the backend (SmolLM2-135M-Instruct on CPU) under {args.path}/ ...")
     await model.register(backend)
     config = art.TrainConfig(learning_rate=args.learning_rate)

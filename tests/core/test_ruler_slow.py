@@ -38,9 +38,13 @@ async def test_smollm2_ranks_a_right_and_a_wrong_answer(tmp_path):
     try:
         results = [
             await art.ruler(
-                [first, second], judge, RUBRIC, cache=False, usage=usage,
+                [first, second],
+                judge,
+                RUBRIC,
+                cache=False,
+                usage=usage,
                 sampling={"temperature": 0.0},
-            )  # fmt: skip
+            )
             for first, second, _ in pairs
         ]
     finally:

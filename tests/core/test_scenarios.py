@@ -154,7 +154,7 @@ async def test_the_tiny_model_on_our_backend_answers_the_scenario_schema(
     )
     assert len(items) == 2
     for item in items:
-        assert 12 <= len(item["task"]) <= 600 and 1 <= item["difficulty"] <= 5
+        assert 12 <= len(item["task"]) <= 400 and 1 <= item["difficulty"] <= 5
 
 
 async def test_batches_are_asked_concurrently_each_leaning_to_a_difficulty(
