@@ -64,13 +64,16 @@ async def autorl(
     max_tokens: int = 256,
     config: TrainConfig | None = None,
     judge_options: dict[str, Any] | None = None,
+    generation_options: dict[str, Any] | None = None,
     report_dir: str | Path | None = None,
     show_progress: bool = True,
 ) -> AutoRLResult:
     """Generate inputs, roll out, judge with RULER, train, evaluate held-out; see the module doc.
 
     `model` must be registered. `generator` defaults to the judge. `scenarios` skips generation.
-    `judge_options` go to `ruler` (cache, reverse_order_check, message_char_budget, ...).
+    `judge_options` go to `ruler` (cache, reverse_order_check, message_char_budget, sampling,
+    ...; the judge samples at temperature 0 unless told otherwise); `generation_options` go to
+    `generate_scenarios` (sampling, batch_size, concurrency, difficulty, tools, ...).
     """
     started = time.monotonic()
     judge_model = resolve_model(judge)
@@ -83,7 +86,7 @@ async def autorl(
             num_scenarios,
             generator or judge_model,
             usage=usage,
-            cache=judge_options.get("cache", True),
+            **{"cache": judge_options.get("cache", True), **(generation_options or {})},
         )
     train, val = split_scenarios(scenarios, val_fraction)
     if not train or not val:

@@ -123,7 +123,7 @@ async def generate_scenarios(
                 ),
                 usage=usage,
                 cache=resolve_cache(cache),
-                max_tokens=count * 400 + 50,
+                max_tokens=count * 250 + 50,
                 sampling=sampling,
                 timeout=timeout,
             )

@@ -54,6 +54,13 @@ async def main(args: argparse.Namespace) -> None:
         num_scenarios=args.scenarios,
         max_tokens=args.max_tokens,
         config=art.TrainConfig(learning_rate=args.learning_rate),
+        # a small local generator writes better at a lower temperature; more, smaller batches
+        # decode together on the backend
+        generation_options={
+            "sampling": {"temperature": 0.7, "top_p": 0.9},
+            "batch_size": 3,
+            "concurrency": 8,
+        },
         report_dir=Path(args.path) / "autorl" / "models" / model.name / "report",
     )
     print()
@@ -76,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--groups-per-step", type=int, default=4)
     parser.add_argument("--rollouts-per-group", type=int, default=4)
-    parser.add_argument("--scenarios", type=int, default=24)
+    parser.add_argument("--scenarios", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--path", default=".art")
