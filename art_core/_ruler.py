@@ -24,6 +24,7 @@ from art_core._ruler_prompt import (
     DEFAULT_MESSAGE_CHAR_BUDGET,
     DEFAULT_RUBRIC,
     MIN_MESSAGE_CHAR_BUDGET,
+    SCORE_SCALE,
     JudgePrompt,
     build_judge_prompt,
     distinct_runs,
@@ -156,7 +157,8 @@ async def _judge(
 
 
 def validate_scores(parsed: Any, count: int) -> tuple[list[RulerScore] | None, list[str]]:
-    """Exactly run_1..run_count, each with a score in [0, 1]; every problem named."""
+    """Exactly run_1..run_count, each with a score from 0 to 100 (returned / 100); every
+    problem named. A judge that ignores the schema may write a decimal: accepted in range."""
     expected = [f"run_{k}" for k in range(1, count + 1)]
     if not isinstance(parsed, dict):
         return None, [f"it is a JSON {type(parsed).__name__}, not an object with keys run_1..."]
@@ -178,10 +180,12 @@ def validate_scores(parsed: Any, count: int) -> tuple[list[RulerScore] | None, l
         )
         if isinstance(score, bool) or not isinstance(score, int | float):
             problems.append(f'"{key}" has no numeric "score" (got {score!r:.40})')
-        elif not math.isfinite(score) or not 0 <= score <= 1:
-            problems.append(f'"{key}" has score {score}, outside [0, 1]')
+        elif not math.isfinite(score) or not 0 <= score <= SCORE_SCALE:
+            problems.append(f'"{key}" has score {score}, outside 0 to {SCORE_SCALE}')
         else:
-            scores.append(RulerScore(score=float(score), explanation=str(explanation or "")))
+            scores.append(
+                RulerScore(score=float(score) / SCORE_SCALE, explanation=str(explanation or ""))
+            )
     return (scores if not problems else None), problems
 
 
@@ -190,7 +194,7 @@ def correction_message(problems: list[str], count: int) -> str:
     return (
         f"Your answer cannot be used: {'; '.join(problems)}. Answer again with only the JSON "
         f"object: exactly the keys run_1 to {last}, one per run, each "
-        '{"explanation": "<one or two sentences>", "score": <a number from 0 to 1>}.'
+        '{"explanation": "<one or two sentences>", "score": <an integer from 0 to 100>}.'
     )
 
 

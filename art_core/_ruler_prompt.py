@@ -8,8 +8,10 @@ Layout (pure functions, no I/O):
 - each run's remainder goes in <run id="k">, ids 1..N in presentation order;
 - every message (tool results included) is cut to `message_char_budget` characters, keeping its
   head and tail around a visible `[... N characters cut ...]` marker;
-- the answer schema has exactly the keys run_1..run_N, each {explanation, score in [0, 1]}, so a
-  structured-output judge cannot skip, repeat or invent an id.
+- the answer schema has exactly the keys run_1..run_N, each {explanation, score}, so a
+  structured-output judge cannot skip, repeat or invent an id;
+- the judge writes an integer score from 0 to 100 (returned as score / 100): a bounded integer
+  is a finite grammar, where a JSON number lets a weak constrained model write digits forever.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ much higher score.
 
 SYSTEM_PROMPT = """\
 You judge the work of an AI agent. You receive one or more runs of the agent on the same task: \
-first the context they all share, then what each run did. Score every run from 0 to 1 by the \
-rubric. When there are several runs, compare them with each other so that the scores rank them. \
+first the context they all share, then what each run did. Score every run from 0 to 100 by the \
+rubric (0 = worst, 100 = best). When there are several runs, compare them with each other so that the scores rank them. \
 Write a short explanation (one or two sentences) before each score.
 
 Rubric:
@@ -39,6 +41,7 @@ Rubric:
 DEFAULT_MESSAGE_CHAR_BUDGET = 2000
 MIN_MESSAGE_CHAR_BUDGET = 200
 EXPLANATION_MAX_CHARS = 300
+SCORE_SCALE = 100  # the judge scores 0..100; RULER returns score / SCORE_SCALE
 
 
 @dataclass
@@ -155,7 +158,7 @@ def build_judge_prompt(
     sections.append(
         f"Score exactly {count} run{'s' if count > 1 else ''}, ids {_id_list(count)}. Answer with "
         f"one JSON object with exactly the keys {keys}; each value is "
-        '{"explanation": "<one or two sentences>", "score": <a number from 0 to 1>}.'
+        '{"explanation": "<one or two sentences>", "score": <an integer from 0 to 100>}.'
     )
     messages = [
         {"role": "system", "content": SYSTEM_PROMPT.format(rubric=rubric.strip())},
@@ -170,7 +173,7 @@ def answer_schema(count: int) -> dict[str, Any]:
         "type": "object",
         "properties": {
             "explanation": {"type": "string", "maxLength": EXPLANATION_MAX_CHARS},
-            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "score": {"type": "integer", "minimum": 0, "maximum": SCORE_SCALE},
         },
         "required": ["explanation", "score"],
         "additionalProperties": False,

@@ -35,9 +35,12 @@ class Reply:
 
 
 def scores_json(*scores: float, explanation: str = "ok") -> str:
-    """A well-formed RULER answer for runs 1..N."""
+    """A RULER answer for runs 1..N: scores given in [0, 1], written as the judge's 0..100."""
     return json.dumps(
-        {f"run_{k}": {"explanation": explanation, "score": s} for k, s in enumerate(scores, 1)}
+        {
+            f"run_{k}": {"explanation": explanation, "score": round(s * 100, 6)}
+            for k, s in enumerate(scores, 1)
+        }
     )
 
 

@@ -139,7 +139,7 @@ async def test_scores_become_rewards_and_the_old_reward_is_kept(
             'the key "run_1" appears more than once',
         ),
         ('{"run_1": {"score": 0.3', "it is not valid JSON"),
-        (scores_json(0.9, 1.5, 0.2), '"run_2" has score 1.5, outside [0, 1]'),
+        (scores_json(0.9, 1.5, 0.2), '"run_2" has score 150.0, outside 0 to 100'),
         (scores_json(0.9, 0.1, 0.2, 0.4), '"run_4" is not one of the runs (the ids are 1 to 3)'),
         ('{"run_1": {"score": "high"}, "run_2": 0.1, "run_3": 0.2}', '"run_1" has no numeric'),
     ],
