@@ -45,6 +45,7 @@ class AutoRLResult:
     win_rate: float | None = None
     report: Path | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 async def autorl(
@@ -169,6 +170,9 @@ async def autorl(
             f"dropped by the judge {result.metrics.get('groups/dropped_before_training', 0):.0f}",
         )
 
+    warnings = _judge_warnings(results, judge_model)
+    for warning in warnings:
+        _say(show_progress, f"Warning: {warning}")
     _say(show_progress, f"Held-out evaluation at step {model.step} ...")
     after, last_answers = await evaluate()
     win_rate = await _win_rate(
@@ -189,6 +193,8 @@ async def autorl(
         "judge_tokens": usage.prompt_tokens + usage.completion_tokens,
         "judge_cost_usd": round(usage.cost_usd, 4),
         "minutes": round((time.monotonic() - started) / 60, 1),
+        "trained_steps": sum(1 for r in results if r.metrics.get("trained")),
+        "warnings": " ".join(warnings) or "none",
     }
     report = None
     if report_dir is not None:
@@ -206,7 +212,26 @@ async def autorl(
             history=await model.backend.history(model),
             settings=settings,
         )
-    return AutoRLResult(before, after, results, train, val, usage, win_rate, report, settings)
+    return AutoRLResult(
+        before, after, results, train, val, usage, win_rate, report, settings, warnings
+    )
+
+
+def _judge_warnings(results: list[TrainResult], judge: Model) -> list[str]:
+    """Say so when the judge could not tell the runs apart: then nothing trains."""
+    submitted = sum(r.metrics.get("groups/submitted", 0) for r in results)
+    tied = sum(r.metrics.get("groups/zero_variance", 0) for r in results)
+    dropped = sum(r.metrics.get("groups/dropped_before_training", 0) for r in results)
+    warnings = []
+    if submitted and tied / submitted > 0.5:
+        warnings.append(
+            f"{judge.get_inference_name()} gave every run the same score in {tied:.0f} of "
+            f"{submitted:.0f} groups: GRPO learns nothing from a tied group. Use a stronger "
+            "judge, a sharper rubric, or more varied rollouts (temperature)."
+        )
+    if dropped:
+        warnings.append(f"{dropped:.0f} groups were dropped: the judge failed to score them.")
+    return warnings
 
 
 async def _win_rate(

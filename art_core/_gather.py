@@ -36,10 +36,21 @@ class GatheredGroups(list[TrajectoryGroup]):
 class _Progress:
     """The shared bar: rollouts done, running mean reward, exceptions; enforces the limit."""
 
-    def __init__(self, total: int, desc: str | None, max_exceptions: int | float, show: bool):
+    def __init__(
+        self,
+        total: int,
+        desc: str | None,
+        max_exceptions: int | float,
+        show: bool,
+        judged: bool = False,
+    ):
         self.total = total
         self.bar = tqdm(total=total, desc=desc, disable=not show or not desc, dynamic_ncols=True)
         self.rewards: list[float] = []
+        # With an `after_each` (a judge), rollouts' own rewards are placeholders: the bar shows
+        # the rewards of the groups after_each returned instead.
+        self.judged = judged
+        self.judged_rewards: list[float] = []
         self.exceptions: list[RolloutException] = []
         self.allowed = _allowed_exceptions(max_exceptions, total)
 
@@ -48,10 +59,7 @@ class _Progress:
             self.rewards.append(result.reward)
         else:
             self.exceptions.append(result)
-        postfix = {"reward": f"{sum(self.rewards) / len(self.rewards):.3f}"} if self.rewards else {}
-        if self.exceptions:
-            postfix["exceptions"] = str(len(self.exceptions))
-        self.bar.set_postfix(postfix, refresh=False)
+        self._show()
         self.bar.update(1)
         if len(self.exceptions) > self.allowed:
             raise TooManyExceptionsError(
@@ -59,6 +67,19 @@ class _Progress:
                 f"max_exceptions allows ({self.allowed}).",
                 first_traceback=self.exceptions[0].traceback,
             )
+
+    def group_done(self, group: TrajectoryGroup | None) -> None:
+        if self.judged and group is not None:
+            self.judged_rewards += group.rewards
+            self._show()
+            self.bar.refresh()
+
+    def _show(self) -> None:
+        rewards = self.judged_rewards if self.judged else self.rewards
+        postfix = {"reward": f"{sum(rewards) / len(rewards):.3f}"} if rewards else {}
+        if self.exceptions:
+            postfix["exceptions"] = str(len(self.exceptions))
+        self.bar.set_postfix(postfix, refresh=False)
 
     def close(self) -> None:
         self.bar.close()
@@ -99,7 +120,9 @@ async def _run_group(
         else:
             group.exceptions.append(outcome)
     if after_each is not None:
-        return await after_each(group)
+        judged = await after_each(group)
+        progress.group_done(judged)
+        return judged
     return group
 
 
@@ -124,7 +147,11 @@ async def gather_trajectory_groups(
             raise TypeError(f"expected art.TrajectoryGroup, got {type(group).__name__}")
         resolved.append(group)
     progress = _Progress(
-        sum(len(g._pending) for g in resolved), pbar_desc, max_exceptions, show_progress
+        sum(len(g._pending) for g in resolved),
+        pbar_desc,
+        max_exceptions,
+        show_progress,
+        judged=after_each is not None,
     )
     try:
         results = await _gather_or_cancel(

@@ -61,6 +61,7 @@ async def test_autorl_generates_trains_evaluates_and_reports(
     )
     assert len(result.train_scenarios) == 6 and len(result.val_scenarios) == 2
     assert [r.step for r in result.steps] == [1, 2] and await model.get_step() == 2
+    assert result.warnings == [] and result.settings["trained_steps"] == 2
     for step in result.steps:
         assert step.metrics["groups/submitted"] == 2
         assert step.metrics["judge/requests"] == 2  # one judgement per group
@@ -82,3 +83,32 @@ async def test_autorl_refuses_too_few_scenarios_to_split(
     scenarios = [art.Scenario(task="Only one scenario here.", difficulty=1)]
     with pytest.raises(ValueError, match="raise num_scenarios"):
         await art.autorl(TASK, model, judge=judge_model, scenarios=scenarios, show_progress=False)
+
+
+async def test_autorl_says_when_the_judge_cannot_tell_runs_apart(
+    scripted_judge: ScriptedJudge,
+    judge_model: art.Model,
+    model: art.TrainableModel,
+):
+    def tying(body: dict[str, Any]) -> Reply:
+        if body["response_format"]["json_schema"]["name"] == "scenarios":
+            return responder(body)
+        runs = len(body["response_format"]["json_schema"]["schema"]["required"])
+        return Reply(scores_json(*[0.4] * runs))
+
+    scripted_judge.default = tying
+    result = await art.autorl(
+        TASK,
+        model,
+        judge=judge_model,
+        steps=1,
+        groups_per_step=2,
+        rollouts_per_group=2,
+        num_scenarios=4,
+        max_tokens=4,
+        judge_options={"cache": False},
+        show_progress=False,
+    )
+    assert result.steps[0].metrics["groups/zero_variance"] == 2
+    assert result.settings["trained_steps"] == 0
+    assert "same score in 2 of 2 groups" in result.warnings[0]

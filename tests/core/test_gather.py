@@ -96,3 +96,17 @@ async def test_training_an_ungathered_group_is_a_clear_error(tiny_model_dir):
     with pytest.raises(art.InvalidTrajectoryError, match="gather_trajectory_groups"):
         art.RemoteBackend("http://127.0.0.1:9")._groups_payload([group], {})
     coroutine.close()
+
+
+def test_with_a_judge_the_bar_shows_judged_rewards_not_placeholders():
+    from art_core._gather import _Progress
+
+    progress = _Progress(2, "gather", 0, show=True, judged=True)
+    progress.done(art.Trajectory(reward=0.0))
+    progress.done(art.Trajectory(reward=0.0))
+    assert "reward" not in (progress.bar.postfix or "")
+    progress.group_done(
+        art.TrajectoryGroup([art.Trajectory(reward=0.5), art.Trajectory(reward=1.0)])
+    )
+    assert "reward=0.750" in progress.bar.postfix
+    progress.close()
