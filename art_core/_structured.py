@@ -179,6 +179,8 @@ async def structured_completion(
         }
     )
     if cache is not None and (hit := cache.get(key)) is not None:
+        if hit.get("context_overflow"):  # known too long for this judge: no request
+            raise JudgeContextError(f"{label}: {hit['context_overflow']} (cached)")
         parsed, hit_problems = parse_json_answer(str(hit.get("answer", "")))
         if not hit_problems:
             value, hit_problems = validate(parsed)
@@ -201,9 +203,14 @@ async def structured_completion(
                 {"role": "assistant", "content": answer},
                 {"role": "user", "content": correction(problems)},
             ]
-        answer, finish_reason = await _complete(
-            client, model, label, conversation, response_format, max_tokens, sampling, usage
-        )
+        try:
+            answer, finish_reason = await _complete(
+                client, model, label, conversation, response_format, max_tokens, sampling, usage
+            )
+        except JudgeContextError as error:
+            if cache is not None and not attempt:
+                cache.put(key, {"context_overflow": str(error), "written_at": time.time()})
+            raise
         parsed, problems = parse_json_answer(answer)
         if not problems:
             value, problems = validate(parsed)

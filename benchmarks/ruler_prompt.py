@@ -203,6 +203,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"{first['completion_tokens']:.0f} | {first['cache_hits']:.0f} | {first['seconds']:.1f} |",
             f"| repeated step | {again['requests']:.0f} | {again['prompt_tokens']:.0f} | "
             f"{again['completion_tokens']:.0f} | {again['cache_hits']:.0f} | {again['seconds']:.3f} |",
+            "",
+            f"SmolLM2's context is 8,192 tokens: the 2,000-character prompt "
+            f"({ours['tokens']:,} tokens) overflowed, so RULER resent it with messages cut to "
+            f"1,000 characters ({first['truncated_messages']:.0f} messages, "
+            f"{first['truncated_chars']:,.0f} characters cut). The repeated step knows both "
+            "from the cache and sends nothing.",
         ]
     lines.append(END)
     return "\n".join(lines)

@@ -227,7 +227,7 @@ async def test_an_unreachable_judge_is_unavailable():
 
 
 async def test_a_prompt_too_long_for_the_judge_is_cut_harder_and_resent(
-    scripted_judge: ScriptedJudge, judge_model: art.Model
+    scripted_judge: ScriptedJudge, judge_model: art.Model, tmp_path: Path
 ):
     too_long = "This model's maximum context length is 8192 tokens. However, you requested 9000."
     scripted_judge.queue(Reply(status=400, message=too_long), scores_json(0.5, 0.5))
@@ -237,6 +237,13 @@ async def test_a_prompt_too_long_for_the_judge_is_cut_harder_and_resent(
     first, second = (len(scripted_judge.user_prompt(i)) for i in (0, 1))
     assert second < first - 1500  # each 5000-char result cut to 1000 instead of 2000
     assert usage.truncated_messages == 2
+    # with a cache, a re-run knows the first prompt is too long: no request at all
+    scripted_judge.reset()
+    scripted_judge.queue(Reply(status=400, message=too_long), scores_json(0.5, 0.5))
+    await art.ruler(lists, judge_model, cache=tmp_path)
+    again = art.JudgeUsage()
+    await art.ruler(lists, judge_model, cache=tmp_path, usage=again)
+    assert len(scripted_judge.requests) == 2 and again.cache_hits == 1 and again.requests == 0
 
 
 # ----------------------------------------------------------------------------- cache and cost
