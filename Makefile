@@ -41,6 +41,7 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/serve_throughput.py
 	$(PY) benchmarks/train_step.py
 	$(PY) benchmarks/learning_curve.py
+	$(PY) benchmarks/ruler_prompt.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix .
