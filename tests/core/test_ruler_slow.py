@@ -9,13 +9,14 @@ often the right answer scores higher; README.md records the number.
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 
 import art_core as art
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 RUBRIC = "The answer must give the correct result of the sum. A wrong result scores 0."
 
@@ -36,17 +37,20 @@ async def test_smollm2_ranks_a_right_and_a_wrong_answer(tmp_path):
         pairs += [(right, wrong, 0), (wrong, right, 1)]
     usage = art.JudgeUsage()
     try:
-        results = [
-            await art.ruler(
-                [first, second],
-                judge,
-                RUBRIC,
-                cache=False,
-                usage=usage,
-                sampling={"temperature": 0.0},
+        # all at once: the backend decodes the judgements in one batch
+        results = await asyncio.gather(
+            *(
+                art.ruler(
+                    [first, second],
+                    judge,
+                    RUBRIC,
+                    cache=False,
+                    usage=usage,
+                    sampling={"temperature": 0.0},
+                )
+                for first, second, _ in pairs
             )
-            for first, second, _ in pairs
-        ]
+        )
     finally:
         await backend.close()
     correct = ties = 0
