@@ -219,6 +219,7 @@ class RolloutCapture:
     """The scope of one zero-change rollout: its URL, and afterwards its trajectory."""
 
     def __init__(self, model: TrainableModel) -> None:
+        self.trainable_model = model
         self.id = new_rollout_id()
         self.model = model.get_inference_name()
         self.base_url = model.backend.rollout_base_url(self.id)

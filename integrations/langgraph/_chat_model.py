@@ -1,0 +1,64 @@
+"""`TrainableChatModel`: a LangChain chat model served by our backend, for any LangChain or
+LangGraph code (invoke, stream, batch, bind_tools, with_structured_output, callbacks, usage).
+
+It is `ChatOpenAI` pointed at the backend, with two changes made where every request is built:
+the model name follows the trained step (`name@step`), and inside a rollout the request carries
+`X-Rollout-Id`, so the server records the call's exact prompt and sampled tokens into that
+rollout. Nothing is re-tokenized or reconstructed afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_openai import ChatOpenAI
+from pydantic import Field
+
+import art_core as art
+from art_langgraph._scope import NoRolloutError, current_rollout
+
+
+class TrainableChatModel(ChatOpenAI):
+    """A chat model for `art_model` (an `art.TrainableModel` or prompted `art.Model`) on our backend."""
+
+    art_model: Any = Field(default=None, exclude=True)
+
+    def __init__(self, art_model: art.Model, **kwargs: Any) -> None:
+        backend = art_model.backend
+        super().__init__(
+            model=art_model.get_inference_name(),
+            base_url=backend.inference_base_url,
+            api_key=backend.api_key or "unused",
+            art_model=art_model,
+            **kwargs,
+        )
+
+    @property
+    def _llm_type(self) -> str:
+        return "art-trainable-chat"
+
+    def _get_request_payload(
+        self, input_: Any, *, stop: list[str] | None = None, **kwargs: Any
+    ) -> dict:
+        payload = super()._get_request_payload(input_, stop=stop, **kwargs)
+        payload["model"] = self.art_model.get_inference_name()  # the newest step, always
+        scope = current_rollout()
+        if scope is not None:
+            payload["extra_headers"] = {
+                **(payload.get("extra_headers") or {}),
+                "X-Rollout-Id": scope.id,
+            }
+        return payload
+
+
+def init_chat_model(model: art.Model | None = None, **kwargs: Any) -> TrainableChatModel:
+    """A `TrainableChatModel` for `model`, or for the current rollout's model when omitted."""
+    if model is None:
+        scope = current_rollout()
+        if scope is None:
+            raise NoRolloutError(
+                "init_chat_model() without a model needs a rollout scope: call it inside "
+                "`async with art_langgraph.rollout(model):`, or pass the model."
+            )
+        model = scope.trainable_model
+    return TrainableChatModel(model, **kwargs)

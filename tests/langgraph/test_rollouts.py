@@ -1,0 +1,152 @@
+"""LangGraph graphs on our backend: each call lands in its own rollout, with exact tokens.
+
+Content markers identify the rollout a call belongs to: every prompt of rollout k contains
+`marker-k`, so a call recorded in the wrong rollout fails the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langchain_core.language_models import BaseChatModel
+from langchain_openai import ChatOpenAI
+from langgraph.graph import END, START, StateGraph
+
+import art_core as art
+import art_langgraph
+
+FAST = {"max_tokens": 3, "temperature": 1.0}
+
+
+class State(TypedDict):
+    marker: str
+    notes: Annotated[list[str], operator.add]
+
+
+def planner_branches_subgraph(llm: BaseChatModel) -> Any:
+    """planner -> (branch a, async | branch b, sync in a thread) -> subgraph: four calls."""
+
+    async def sub_node(state: State) -> dict:
+        await llm.ainvoke(f"sub {state['marker']}")
+        return {"notes": ["sub"]}
+
+    sub = StateGraph(State)
+    sub.add_node("sub_node", sub_node)
+    sub.add_edge(START, "sub_node")
+    sub.add_edge("sub_node", END)
+
+    async def planner(state: State) -> dict:
+        await llm.ainvoke(f"plan {state['marker']}")
+        return {"notes": ["plan"]}
+
+    async def branch_a(state: State) -> dict:
+        await llm.ainvoke(f"a {state['marker']}")
+        return {"notes": ["a"]}
+
+    def branch_b(state: State) -> dict:
+        llm.invoke(f"b {state['marker']}")
+        return {"notes": ["b"]}
+
+    graph = StateGraph(State)
+    graph.add_node("planner", planner)
+    graph.add_node("a", branch_a)
+    graph.add_node("b", branch_b)
+    graph.add_node("sub", sub.compile())
+    graph.add_edge(START, "planner")
+    graph.add_edge("planner", "a")
+    graph.add_edge("planner", "b")
+    graph.add_edge(["a", "b"], "sub")
+    graph.add_edge("sub", END)
+    return graph.compile()
+
+
+def prompts(trajectory: art.Trajectory) -> list[str]:
+    return [h.messages()[0]["content"] for h in trajectory.histories()]
+
+
+async def test_a_call_in_a_rollout_is_recorded_with_its_exact_tokens(model: art.TrainableModel):
+    async with art_langgraph.rollout(model, scenario="greet") as r:
+        llm = art_langgraph.init_chat_model(**FAST)
+        reply = await llm.ainvoke("hello marker-0")
+        r.reward = 1.0
+    trajectory = r.trajectory
+    assert trajectory.reward == 1.0 and trajectory.metadata["scenario"] == "greet"
+    messages = trajectory.messages()
+    assert messages[0]["content"] == "hello marker-0"
+    assert messages[-1]["content"] == reply.content
+    choice = trajectory.messages_and_choices[-1]
+    assert choice.model_extra["completion_id"]  # trained on the server's recorded tokens
+    assert isinstance(llm, BaseChatModel)
+
+
+async def test_eight_concurrent_graph_runs_each_record_only_their_own_calls(
+    model: art.TrainableModel,
+):
+    async def one(k: int) -> art.Trajectory:
+        async with art_langgraph.rollout(model) as r:
+            graph = planner_branches_subgraph(art_langgraph.init_chat_model(**FAST))
+            await graph.ainvoke({"marker": f"marker-{k}", "notes": []})
+        return r.trajectory
+
+    trajectories = await asyncio.gather(*(one(k) for k in range(8)))
+    for k, trajectory in enumerate(trajectories):
+        texts = prompts(trajectory)
+        assert sorted(text.split()[0] for text in texts) == ["a", "b", "plan", "sub"]
+        assert all(text.endswith(f"marker-{k}") for text in texts), texts
+
+
+async def test_a_stock_chat_openai_is_captured_by_url_alone(model: art.TrainableModel):
+    async with model.rollout() as r:
+        llm = ChatOpenAI(base_url=r.base_url, api_key=r.api_key, model=r.model, **FAST)
+        await planner_branches_subgraph(llm).ainvoke({"marker": "marker-z", "notes": []})
+    assert sorted(prompts(r.trajectory)) == [
+        "a marker-z",
+        "b marker-z",
+        "plan marker-z",
+        "sub marker-z",
+    ]
+
+
+async def test_graph_trajectories_train_and_the_model_follows_the_new_step(
+    model: art.TrainableModel,
+):
+    llm = art_langgraph.TrainableChatModel(model, **FAST)
+    graph = planner_branches_subgraph(llm)
+
+    async def run(k: int, reward: float) -> art.Trajectory:
+        async with art_langgraph.rollout(model) as r:
+            await graph.ainvoke({"marker": f"marker-{k}", "notes": []})
+            r.reward = reward
+        return r.trajectory
+
+    groups = await art.gather_trajectory_groups(
+        [
+            art.TrajectoryGroup([run(0, 0.0), run(1, 1.0)]),
+            art.TrajectoryGroup([run(2, 1.0), run(3, 0.0)]),
+        ],
+        show_progress=False,
+    )
+    result = await model.train(groups, learning_rate=1e-3)
+    assert result.step == 1 and result.metrics["trained_tokens"] > 0
+    assert result.metrics["dropped/unknown_completion"] == 0
+    async with art_langgraph.rollout(model) as r:
+        await llm.ainvoke("after marker-9")
+    records = await model.backend.rollout_records(r.id)
+    assert records[0]["request"]["model"] == f"{model.name}@1"
+
+
+async def test_wrap_rollout_returns_the_trajectory_with_the_reward(model: art.TrainableModel):
+    async def agent(question: str) -> float:
+        await art_langgraph.init_chat_model(**FAST).ainvoke(question)
+        return 0.5
+
+    trajectory = await art_langgraph.wrap_rollout(model, agent)("wrapped marker-w")
+    assert trajectory.reward == 0.5 and prompts(trajectory) == ["wrapped marker-w"]
+
+
+def test_a_model_is_needed_outside_a_rollout():
+    with pytest.raises(art_langgraph.NoRolloutError, match="inside"):
+        art_langgraph.init_chat_model()
