@@ -150,3 +150,71 @@ async def test_wrap_rollout_returns_the_trajectory_with_the_reward(model: art.Tr
 def test_a_model_is_needed_outside_a_rollout():
     with pytest.raises(art_langgraph.NoRolloutError, match="inside"):
         art_langgraph.init_chat_model()
+
+
+async def test_the_prebuilt_react_agent_trains_unchanged_as_one_conversation(
+    model: art.TrainableModel,
+):
+    """Forced tool calls (grammar-enforced, so even the tiny model's arguments fit the schema)
+    make the prebuilt agent call its tool until its step budget runs out; it then stops on its
+    own with a final message (LangGraph's rule for the prebuilt agent), so the rollout is a
+    trajectory: each call extends the previous one, so it is one conversation with the tool
+    results in it."""
+    import warnings
+
+    from langchain_core.tools import tool
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # create_react_agent's move to langchain.agents
+        from langgraph.prebuilt import create_react_agent
+
+    @tool
+    def lookup(city: str) -> str:
+        """The opening hours of our shop in a city."""
+        return f"{city}: 9-18"
+
+    llm = art_langgraph.TrainableChatModel(model, max_tokens=40, temperature=0.0)
+    agent = create_react_agent(llm.bind_tools([lookup], tool_choice="required"), [lookup])
+    async with art_langgraph.rollout(model) as r:
+        await agent.ainvoke(
+            {"messages": [("user", "hours in Paris? marker-t")]}, {"recursion_limit": 4}
+        )
+    trajectory = r.trajectory
+    assert trajectory.additional_histories == []
+    roles = [m["role"] for m in trajectory.messages()]
+    assert roles[:3] == ["user", "assistant", "tool"] and roles.count("assistant") >= 2
+    assert trajectory.tools[0]["function"]["name"] == "lookup"
+    assert all(
+        item.model_extra["completion_id"]
+        for item in trajectory.messages_and_choices
+        if not isinstance(item, dict)
+    )
+
+
+async def test_a_graph_that_hits_the_recursion_limit_is_an_exception_kept_on_its_group(
+    model: art.TrainableModel,
+):
+    from langgraph.errors import GraphRecursionError
+
+    llm = art_langgraph.TrainableChatModel(model, **FAST)
+
+    async def think(state: State) -> dict:
+        await llm.ainvoke(f"think {state['marker']}")
+        return {"notes": ["again"]}
+
+    loop = StateGraph(State)
+    loop.add_node("think", think)
+    loop.add_edge(START, "think")
+    loop.add_edge("think", "think")  # never ends
+    graph = loop.compile()
+
+    async def run() -> art.Trajectory:
+        async with art_langgraph.rollout(model) as r:
+            await graph.ainvoke({"marker": "marker-r", "notes": []}, {"recursion_limit": 3})
+        return r.trajectory
+
+    [group] = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([run(), run()])], max_exceptions=2, show_progress=False
+    )
+    assert group.trajectories == []
+    assert [e.type for e in group.exceptions] == [GraphRecursionError.__name__] * 2
