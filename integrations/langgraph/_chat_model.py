@@ -24,14 +24,25 @@ class TrainableChatModel(ChatOpenAI):
     art_model: Any = Field(default=None, exclude=True)
 
     def __init__(self, art_model: art.Model, **kwargs: Any) -> None:
-        backend = art_model.backend
-        super().__init__(
-            model=art_model.get_inference_name(),
-            base_url=backend.inference_base_url,
-            api_key=backend.api_key or "unused",
-            art_model=art_model,
-            **kwargs,
-        )
+        # A model registered on a backend, or a prompted art.Model with its own base_url.
+        backend = art_model._backend
+        base_url = backend.inference_base_url if backend is not None else art_model.base_url
+        api_key = backend.api_key if backend is not None else art_model.api_key
+        if base_url is None:
+            art_model.backend  # noqa: B018 - raises ModelNotRegisteredError, which says what to do
+        defaults = {
+            "model": art_model.get_inference_name(),  # requests use the current step's name
+            "base_url": base_url,
+            "api_key": api_key or "unused",
+            "stream_usage": True,  # our server sends usage in the last stream chunk
+        }
+        super().__init__(art_model=art_model, **{**defaults, **kwargs})
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        # It wraps a live art model (its backend, its step); LangChain's serialization would
+        # revive a plain ChatOpenAI pointed at a port that no longer exists.
+        return False
 
     @property
     def _llm_type(self) -> str:
