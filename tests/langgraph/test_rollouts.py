@@ -218,3 +218,86 @@ async def test_a_graph_that_hits_the_recursion_limit_is_an_exception_kept_on_its
     )
     assert group.trajectories == []
     assert [e.type for e in group.exceptions] == [GraphRecursionError.__name__] * 2
+
+
+def forced_tool_graph(llm: art_langgraph.TrainableChatModel, handle_tool_errors: bool) -> Any:
+    """agent (forced to call `broken`) -> ToolNode -> end; the tool always raises."""
+    from langchain_core.tools import tool
+    from langgraph.graph import MessagesState
+    from langgraph.prebuilt import ToolNode
+
+    @tool
+    def broken(city: str) -> str:
+        """Look up a city (always fails)."""
+        raise ValueError(f"lookup service down for {city!r}")
+
+    bound = llm.bind_tools([broken], tool_choice="required")
+
+    async def agent(state: MessagesState) -> dict:
+        return {"messages": [await bound.ainvoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode([broken], handle_tool_errors=handle_tool_errors))
+    graph.add_edge(START, "agent")
+    graph.add_edge("agent", "tools")
+    graph.add_edge("tools", END)
+    return graph.compile()
+
+
+async def test_a_handled_tool_error_is_an_observation_in_the_trajectory(
+    model: art.TrainableModel,
+):
+    llm = art_langgraph.TrainableChatModel(model, max_tokens=40, temperature=0.0)
+    async with art_langgraph.rollout(model) as r:
+        state = await forced_tool_graph(llm, True).ainvoke({"messages": [("user", "marker-e")]})
+    assert "lookup service down" in state["messages"][-1].content
+    assert r.trajectory.messages()[-1]["tool_calls"][0]["function"]["name"] == "broken"
+
+
+async def test_an_unhandled_tool_error_ends_the_rollout_as_a_kept_exception(
+    model: art.TrainableModel,
+):
+    llm = art_langgraph.TrainableChatModel(model, max_tokens=40, temperature=0.0)
+    graph = forced_tool_graph(llm, False)
+
+    async def run() -> art.Trajectory:
+        async with art_langgraph.rollout(model) as r:
+            await graph.ainvoke({"messages": [("user", "marker-u")]})
+        return r.trajectory
+
+    [group] = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([run()])], max_exceptions=1, show_progress=False
+    )
+    assert group.exceptions[0].type == "ValueError"
+    assert "lookup service down" in group.exceptions[0].message
+
+
+async def test_structured_output_and_a_checkpointer_inside_a_rollout(model: art.TrainableModel):
+    from langgraph.checkpoint.memory import InMemorySaver
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        city: str
+        open: bool
+
+    llm = art_langgraph.TrainableChatModel(model, max_tokens=60, temperature=0.0)
+    structured = llm.with_structured_output(Answer, method="json_schema")
+
+    async def answer(state: State) -> dict:
+        result = await structured.ainvoke(f"is it open {state['marker']}")
+        assert isinstance(result, Answer)
+        return {"notes": [result.city]}
+
+    graph = StateGraph(State)
+    graph.add_node("answer", answer)
+    graph.add_edge(START, "answer")
+    graph.add_edge("answer", END)
+    app = graph.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t-1"}}
+    async with art_langgraph.rollout(model) as r:
+        await app.ainvoke({"marker": "marker-s", "notes": []}, config)
+        await app.ainvoke({"marker": "marker-s2", "notes": []}, config)  # resumes the thread
+    assert prompts(r.trajectory) == ["is it open marker-s", "is it open marker-s2"]
+    snapshot = await app.aget_state(config)
+    assert len(snapshot.values["notes"]) == 2  # the checkpointer kept both runs' notes
