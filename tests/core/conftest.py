@@ -46,14 +46,19 @@ def backend(request: pytest.FixtureRequest) -> art.RemoteBackend:
     return request.getfixturevalue(f"{request.param}_backend")
 
 
-@pytest.fixture
-async def model(backend: art.RemoteBackend, tiny_model_dir: Path) -> art.TrainableModel:
-    """A freshly registered model with a unique name."""
+async def fresh_model(backend: art.Backend, tiny_model_dir: Path) -> art.TrainableModel:
+    """A newly registered model with a unique name, on the tiny base model."""
     trainable = art.TrainableModel(
         name=f"m-{uuid.uuid4().hex[:8]}", project="tests", base_model=str(tiny_model_dir)
     )
     await trainable.register(backend)
     return trainable
+
+
+@pytest.fixture
+async def model(backend: art.RemoteBackend, tiny_model_dir: Path) -> art.TrainableModel:
+    """A freshly registered model, on each backend in turn."""
+    return await fresh_model(backend, tiny_model_dir)
 
 
 @pytest.fixture(scope="session")
