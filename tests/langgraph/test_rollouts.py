@@ -26,6 +26,15 @@ class State(TypedDict):
     notes: Annotated[list[str], operator.add]
 
 
+def one_node_graph(name: str, node: Any, *, then: str = END) -> StateGraph:
+    """START -> `name` -> `then` (END, or `name` itself for a loop that never ends)."""
+    graph = StateGraph(State)
+    graph.add_node(name, node)
+    graph.add_edge(START, name)
+    graph.add_edge(name, then)
+    return graph
+
+
 def planner_branches_subgraph(llm: BaseChatModel) -> Any:
     """planner -> (branch a, async | branch b, sync in a thread) -> subgraph: four calls."""
 
@@ -33,10 +42,7 @@ def planner_branches_subgraph(llm: BaseChatModel) -> Any:
         await llm.ainvoke(f"sub {state['marker']}")
         return {"notes": ["sub"]}
 
-    sub = StateGraph(State)
-    sub.add_node("sub_node", sub_node)
-    sub.add_edge(START, "sub_node")
-    sub.add_edge("sub_node", END)
+    sub = one_node_graph("sub_node", sub_node)
 
     async def planner(state: State) -> dict:
         await llm.ainvoke(f"plan {state['marker']}")
@@ -202,11 +208,7 @@ async def test_a_graph_that_hits_the_recursion_limit_is_an_exception_kept_on_its
         await llm.ainvoke(f"think {state['marker']}")
         return {"notes": ["again"]}
 
-    loop = StateGraph(State)
-    loop.add_node("think", think)
-    loop.add_edge(START, "think")
-    loop.add_edge("think", "think")  # never ends
-    graph = loop.compile()
+    graph = one_node_graph("think", think, then="think").compile()
 
     async def run() -> art.Trajectory:
         async with art_langgraph.rollout(model) as r:
@@ -289,11 +291,7 @@ async def test_structured_output_and_a_checkpointer_inside_a_rollout(model: art.
         assert isinstance(result, Answer)
         return {"notes": [result.city]}
 
-    graph = StateGraph(State)
-    graph.add_node("answer", answer)
-    graph.add_edge(START, "answer")
-    graph.add_edge("answer", END)
-    app = graph.compile(checkpointer=InMemorySaver())
+    app = one_node_graph("answer", answer).compile(checkpointer=InMemorySaver())
     config = {"configurable": {"thread_id": "t-1"}}
     async with art_langgraph.rollout(model) as r:
         await app.ainvoke({"marker": "marker-s", "notes": []}, config)
