@@ -1,0 +1,88 @@
+"""MCP servers to test against: the example inventory server (in process, over streamable HTTP
+in a subprocess, over stdio) and the published mcp-server-time (over stdio)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mcp.server.mcpserver import MCPServer
+
+from examples.mcp_servers.inventory_server import HTTP_PATH, create_server
+
+INVENTORY_SERVER_PATH = (
+    Path(__file__).resolve().parents[2] / "examples" / "mcp_servers" / "inventory_server.py"
+)
+STARTUP_TIMEOUT_SECONDS = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_until_listening(process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    """Return once 127.0.0.1:`port` accepts connections; fail with the server's log otherwise."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(
+        f"the inventory server did not start on port {port}:\n{log_path.read_text()}"
+    )
+
+
+@pytest.fixture
+def inventory_server() -> MCPServer:
+    """A fresh in-process inventory server with its own seeded in-memory store."""
+    return create_server()
+
+
+@pytest.fixture(scope="session")
+def inventory_http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The inventory server's CLI with --http in a subprocess, shared by the session: its URL.
+
+    Its store is shared too: a test that changes it creates its own items (unique SKUs).
+    """
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("inventory-http") / "server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, str(INVENTORY_SERVER_PATH), "--http", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until_listening(process, port, log_path)
+        yield f"http://127.0.0.1:{port}{HTTP_PATH}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def inventory_stdio_command() -> tuple[str, list[str]]:
+    """(command, args) that start the inventory server over stdio, each start a fresh store."""
+    return sys.executable, [str(INVENTORY_SERVER_PATH)]
+
+
+@pytest.fixture
+def time_server_command() -> tuple[str, list[str]]:
+    """(command, args) that start the published mcp-server-time over stdio."""
+    return sys.executable, ["-m", "mcp_server_time"]
