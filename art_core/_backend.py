@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
@@ -36,7 +37,12 @@ class Backend(Protocol):
     def rollout_base_url(self, rollout_id: str) -> str: ...
     async def register(self, model: TrainableModel, **options: Any) -> dict[str, Any]: ...
     async def train(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        client_metrics: Mapping[str, float] | None = None,
     ) -> TrainResult: ...
     async def train_sft(
         self, model: TrainableModel, trajectories: list[Trajectory], config: TrainSFTConfig
@@ -50,6 +56,7 @@ class Backend(Protocol):
         self, model: TrainableModel, best_checkpoint_metric: str, maximize: bool
     ) -> dict[str, Any]: ...
     async def rollout_records(self, rollout_id: str) -> list[dict[str, Any]]: ...
+    async def discard_rollout(self, rollout_id: str) -> int: ...
     async def close(self) -> None: ...
 
 
@@ -140,15 +147,22 @@ class RemoteBackend:
         return await self._request("POST", "/v1/training/models", body)
 
     async def train(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], config: TrainConfig
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        *,
+        client_metrics: Mapping[str, float] | None = None,
     ) -> TrainResult:
+        """One GRPO step; `client_metrics` are counts made by the client, added to the step's."""
         stats: dict[str, int] = {}
         payload = {
             "groups": self._groups_payload(groups, stats),
             "config": config.model_dump(exclude_none=True),
-            # Groups an `after_each` (a judge that failed) dropped during the gather.
             "client_metrics": {
-                "groups/dropped_before_training": float(getattr(groups, "dropped", 0))
+                # Groups an `after_each` (a judge that failed) dropped during the gather.
+                "groups/dropped_before_training": float(getattr(groups, "dropped", 0)),
+                **{key: float(value) for key, value in (client_metrics or {}).items()},
             },
         }
         if stats.get("context_assistant_messages") and not self._context_warning_shown:
@@ -194,6 +208,11 @@ class RemoteBackend:
 
     async def rollout_records(self, rollout_id: str) -> list[dict[str, Any]]:
         return (await self._request("GET", f"/v1/rollouts/{rollout_id}"))["completions"]
+
+    async def discard_rollout(self, rollout_id: str) -> int:
+        """Release the records of a rollout that will not be trained; returns how many."""
+        result = await self._request("DELETE", f"/v1/rollouts/{rollout_id}")
+        return int(result["discarded"])
 
     async def close(self) -> None:
         if self._http is not None:

@@ -1,6 +1,7 @@
 """Run rollouts concurrently: groups of trajectories for training, with a progress bar.
 
-Exceptions are kept on their group and counted; once more rollouts raised than
+Exceptions are kept on their group and counted, and so is a rollout cancelled from inside (its
+agent cancelled its own run); cancelling the gather itself stops it. Once more rollouts raised than
 `max_exceptions` allows (a count, or a fraction of all rollouts when below 1), the gather stops
 and raises `TooManyExceptionsError` with the first traceback.
 """
@@ -100,10 +101,14 @@ async def _run_one(
         result = await rollout
         if not isinstance(result, Trajectory):
             raise TypeError(f"a rollout must return an art.Trajectory, got {type(result).__name__}")
-    except asyncio.CancelledError:
-        raise
-    except Exception as error:  # noqa: BLE001 - a rollout's failure is data: kept on the group
+    except asyncio.CancelledError as error:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # the gather itself is cancelled (Ctrl-C, the exception limit): stop
+        # Cancelled from inside (the agent cancelled its own run): a failed rollout, kept.
         outcome: Trajectory | RolloutException = RolloutException.from_exception(error)
+    except Exception as error:  # noqa: BLE001 - a rollout's failure is data: kept on the group
+        outcome = RolloutException.from_exception(error)
     else:
         outcome = result
     progress.done(outcome)

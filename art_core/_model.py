@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +20,8 @@ from art_core._backend import Backend, new_rollout_id
 from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
 from art_core._errors import ModelNotRegisteredError, NotTrainableError
 from art_core._trajectory import History, Trajectory, TrajectoryGroup
+
+logger = logging.getLogger("art_core.model")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -130,6 +134,15 @@ class TrainableModel(Model):
         self.base_model = base_model
         self.lora_config = lora or LoRAConfig()
         self._step: int | None = None
+        self._open_rollouts = 0
+        # Counts the client makes between steps (calls no rollout could claim); sent with the
+        # next train() as step metrics, then reset.
+        self.pending_metrics: Counter[str] = Counter()
+
+    @property
+    def open_rollouts(self) -> int:
+        """How many `model.rollout()` scopes are open right now."""
+        return self._open_rollouts
 
     async def register(
         self,
@@ -180,7 +193,12 @@ class TrainableModel(Model):
         TrainConfig.model_validate(config.model_dump())
         # A gathered list keeps its `dropped` count (groups a judge dropped) for the metrics.
         groups = groups if isinstance(groups, list) else list(groups)
-        result = await self.backend.train(self, groups, config)
+        pending, self.pending_metrics = self.pending_metrics, Counter()
+        try:
+            result = await self.backend.train(self, groups, config, client_metrics=pending)
+        except BaseException:
+            self.pending_metrics.update(pending)  # not reported yet: the next step reports them
+            raise
         self._step = result.step
         return result
 
@@ -211,7 +229,17 @@ class TrainableModel(Model):
         for it, with their exact tokens, ready for a reward.
         """
         capture = RolloutCapture(self)
-        yield capture
+        self._open_rollouts += 1
+        try:
+            yield capture
+        except BaseException as error:
+            # The rule for a failed run (an exception, a timeout, a cancellation): it is not
+            # trained. Its calls so far are kept on the exception for review, and released on
+            # the server now rather than held for an hour.
+            self._open_rollouts -= 1
+            await capture.fail(error)
+            raise
+        self._open_rollouts -= 1
         await capture.collect()
 
 
@@ -237,6 +265,7 @@ class RolloutCapture:
         return self._trajectory
 
     async def collect(self) -> Trajectory:
+        """Assemble the trajectory from every completion the server recorded for this rollout."""
         records = await self._backend.rollout_records(self.id)
         self._trajectory = trajectory_from_records(
             records,
@@ -245,6 +274,24 @@ class RolloutCapture:
             metadata={**self.metadata, "rollout_id": self.id},
         )
         return self._trajectory
+
+    async def fail(self, error: BaseException) -> None:
+        """The run raised: keep its calls so far on `error` (for review), release the records."""
+        try:
+            records = await asyncio.wait_for(self._backend.rollout_records(self.id), 10)
+            partial = trajectory_from_records(
+                records, reward=0.0, metadata={**self.metadata, "rollout_id": self.id}
+            )
+            await asyncio.wait_for(self._backend.discard_rollout(self.id), 10)
+        except Exception as cleanup_error:  # noqa: BLE001 - the run's own error is what matters
+            # The records stay on the server until they expire (counted on its /metrics).
+            logger.warning("rollout %s: could not release its records: %s", self.id, cleanup_error)
+            return
+        error.art_trajectory = partial  # type: ignore[attr-defined]
+        error.add_note(
+            f"art: rollout {self.id} ended by {type(error).__name__} after "
+            f"{len(records)} recorded call(s); not trained (its calls are kept on the exception)."
+        )
 
 
 def _running_loop_id() -> int:
@@ -258,12 +305,16 @@ def trajectory_from_records(records: list[dict[str, Any]], **fields: Any) -> Tra
     """A trajectory from a rollout's recorded completions, in call order.
 
     A call whose messages extend an earlier history (same messages, then that call's answer,
-    then more) joins it; any other call starts an additional history. Choice 0 is the turn kept.
+    then more) joins it; any other call starts an additional history. Choice 0 is the turn kept;
+    other choices (n > 1) are counted in `metrics["dropped/unused_choices"]`.
     """
     histories: list[list[Any]] = []
     tools_of: list[list[dict[str, Any]] | None] = []
+    unused_choices = 0
     for record in records:
         messages = list(record["request"].get("messages", []))
+        # With n > 1 the agent went on with one choice; the others did not lead to the reward.
+        unused_choices += len(record["choices"]) - 1
         choice_data = min(record["choices"], key=lambda c: c["index"])
         choice = Choice.model_validate(
             {
@@ -286,6 +337,14 @@ def trajectory_from_records(records: list[dict[str, Any]], **fields: Any) -> Tra
         else:
             done = len(histories[target])
             histories[target] += [*messages[done:], choice]
+    if unused_choices:
+        logger.warning(
+            "rollout %s: %d extra choice(s) of n > 1 calls are not trained (the run went on "
+            "with choice 0); counted in metrics['dropped/unused_choices']",
+            fields.get("metadata", {}).get("rollout_id"),
+            unused_choices,
+        )
+        fields["metrics"] = {**fields.get("metrics", {}), "dropped/unused_choices": unused_choices}
     if not histories:
         return Trajectory(messages_and_choices=[], **fields)
     first, *rest = histories

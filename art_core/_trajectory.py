@@ -72,6 +72,9 @@ class RolloutException(BaseModel):
     type: str
     message: str
     traceback: str
+    # The calls the run made before it failed, when it ran in a `model.rollout()` scope: for
+    # review only, never trained (a failed run has no reward).
+    partial_trajectory: Trajectory | None = None
 
     @classmethod
     def from_exception(cls, error: BaseException) -> RolloutException:
@@ -79,6 +82,7 @@ class RolloutException(BaseModel):
             type=type(error).__name__,
             message=str(error),
             traceback="".join(traceback.format_exception(error)),
+            partial_trajectory=getattr(error, "art_trajectory", None),
         )
 
 

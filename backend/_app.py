@@ -104,6 +104,13 @@ def create_app(
         records = service.records.rollout(rollout_id)
         return {"object": "rollout", "id": rollout_id, "completions": records}
 
+    @app.delete("/v1/rollouts/{rollout_id}")
+    async def discard_rollout(rollout_id: str):
+        # A rollout that failed is not trained: its records are released now, not in an hour.
+        validate_rollout_id(rollout_id)
+        discarded = service.records.discard_rollout(rollout_id)
+        return {"object": "rollout.deleted", "id": rollout_id, "discarded": len(discarded)}
+
     # ---------------------------------------------------------------------------------- models
 
     async def list_models():
@@ -226,6 +233,7 @@ def _prometheus_metrics(service: ChatService) -> str:
         "art_records": ("gauge", len(service.records)),
         "art_records_total": ("counter", service.records.recorded),
         "art_record_evictions_total": ("counter", service.records.evictions),
+        "art_records_discarded_total": ("counter", service.records.discarded),
         "art_adapters_loaded": ("gauge", len(service.engine.adapters)),
         "art_process_resident_bytes": ("gauge", psutil.Process().memory_info().rss),
     }

@@ -39,15 +39,20 @@ class CompletionRecords:
         self.ttl_seconds = ttl_seconds
         self.evictions = 0
         self.recorded = 0
+        self.discarded = 0
         self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._by_rollout: dict[str, list[str]] = {}
+        self._discarded_rollouts: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
     def add(self, record: dict[str, Any]) -> None:
         """Store one completion record (it must carry `id`, `recorded_at`, optional `rollout_id`)."""
         with self._lock:
-            self._records[record["id"]] = record
             self.recorded += 1
+            if record.get("rollout_id") in self._discarded_rollouts:
+                self.discarded += 1
+                return
+            self._records[record["id"]] = record
             if record.get("rollout_id"):
                 self._by_rollout.setdefault(record["rollout_id"], []).append(record["id"])
             self._evict_locked(time.time())
@@ -68,6 +73,18 @@ class CompletionRecords:
         with self._lock:
             ids = self._by_rollout.pop(rollout_id, [])
             return [self._records.pop(i) for i in ids if i in self._records]
+
+    def discard_rollout(self, rollout_id: str) -> list[dict[str, Any]]:
+        """Forget a failed rollout's records, and any that arrive for it later (a request the
+        client cancelled can still finish here): counted in `discarded`, not as evictions."""
+        with self._lock:
+            self._discarded_rollouts[rollout_id] = time.time()
+            while len(self._discarded_rollouts) > self.max_records:
+                self._discarded_rollouts.popitem(last=False)
+            ids = self._by_rollout.pop(rollout_id, [])
+            records = [self._records.pop(i) for i in ids if i in self._records]
+            self.discarded += len(records)
+            return records
 
     def __len__(self) -> int:
         return len(self._records)

@@ -352,6 +352,11 @@ class TrainingService:
                 if math.isfinite(value):
                     counts[key] += value  # type: ignore[assignment]
             rewards += [t.reward for t in group.trajectories]
+            for trajectory in group.trajectories:
+                # A rollout's own count of what it could not keep (e.g. unused n > 1 choices).
+                for key, value in trajectory.metrics.items():
+                    if key.startswith("dropped/") and math.isfinite(value):
+                        counts[key] += value  # type: ignore[assignment]
             if len(group.trajectories) < 2:
                 counts["groups/too_small"] += 1
                 continue

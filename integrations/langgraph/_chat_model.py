@@ -9,6 +9,7 @@ rollout. Nothing is re-tokenized or reconstructed afterwards.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from langchain_openai import ChatOpenAI
@@ -16,6 +17,8 @@ from pydantic import Field
 
 import art_core as art
 from art_langgraph._scope import NoRolloutError, current_rollout
+
+logger = logging.getLogger("art_langgraph")
 
 
 class TrainableChatModel(ChatOpenAI):
@@ -59,7 +62,24 @@ class TrainableChatModel(ChatOpenAI):
                 **(payload.get("extra_headers") or {}),
                 "X-Rollout-Id": scope.id,
             }
+        elif getattr(self.art_model, "open_rollouts", 0):
+            _count_unplaced_call(self.art_model)
         return payload
+
+
+def _count_unplaced_call(model: art.TrainableModel) -> None:
+    """A call outside every rollout while rollouts are open: its run lost the scope, typically a
+    thread started without the caller's context. It cannot be placed in any trajectory."""
+    model.pending_metrics["dropped/calls_outside_rollout"] += 1
+    if model.pending_metrics["dropped/calls_outside_rollout"] == 1:
+        logger.warning(
+            "%s: a chat model call ran outside any rollout while rollouts are open, so it is "
+            "not in any trajectory (counted in the next step's metrics as "
+            "'dropped/calls_outside_rollout'). A thread started by hand does not inherit the "
+            "rollout: start it with contextvars.copy_context().run, or use LangGraph's nodes, "
+            "which do.",
+            model.name,
+        )
 
 
 def init_chat_model(model: art.Model | None = None, **kwargs: Any) -> TrainableChatModel:

@@ -58,3 +58,14 @@ def test_valid_rollout_ids(good):
 def test_invalid_rollout_ids(bad):
     with pytest.raises(InvalidNameError, match="rollout id"):
         validate_rollout_id(bad)
+
+
+def test_a_discarded_rollout_is_released_and_late_records_for_it_are_counted_not_kept():
+    records = CompletionRecords()
+    records.add(record("a", "failed"))
+    records.add(record("b", "kept"))
+    assert [r["id"] for r in records.discard_rollout("failed")] == ["a"]
+    records.add(record("late", "failed"))  # a request the client cancelled finished anyway
+    assert records.get("late") is None and records.rollout("failed") == []
+    assert records.discarded == 2 and records.evictions == 0
+    assert [r["id"] for r in records.rollout("kept")] == ["b"]

@@ -299,3 +299,140 @@ async def test_structured_output_and_a_checkpointer_inside_a_rollout(model: art.
     assert prompts(r.trajectory) == ["is it open marker-s", "is it open marker-s2"]
     snapshot = await app.aget_state(config)
     assert len(snapshot.values["notes"]) == 2  # the checkpointer kept both runs' notes
+
+
+# ------------------------------------------------------------------ failed, cancelled, unplaced
+
+
+def endless_graph(llm: BaseChatModel) -> Any:
+    async def think(state: State) -> dict:
+        await llm.ainvoke(f"think {state['marker']}")
+        return {"notes": ["again"]}
+
+    return one_node_graph("think", think, then="think").compile()
+
+
+async def test_a_run_cancelled_from_inside_is_kept_with_its_calls_and_released(
+    model: art.TrainableModel,
+):
+    """The rule for a cancelled run: the agent cancelled its own graph run, so the rollout is an
+    exception kept on its group (the gather goes on); the calls it made are on the exception for
+    review, never trained, and released on the server at once."""
+    graph = endless_graph(art_langgraph.TrainableChatModel(model, **FAST))
+    rollout_ids: list[str] = []
+
+    async def cancelled_run() -> art.Trajectory:
+        async with art_langgraph.rollout(model) as r:
+            rollout_ids.append(r.id)
+            run = asyncio.create_task(
+                graph.ainvoke({"marker": "marker-c", "notes": []}, {"recursion_limit": 1000})
+            )
+            while not (await model.backend.rollout_records(r.id)):
+                await asyncio.sleep(0.05)
+            run.cancel()
+            await run
+        return r.trajectory
+
+    async def finished_run() -> art.Trajectory:
+        async with art_langgraph.rollout(model) as r:
+            await art_langgraph.init_chat_model(**FAST).ainvoke("done marker-f")
+        return r.trajectory
+
+    [group] = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([cancelled_run(), finished_run()])],
+        max_exceptions=1,
+        show_progress=False,
+    )
+    assert len(group.trajectories) == 1 and prompts(group.trajectories[0]) == ["done marker-f"]
+    [failure] = group.exceptions
+    assert failure.type == "CancelledError"
+    assert failure.partial_trajectory is not None
+    assert set(prompts(failure.partial_trajectory)) == {"think marker-c"}
+    assert "not trained" in failure.traceback
+    assert await model.backend.rollout_records(rollout_ids[0]) == []
+
+
+async def test_a_run_past_its_timeout_is_an_exception_with_its_calls(model: art.TrainableModel):
+    graph = endless_graph(art_langgraph.TrainableChatModel(model, **FAST))
+
+    async def run() -> art.Trajectory:
+        async with art_langgraph.rollout(model) as r, asyncio.timeout(None) as deadline:
+            run = asyncio.ensure_future(
+                graph.ainvoke({"marker": "marker-o", "notes": []}, {"recursion_limit": 1000})
+            )
+            while not (await model.backend.rollout_records(r.id)):
+                await asyncio.sleep(0.05)
+            deadline.reschedule(asyncio.get_running_loop().time())  # time is up, now
+            await run
+        return r.trajectory
+
+    [group] = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([run()])], max_exceptions=1, show_progress=False
+    )
+    [failure] = group.exceptions
+    assert failure.type == "TimeoutError"
+    assert failure.partial_trajectory and prompts(failure.partial_trajectory)
+
+
+async def test_cancelling_the_gather_stops_every_rollout(model: art.TrainableModel):
+    graph = endless_graph(art_langgraph.TrainableChatModel(model, **FAST))
+
+    async def run() -> art.Trajectory:
+        async with art_langgraph.rollout(model) as r:
+            await graph.ainvoke({"marker": "marker-g", "notes": []}, {"recursion_limit": 1000})
+        return r.trajectory
+
+    gather = asyncio.create_task(
+        art.gather_trajectory_groups([art.TrajectoryGroup([run(), run()])], show_progress=False)
+    )
+    await asyncio.sleep(0.5)
+    gather.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gather
+    assert model.open_rollouts == 0
+
+
+async def test_a_call_that_lost_its_rollout_is_counted_in_the_next_step(
+    model: art.TrainableModel, caplog: pytest.LogCaptureFixture
+):
+    """A thread started by hand does not inherit the rollout's context: its call cannot be
+    placed in any trajectory, so it is logged and counted, not lost silently."""
+    import threading
+
+    llm = art_langgraph.TrainableChatModel(model, **FAST)
+
+    async def run(k: int, reward: float) -> art.Trajectory:
+        async with art_langgraph.rollout(model) as r:
+            await llm.ainvoke(f"placed marker-{k}")
+            if k == 0:
+                thread = threading.Thread(target=llm.invoke, args=("lost marker-0",))
+                thread.start()
+                await asyncio.to_thread(thread.join)
+            r.reward = reward
+        return r.trajectory
+
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([run(0, 0.0), run(1, 1.0)])], show_progress=False
+    )
+    assert "calls_outside_rollout" in caplog.text
+    assert all("lost" not in p for g in groups for t in g.trajectories for p in prompts(t))
+    result = await model.train(groups, learning_rate=1e-3)
+    assert result.metrics["dropped/calls_outside_rollout"] == 1
+    assert not model.pending_metrics  # reported once
+
+
+async def test_extra_choices_of_an_n_call_are_counted_as_unused(model: art.TrainableModel):
+    llm = art_langgraph.TrainableChatModel(model, n=3, **FAST)
+
+    async def run(reward: float) -> art.Trajectory:
+        async with art_langgraph.rollout(model) as r:
+            await llm.ainvoke("three choices marker-n")
+            r.reward = reward
+        return r.trajectory
+
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([run(0.0), run(1.0)])], show_progress=False
+    )
+    assert [t.metrics["dropped/unused_choices"] for t in groups[0].trajectories] == [2, 2]
+    result = await model.train(groups, learning_rate=1e-3)
+    assert result.metrics["dropped/unused_choices"] == 4
