@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from art_core._structured import JudgeUsage, resolve_model
 from art_core._trajectory import Trajectory, TrajectoryGroup
 from art_core._utils import iterate_dataset
 from art_core.report import Evaluation, summarize, write_report
+
+Rollout = Callable[[Scenario, float], Awaitable[Trajectory]]  # (scenario, temperature)
 
 
 @dataclass
@@ -68,6 +71,8 @@ async def autorl(
     generation_options: dict[str, Any] | None = None,
     report_dir: str | Path | None = None,
     show_progress: bool = True,
+    rollout: Rollout | None = None,
+    title: str | None = None,
 ) -> AutoRLResult:
     """Generate inputs, roll out, judge with RULER, train, evaluate held-out; see the module doc.
 
@@ -75,6 +80,8 @@ async def autorl(
     `judge_options` go to `ruler` (cache, reverse_order_check, message_char_budget, sampling,
     ...; the judge samples at temperature 0 unless told otherwise); `generation_options` go to
     `generate_scenarios` (sampling, batch_size, concurrency, difficulty, tools, ...).
+    `rollout(scenario, temperature)` replaces the one-answer agent (e.g. a tool-using agent);
+    its exceptions are kept on their groups (up to 10 percent of a step's rollouts).
     """
     started = time.monotonic()
     judge_model = resolve_model(judge)
@@ -114,11 +121,13 @@ async def autorl(
             metadata={"scenario": scenario.task, "difficulty": scenario.difficulty},
         )
 
+    run = rollout or answer
+
     async def evaluate() -> tuple[Evaluation, list[Trajectory]]:
-        answers = list(await asyncio.gather(*(answer(s, 0.0) for s in val)))
+        answers = list(await asyncio.gather(*(run(s, 0.0) for s in val)))
         scored = await asyncio.gather(
             *(
-                ruler([t.messages()], judge_model, rubric, usage=usage, **judge_options)
+                ruler([t.messages()], judge_model, rubric, t.tools, usage=usage, **judge_options)
                 for t in answers
             )
         )
@@ -152,7 +161,7 @@ async def autorl(
         groups = await gather_trajectory_groups(
             (
                 TrajectoryGroup(
-                    (answer(s, 1.0) for _ in range(rollouts_per_group)),
+                    (run(s, 1.0) for _ in range(rollouts_per_group)),
                     metadata={"scenario": s.task},
                 )
                 for s in batch.items
@@ -200,7 +209,7 @@ async def autorl(
     if report_dir is not None:
         report = write_report(
             Path(report_dir),
-            title=f"AutoRL: {model.name}",
+            title=title or f"AutoRL: {model.name}",
             description=(
                 f"{task_description.strip()} | Trained from generated scenarios with RULER "
                 f"rewards ({judge_model.get_inference_name()} as judge). Held-out reward is "
@@ -246,7 +255,7 @@ async def _win_rate(
     options = {**judge_options, "reverse_order_check": True}
     pairs = await asyncio.gather(
         *(
-            ruler([a.messages(), b.messages()], judge, rubric, usage=usage, **options)
+            ruler([a.messages(), b.messages()], judge, rubric, a.tools, usage=usage, **options)
             for a, b in zip(first, last, strict=True)
         )
     )

@@ -1,1 +1,32 @@
-"""art_mcp: MCP adapter (not yet built, see issue 6)."""
+"""art_mcp: train an agent against any MCP server, reached by URL, by command or in-process.
+
+    import art_mcp
+    server = art_mcp.McpServer.from_url("http://127.0.0.1:8765/mcp")   # or .from_command(...)
+    tools = await server.list_tools()
+    trajectory = await art_mcp.rollout(model, server, "Which items are low on stock?")
+    result = await art_mcp.train(server, model, judge=judge, steps=4)
+
+Command line: `art mcp-train <URL> | --stdio "<command>" --model ... --steps ...`.
+"""
+
+from art_mcp._agent import COMPLETE_TASK, rollout
+from art_mcp._content import result_text
+from art_mcp._errors import McpServerError
+from art_mcp._server import McpServer, McpSession, ToolOutcome
+from art_mcp._tools import McpTool, ToolNames
+from art_mcp._train import describe_server, generate_scenarios, train
+
+__all__ = [
+    "COMPLETE_TASK",
+    "McpServer",
+    "McpServerError",
+    "McpSession",
+    "McpTool",
+    "ToolNames",
+    "ToolOutcome",
+    "describe_server",
+    "generate_scenarios",
+    "result_text",
+    "rollout",
+    "train",
+]

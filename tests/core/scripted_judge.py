@@ -1,5 +1,6 @@
-"""A scripted OpenAI-compatible judge on 127.0.0.1, for the exact cases a real judge cannot
-produce on demand: it answers from a script (a JSON text, an HTTP status, a delay) and records
+"""A scripted OpenAI-compatible judge (or policy) on 127.0.0.1, for the exact cases a real model
+cannot produce on demand: it answers from a script (a JSON text, tool calls, an HTTP status, a
+delay) and records
 every request it receives. It speaks the real chat-completions wire format, so the code under
 test uses the real `openai` client over real HTTP.
 """
@@ -32,6 +33,13 @@ class Reply:
     usage: tuple[int, int] = (100, 20)
     finish_reason: str = "stop"
     message: str = ""  # the error message of a non-200 reply
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, JSON arguments)
+
+
+def call(name: str, arguments: str | dict[str, Any] | None = None) -> Reply:
+    """A scripted tool call (a policy's turn): `arguments` as a dict, or raw text as sent."""
+    raw = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
+    return Reply(tool_calls=[(name, raw)], finish_reason="tool_calls")
 
 
 def scores_json(*scores: float, explanation: str = "ok") -> str:
@@ -92,7 +100,7 @@ def _app(judge: ScriptedJudge) -> FastAPI:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": reply.content},
+                        "message": _message(reply),
                         "finish_reason": reply.finish_reason,
                     }
                 ],
@@ -105,6 +113,18 @@ def _app(judge: ScriptedJudge) -> FastAPI:
         )
 
     return app
+
+
+def _message(reply: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {"id": f"call_{k}", "type": "function", "function": {"name": n, "arguments": a}}
+            for k, (n, a) in enumerate(reply.tool_calls)
+        ]
+    else:
+        message["content"] = reply.content
+    return message
 
 
 def start_scripted_judge() -> tuple[ScriptedJudge, uvicorn.Server, threading.Thread]:

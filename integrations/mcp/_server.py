@@ -1,0 +1,454 @@
+"""`McpServer`: one MCP server, reached by URL (streamable HTTP), by command (stdio) or in-process,
+through one client code path (`mcp.Client` with the initialize handshake, which servers built on
+mcp 1.x and 2.x both speak).
+
+Sessions. By default every rollout opens its own session and closes it when it ends: rollouts
+are isolated (a stateful server sees one session per run; a crash ends one rollout), at the
+cost of a connection per rollout (a new process per rollout over stdio). `pool_size=N` keeps up
+to N sessions open and lends one to a rollout at a time: much cheaper per rollout (see
+benchmarks/mcp_rollouts.py), with state carried across the rollouts a session serves. A session
+that failed is closed and replaced, never lent again.
+
+Each session lives in a task of its own: the SDK's streams belong to the task that opened them,
+so a rollout may call tools from any task (LangGraph branches, a timeout wrapper) safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from art_mcp._content import DEFAULT_MAX_RESULT_CHARS, result_text
+from art_mcp._errors import McpServerError
+from art_mcp._tools import McpTool, ToolNames, tools_from_listing
+
+T = TypeVar("T")
+
+# Error codes of a server that answered: the tool call was wrong, the server is fine.
+_TIMEOUT_CODE = -32001
+_ANSWERED_CODES = {-32601, -32602, -32603}
+
+
+@dataclass
+class ToolOutcome:
+    """What one tool call gave the agent: the tool message text and how it went."""
+
+    text: str
+    is_error: bool
+    timed_out: bool
+    truncated: bool
+    seconds: float
+
+
+class McpServer:
+    """An MCP server to train against. Build it with `from_url`, `from_command` or `from_object`."""
+
+    def __init__(
+        self,
+        target: Any,
+        *,
+        label: str,
+        call_timeout: float = 30.0,
+        connect_timeout: float = 30.0,
+        pool_size: int = 0,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if pool_size < 0:
+            raise ValueError(f"pool_size must be >= 0 (0: a session per rollout), got {pool_size}")
+        self._target = target
+        self.label = label
+        self.call_timeout = call_timeout
+        self.connect_timeout = connect_timeout
+        self.pool_size = pool_size
+        self.max_result_chars = max_result_chars
+        self._headers = dict(headers or {})
+        self._pool: asyncio.Queue[McpSession] | None = None
+        self._pool_open = 0
+        self._pool_lock: asyncio.Lock | None = None
+        self._tools: tuple[list[McpTool], ToolNames] | None = None
+
+    def __repr__(self) -> str:
+        return f"McpServer({self.label})"
+
+    # ------------------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, headers: dict[str, str] | None = None, **options: Any
+    ) -> McpServer:
+        """A server over streamable HTTP at `url` (e.g. `http://127.0.0.1:8000/mcp`)."""
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"an MCP server URL starts with http:// or https://, got {url!r}")
+        return cls(url, label=url, headers=headers, **options)
+
+    @classmethod
+    def from_command(
+        cls,
+        command: str,
+        args: Sequence[str] = (),
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> McpServer:
+        """A server started as a subprocess speaking stdio (`command args...`).
+
+        `env` adds to the SDK's safe default environment (PATH, HOME, ...), it does not replace it.
+        """
+        from mcp import StdioServerParameters
+        from mcp.client.stdio import get_default_environment
+
+        parameters = StdioServerParameters(
+            command=command,
+            args=list(args),
+            env={**get_default_environment(), **(env or {})},
+            cwd=cwd,
+        )
+        return cls(parameters, label=" ".join([command, *args]), **options)
+
+    @classmethod
+    def from_object(cls, server: Any, **options: Any) -> McpServer:
+        """A server object of the mcp SDK (`MCPServer`, or a low-level `Server`) run in-process."""
+        name = getattr(server, "name", None) or type(server).__name__
+        return cls(server, label=f"in-process {name}", **options)
+
+    # ---------------------------------------------------------------------------------- sessions
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[McpSession]:
+        """A session for one rollout: a new one (closed at the end), or one lent by the pool."""
+        if not self.pool_size:
+            session = await McpSession.open(self)
+            try:
+                yield session
+            finally:
+                await session.close()
+            return
+        session = await self._borrow()
+        try:
+            yield session
+        finally:
+            await self._give_back(session)
+
+    async def _borrow(self) -> McpSession:
+        if self._pool is None:
+            self._pool, self._pool_lock = asyncio.Queue(), asyncio.Lock()
+        assert self._pool_lock is not None
+        async with self._pool_lock:
+            if self._pool.empty() and self._pool_open < self.pool_size:
+                self._pool_open += 1
+                try:
+                    return await McpSession.open(self)
+                except BaseException:
+                    self._pool_open -= 1
+                    raise
+        return await self._pool.get()
+
+    async def _give_back(self, session: McpSession) -> None:
+        assert self._pool is not None
+        if session.broken:
+            self._pool_open -= 1
+            await session.close()
+        else:
+            self._pool.put_nowait(session)
+
+    async def close(self) -> None:
+        """Close the pooled sessions (a server without a pool holds none between rollouts)."""
+        while self._pool is not None and not self._pool.empty():
+            self._pool_open -= 1
+            await self._pool.get_nowait().close()
+
+    async def __aenter__(self) -> McpServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --------------------------------------------------------------------------------- discovery
+
+    async def list_tools(self, *, refresh: bool = False) -> list[McpTool]:
+        """The server's tools, with the names the model sees (`.openai_name`); cached."""
+        return (await self._tool_listing(refresh))[0]
+
+    async def tool_names(self) -> ToolNames:
+        """The reversible map between the model's tool names and the server's."""
+        return (await self._tool_listing(False))[1]
+
+    async def _tool_listing(self, refresh: bool) -> tuple[list[McpTool], ToolNames]:
+        if self._tools is None or refresh:
+            async with self.session() as session:
+                listed = await session.request(lambda client: _all_tools(client))
+            self._tools = tools_from_listing(listed, reserved={"complete_task"})
+        return self._tools
+
+    async def list_resources(self) -> list[Any]:
+        """The server's resources (SDK `Resource` objects: `.uri`, `.name`, `.description`)."""
+        async with self.session() as session:
+            return await session.request(_list_or_empty("list_resources", "resources"))
+
+    async def read_resource(self, uri: str) -> str:
+        """A resource's text contents (blobs as placeholders), joined."""
+        async with self.session() as session:
+            result = await session.request(lambda client: client.read_resource(uri))
+        return "\n".join(
+            getattr(c, "text", None) or f"[{c.mime_type}: binary]" for c in result.contents
+        )
+
+    async def list_prompts(self) -> list[Any]:
+        """The server's prompts (SDK `Prompt` objects: `.name`, `.description`, `.arguments`)."""
+        async with self.session() as session:
+            return await session.request(_list_or_empty("list_prompts", "prompts"))
+
+    def _client(self) -> Any:
+        """A new `mcp.Client` for this server (one per session)."""
+        import mcp
+
+        target = self._target
+        if isinstance(target, str):
+            from mcp.client.streamable_http import streamable_http_client
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            target = _HttpTransport(
+                target,
+                lambda: create_mcp_http_client(headers=self._headers),
+                streamable_http_client,
+            )
+        elif isinstance(target, mcp.StdioServerParameters):
+            target = _StdioTransport(target)
+        return mcp.Client(target, mode="legacy", cache=None)
+
+
+class McpSession:
+    """One open MCP session, owned by a task of its own; `request(fn)` runs `fn(client)` there."""
+
+    def __init__(self, server: McpServer) -> None:
+        self.server = server
+        self.broken = False
+        self._jobs: asyncio.Queue[tuple[Callable[[Any], Awaitable[Any]], asyncio.Future] | None]
+        self._jobs = asyncio.Queue()
+        self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Future[Any]] = set()
+
+    @classmethod
+    async def open(cls, server: McpServer) -> McpSession:
+        """Connect (within the server's connect timeout) or raise `McpServerError`."""
+        session = cls(server)
+        session._task = asyncio.create_task(session._own())
+        try:
+            await asyncio.wait_for(asyncio.shield(session._ready), server.connect_timeout)
+        except TimeoutError:
+            await session.close()
+            raise McpServerError(
+                f"MCP server {server.label}: no answer to the handshake within "
+                f"{server.connect_timeout:.0f} s (connect_timeout). Is it running, and is this "
+                "its MCP endpoint?"
+            ) from None
+        except McpServerError:
+            await session.close()
+            raise
+        return session
+
+    async def _own(self) -> None:
+        client = self.server._client()
+        try:
+            async with client:
+                self._ready.set_result(None)
+                while (job := await self._jobs.get()) is not None:
+                    fn, future = job
+                    try:
+                        result = await fn(client)
+                    except Exception as error:  # noqa: BLE001 - handed to the caller
+                        if not future.done():
+                            future.set_exception(error)
+                    else:
+                        if not future.done():
+                            future.set_result(result)
+        except BaseException as error:  # the connection itself failed (or we were cancelled)
+            failure = _server_error(self.server, error, getattr(client.server, "last_stderr", ""))
+            if not self._ready.done():
+                self._ready.set_exception(failure)
+            self._fail_pending(failure)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+        finally:
+            self.broken = True
+            self._fail_pending(McpServerError(f"MCP server {self.server.label}: session closed."))
+
+    def _fail_pending(self, failure: McpServerError) -> None:
+        for future in self._pending:
+            if not future.done():
+                future.set_exception(failure)
+
+    async def request(self, fn: Callable[[Any], Awaitable[T]], timeout: float | None = None) -> T:
+        """Run `fn(client)` in the session's task; infrastructure failures are `McpServerError`."""
+        if self.broken:
+            raise McpServerError(f"MCP server {self.server.label}: the session is closed.")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending.add(future)
+        self._jobs.put_nowait((fn, future))
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            self.broken = True  # the owner is stuck on this job: never lend this session again
+            raise McpServerError(
+                f"MCP server {self.server.label}: no answer within {timeout:.0f} s; the session "
+                "is abandoned."
+            ) from None
+        finally:
+            self._pending.discard(future)
+
+    async def call_tool(self, tool: McpTool, arguments: dict[str, Any]) -> ToolOutcome:
+        """Call one tool. A tool error or a timeout is an outcome the agent sees; a dead server
+        raises `McpServerError`."""
+        from mcp import MCPError
+
+        server = self.server
+        started = time.perf_counter()
+        try:
+            result = await self.request(
+                lambda client: client.call_tool(
+                    tool.name, arguments, read_timeout_seconds=server.call_timeout
+                ),
+                timeout=server.call_timeout + 10,  # the SDK's own timeout answers first
+            )
+        except MCPError as error:
+            seconds = time.perf_counter() - started
+            if error.error.code == _TIMEOUT_CODE:
+                text = f"Tool error: {tool.openai_name} did not answer within {server.call_timeout:g} s."
+                return ToolOutcome(text, True, True, False, seconds)
+            if error.error.code in _ANSWERED_CODES:
+                return ToolOutcome(
+                    f"Tool error: {error.error.message}", True, False, False, seconds
+                )
+            self.broken = True
+            raise _server_error(server, error, None) from error
+        text, truncated = result_text(result, server.max_result_chars)
+        return ToolOutcome(
+            text, bool(result.is_error), False, truncated, time.perf_counter() - started
+        )
+
+    async def close(self) -> None:
+        """End the session (waits a little for a clean goodbye, then cancels)."""
+        if self._task is None or self._task.done():
+            return
+        self._jobs.put_nowait(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 5)
+        except BaseException:  # noqa: BLE001 - a hung or failed goodbye: cancel the owner
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+
+
+# ---------------------------------------------------------------------------------- transports
+
+
+class _StdioTransport:
+    """stdio_client with the server's stderr kept in a file, so a crash message can quote it."""
+
+    def __init__(self, parameters: Any) -> None:
+        self.parameters = parameters
+        self.stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
+        self.last_stderr = ""
+
+    @contextlib.asynccontextmanager
+    async def _streams(self) -> AsyncIterator[Any]:
+        from mcp.client.stdio import stdio_client
+
+        try:
+            async with stdio_client(self.parameters, errlog=self.stderr) as streams:
+                yield streams
+        finally:
+            self.last_stderr = self.stderr_tail()
+            self.stderr.close()
+
+    async def __aenter__(self) -> Any:
+        self._context = self._streams()
+        return await self._context.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._context.__aexit__(*exc)
+
+    def stderr_tail(self, chars: int = 800) -> str:
+        with contextlib.suppress(ValueError, OSError):
+            self.stderr.seek(0)
+            return self.stderr.read()[-chars:].strip()
+        return ""
+
+
+class _HttpTransport:
+    """streamable_http_client with our own httpx2 client (headers), closed with the session."""
+
+    def __init__(self, url: str, make_client: Callable[[], Any], connect: Callable[..., Any]):
+        self.url, self._make_client, self._connect = url, make_client, connect
+
+    @contextlib.asynccontextmanager
+    async def _streams(self) -> AsyncIterator[Any]:
+        async with (
+            self._make_client() as http,
+            self._connect(self.url, http_client=http) as streams,
+        ):
+            yield streams
+
+    async def __aenter__(self) -> Any:
+        self._context = self._streams()
+        return await self._context.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._context.__aexit__(*exc)
+
+
+def _server_error(server: McpServer, error: BaseException, stderr: str | None) -> McpServerError:
+    """A clear message for a failed connection, whatever the SDK raised (groups included)."""
+    if isinstance(error, McpServerError):
+        return error
+    leaves = list(_leaf_exceptions(error))
+    reason = "; ".join(f"{type(e).__name__}: {e}" for e in leaves[:3]) or type(error).__name__
+    transport = getattr(server._target, "command", None)
+    hint = (
+        "Check the command runs on its own (it must speak MCP on stdin/stdout)."
+        if transport
+        else "Check the server is running and the URL is its MCP endpoint (often .../mcp)."
+    )
+    message = f"MCP server {server.label} failed: {reason}. {hint}"
+    if stderr:
+        message += f"\nIts stderr ends with:\n{stderr}"
+    return McpServerError(message)
+
+
+def _leaf_exceptions(error: BaseException) -> Any:
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaf_exceptions(inner)
+    else:
+        yield error
+
+
+async def _all_tools(client: Any) -> list[Any]:
+    tools, cursor = [], None
+    while True:
+        page = await client.list_tools(cursor=cursor)
+        tools += page.tools
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+
+
+def _list_or_empty(method: str, field: str) -> Callable[[Any], Awaitable[list[Any]]]:
+    """A listing that is empty when the server does not offer that capability."""
+
+    async def fetch(client: Any) -> list[Any]:
+        capabilities = client.server_capabilities
+        if getattr(capabilities, field, None) is None:
+            return []
+        return list(getattr(await getattr(client, method)(), field))
+
+    return fetch
