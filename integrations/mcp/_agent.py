@@ -86,8 +86,8 @@ async def rollout(
             for call in calls:
                 name, raw_arguments = call.function.name, call.function.arguments  # type: ignore[union-attr]
                 if name == "complete_task":
+                    # The run ends on this call: no tool message follows it.
                     completed, summary = True, _summary(raw_arguments)
-                    messages.append(_tool_message(call.id, "Task marked complete."))
                     continue
                 counts["tool_calls"] += 1
                 text, failed, seconds = await _call(

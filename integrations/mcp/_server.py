@@ -59,6 +59,7 @@ class McpServer:
         pool_size: int = 0,
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
         headers: dict[str, str] | None = None,
+        allowed_tools: Sequence[str] | None = None,
     ) -> None:
         if pool_size < 0:
             raise ValueError(f"pool_size must be >= 0 (0: a session per rollout), got {pool_size}")
@@ -69,6 +70,8 @@ class McpServer:
         self.pool_size = pool_size
         self.max_result_chars = max_result_chars
         self._headers = dict(headers or {})
+        # Only these tools (MCP names) are offered to the agent: a small model's context is short.
+        self.allowed_tools = list(allowed_tools) if allowed_tools is not None else None
         self._pool: asyncio.Queue[McpSession] | None = None
         self._pool_open = 0
         self._pool_lock: asyncio.Lock | None = None
@@ -185,6 +188,14 @@ class McpServer:
         if self._tools is None or refresh:
             async with self.session() as session:
                 listed = await session.request(lambda client: _all_tools(client))
+            if self.allowed_tools is not None:
+                unknown = set(self.allowed_tools) - {tool.name for tool in listed}
+                if unknown:
+                    raise ValueError(
+                        f"allowed_tools names tools {sorted(unknown)} that {self.label} does not "
+                        f"have; its tools are {sorted(tool.name for tool in listed)}"
+                    )
+                listed = [tool for tool in listed if tool.name in self.allowed_tools]
             self._tools = tools_from_listing(listed, reserved={"complete_task"})
         return self._tools
 

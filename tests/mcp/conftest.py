@@ -86,3 +86,30 @@ def inventory_stdio_command() -> tuple[str, list[str]]:
 def time_server_command() -> tuple[str, list[str]]:
     """(command, args) that start the published mcp-server-time over stdio."""
     return sys.executable, ["-m", "mcp_server_time"]
+
+
+# ------------------------------------------------ policies: scripted (real HTTP) and the tiny model
+
+from tests.core.conftest import (  # noqa: E402 - the shared backend and scripted-model fixtures
+    fresh_model,
+    remote_backend,
+    scripted_judge,
+    scripted_judge_server,
+    training_server,
+)
+
+__all__ = ["remote_backend", "scripted_judge", "scripted_judge_server", "training_server"]
+
+
+@pytest.fixture
+def policy(scripted_judge):  # type: ignore[no-untyped-def]
+    """A scripted OpenAI-compatible policy on 127.0.0.1: queue its turns with `.queue(...)`."""
+    import art_core as art
+
+    return scripted_judge, art.Model(name="policy", base_url=scripted_judge.url, api_key="x")
+
+
+@pytest.fixture
+async def tiny_model(remote_backend, tiny_model_dir):  # type: ignore[no-untyped-def]
+    """A fresh trainable model on the tiny random base model, served by the test backend."""
+    return await fresh_model(remote_backend, tiny_model_dir)
