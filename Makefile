@@ -23,7 +23,13 @@ $(VENV)/.installed-smollm2: $(VENV)/.installed
 demo: $(VENV)/.installed-smollm2
 	$(PY) examples/demo.py
 
-test: $(VENV)/.installed
+# A second interpreter with the mcp 1.x SDK: the tests run an MCP server built on it over stdio.
+$(VENV)/.installed-mcp1:
+	test -x $(VENV)/mcp1/bin/python || $(PYTHON) -m venv $(VENV)/mcp1
+	$(VENV)/mcp1/bin/python -m pip install -q "mcp>=1.20,<2"
+	touch $@
+
+test: $(VENV)/.installed $(VENV)/.installed-mcp1
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -42,6 +48,7 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/train_step.py
 	$(PY) benchmarks/learning_curve.py
 	$(PY) benchmarks/ruler_prompt.py
+	$(PY) benchmarks/langgraph_overhead.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix .

@@ -124,20 +124,32 @@ async def autorl(
     run = rollout or answer
 
     async def evaluate() -> tuple[Evaluation, list[Trajectory]]:
-        answers = list(await asyncio.gather(*(run(s, 0.0) for s in val)))
+        outcomes = await asyncio.gather(*(run(s, 0.0) for s in val), return_exceptions=True)
+        # A held-out run that raised (its environment failed) scores 0 and is counted.
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if len(failed) == len(outcomes):
+            raise failed[0]
+        answers = [
+            Trajectory(messages_and_choices=[], logs=[f"{type(o).__name__}: {o}"])
+            if isinstance(o, BaseException)
+            else o
+            for o in outcomes
+        ]
+        ran = [t for t in answers if t.messages_and_choices]
         scored = await asyncio.gather(
             *(
                 ruler([t.messages()], judge_model, rubric, t.tools, usage=usage, **judge_options)
-                for t in answers
+                for t in ran
             )
         )
-        for trajectory, [score] in zip(answers, scored, strict=True):
+        for trajectory, [score] in zip(ran, scored, strict=True):
             trajectory.reward = score.score
             trajectory.logs.append(f"RULER: {score.explanation}")
-        await model.log([TrajectoryGroup(answers)], split="val")
+        await model.log([TrajectoryGroup(ran)], split="val")
         evaluation = summarize(model.step, [t.reward for t in answers])
+        evaluation.metrics["failed_rollouts"] = float(len(failed))
         evaluation.examples = [
-            {"prompt": s.task, "answer": t.messages()[-1].get("content"), "reward": t.reward}
+            {"prompt": s.task, "answer": _final_text(t), "reward": t.reward}
             for s, t in list(zip(val, answers, strict=True))[:12]
         ]
         return evaluation, answers
@@ -253,10 +265,11 @@ async def _win_rate(
 ) -> float:
     """How often the judge prefers the last answer to the first (both orders; a tie is half)."""
     options = {**judge_options, "reverse_order_check": True}
+    both_ran = [(a, b) for a, b in zip(first, last, strict=True) if a.messages() and b.messages()]
     pairs = await asyncio.gather(
         *(
             ruler([a.messages(), b.messages()], judge, rubric, a.tools, usage=usage, **options)
-            for a, b in zip(first, last, strict=True)
+            for a, b in both_ran
         )
     )
     wins = [
@@ -264,6 +277,19 @@ async def _win_rate(
         for before, after in pairs
     ]
     return sum(wins) / len(wins) if wins else 0.5
+
+
+def _final_text(trajectory: Trajectory) -> str:
+    """What a run ended with: the last message's text, its tool calls, or the failure."""
+    messages = trajectory.messages()
+    if not messages:
+        return "; ".join(trajectory.logs) or "(no messages)"
+    last = messages[-1]
+    calls = [
+        f"{c['function']['name']}({c['function']['arguments']})"
+        for c in last.get("tool_calls") or []
+    ]
+    return " ".join([last.get("content") or "", *calls]).strip()
 
 
 def _say(show: bool, text: str) -> None:

@@ -92,13 +92,20 @@ def time_server_command() -> tuple[str, list[str]]:
 
 from tests.core.conftest import (  # noqa: E402 - the shared backend and scripted-model fixtures
     fresh_model,
+    judge_model,
     remote_backend,
     scripted_judge,
     scripted_judge_server,
     training_server,
 )
 
-__all__ = ["remote_backend", "scripted_judge", "scripted_judge_server", "training_server"]
+__all__ = [
+    "judge_model",
+    "remote_backend",
+    "scripted_judge",
+    "scripted_judge_server",
+    "training_server",
+]
 
 
 @pytest.fixture

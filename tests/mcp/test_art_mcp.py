@@ -264,3 +264,25 @@ async def test_the_tiny_model_runs_the_agent_loop_on_our_backend(
     assert trajectory.metrics["num_turns"] >= 1
     choices = [i for i in trajectory.messages_and_choices if not isinstance(i, dict)]
     assert choices and all(c.model_extra["completion_id"] for c in choices)
+
+
+MCP1_PYTHON = Path(__file__).resolve().parents[2] / ".venv" / "mcp1" / "bin" / "python"
+
+
+async def test_a_server_built_on_mcp_1x_works_over_stdio(policy):
+    if not MCP1_PYTHON.exists():
+        pytest.skip("`make test` builds .venv/mcp1 (an interpreter with mcp<2) for this test")
+    scripted, model = policy
+    server = art_mcp.McpServer.from_command(
+        str(MCP1_PYTHON), [str(Path(__file__).with_name("v1_server.py"))]
+    )
+    assert {t.name for t in await server.list_tools()} == {"read_note", "list_notes"}
+    scripted.queue(
+        call("read_note", {"title": "groceries"}),
+        call("read_note", {"title": "nope"}),
+        call("complete_task", {"summary": "read"}),
+    )
+    trajectory = await art_mcp.rollout(model, server, "What is on the grocery list?")
+    texts = tool_texts(trajectory)
+    assert texts[0] == "milk, eggs, coffee"
+    assert texts[1].startswith("Tool error:") and "no note titled 'nope'" in texts[1]

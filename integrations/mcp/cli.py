@@ -1,0 +1,111 @@
+"""`art mcp-train`: train a model on any MCP server from the command line.
+
+    art mcp-train http://127.0.0.1:8765/mcp --steps 4
+    art mcp-train --stdio "python examples/mcp_servers/inventory_server.py" --judge openai/gpt-4.1-mini
+
+The backend starts on this machine (LocalBackend); the judge and the scenario generator default
+to the base model it serves, so it runs offline. A stronger judge gives better rewards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import time
+from pathlib import Path
+
+import art_core as art
+from art_mcp._server import McpServer
+from art_mcp._train import train
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="art mcp-train", description="Train an agent against an MCP server (RULER rewards)."
+    )
+    parser.add_argument("url", nargs="?", help="the server's streamable HTTP URL (.../mcp)")
+    parser.add_argument("--stdio", help='a command that serves MCP on stdio, e.g. "python s.py"')
+    parser.add_argument("--header", action="append", default=[], help="HTTP header KEY=VALUE")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="the base model")
+    parser.add_argument("--name", help="the trained model's name (default: a new one per run)")
+    parser.add_argument("--project", default="mcp")
+    parser.add_argument("--judge", help="provider/model (e.g. openai/gpt-4.1-mini); default: base")
+    parser.add_argument("--generator", help="provider/model for scenarios; default: the judge")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--groups-per-step", type=int, default=2)
+    parser.add_argument("--rollouts-per-group", type=int, default=4)
+    parser.add_argument("--scenarios", type=int, default=16)
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--learning-rate", type=float, default=1e-4)
+    parser.add_argument("--tools", help="comma-separated tool names to offer (default: all)")
+    parser.add_argument("--pool-size", type=int, default=0, help="0: a session per rollout")
+    parser.add_argument("--call-timeout", type=float, default=30.0)
+    parser.add_argument("--path", default=".art")
+    args = parser.parse_args(argv)
+    if bool(args.url) == bool(args.stdio):
+        parser.error("give the server's URL, or --stdio with the command that starts it")
+    if any("=" not in header for header in args.header):
+        parser.error("--header takes KEY=VALUE")
+    return args
+
+
+def server_from_args(args: argparse.Namespace) -> McpServer:
+    options = {
+        "pool_size": args.pool_size,
+        "call_timeout": args.call_timeout,
+        "allowed_tools": args.tools.split(",") if args.tools else None,
+    }
+    if args.url:
+        headers = dict(header.split("=", 1) for header in args.header)
+        return McpServer.from_url(args.url, headers=headers, **options)
+    command, *command_args = shlex.split(args.stdio)
+    return McpServer.from_command(command, command_args, **options)
+
+
+async def run(args: argparse.Namespace) -> art.AutoRLResult:
+    server = server_from_args(args)
+    backend = art.LocalBackend(path=args.path)
+    name = args.name or time.strftime("mcp-%Y%m%d-%H%M%S")
+    model = art.TrainableModel(name=name, project=args.project, base_model=args.model)
+    print(f"Starting the backend ({args.model}) under {args.path}/ ...", flush=True)
+    await model.register(backend)
+    if args.judge:
+        judge: art.Model | str = args.judge
+    else:
+        judge = art.Model(name=args.model)  # the base model, served by the same backend
+        await judge.register(backend)
+        print("Judge: the base model itself (offline). A stronger judge gives better rewards.")
+    try:
+        async with server:
+            tools = await server.list_tools()
+            print(f"{server.label}: {len(tools)} tools: {', '.join(t.name for t in tools)}")
+            result = await train(
+                server,
+                model,
+                judge=judge,
+                generator=args.generator,
+                steps=args.steps,
+                groups_per_step=args.groups_per_step,
+                rollouts_per_group=args.rollouts_per_group,
+                num_scenarios=args.scenarios,
+                max_turns=args.max_turns,
+                max_tokens=args.max_tokens,
+                config=art.TrainConfig(learning_rate=args.learning_rate),
+                report_dir=Path(args.path) / args.project / "models" / name / "report",
+            )
+    finally:
+        await backend.close()
+    from art_core.report import before_after_table
+
+    print()
+    print(before_after_table(result.before, result.after))
+    print(f"\nReport: {result.report}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `art mcp-train`."""
+    asyncio.run(run(parse_args(argv)))
+    return 0
