@@ -74,6 +74,7 @@ class LocalBackend(RemoteBackend):
             "--device", self.device,
             "--max-batch-size", str(self.max_batch_size),
             "--log-level", "warning",
+            "--exit-with-parent", str(os.getpid()),
             *self.extra_args,
         ]  # fmt: skip
         env = {**os.environ, "ART_API_KEY": self._api_key or ""}

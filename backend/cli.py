@@ -6,6 +6,9 @@ import argparse
 import logging
 import os
 import re
+import signal
+import threading
+import time
 from pathlib import Path
 
 from art_backend._errors import BackendError, InvalidNameError
@@ -96,6 +99,18 @@ def discover_checkpoints(art_path: Path, per_model: int = 2) -> list[tuple[str, 
     return found
 
 
+def _exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
+    """SIGTERM ourselves (a graceful stop) once `parent_pid` is gone: a parent killed without
+    running its cleanup (SIGKILL, SIGTERM) must not leave a backend holding memory and cores."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments and run uvicorn until SIGTERM/SIGINT (in-flight requests are drained)."""
     parser = argparse.ArgumentParser(prog="art-server", description=__doc__)
@@ -111,7 +126,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--path", default=".art", type=Path, help="checkpoints folder")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--exit-with-parent",
+        type=int,
+        metavar="PID",
+        help="shut down gracefully when process PID exits (LocalBackend passes its own pid)",
+    )
     args = parser.parse_args(argv)
+    if args.exit_with_parent:
+        _exit_with_parent(args.exit_with_parent)
 
     import uvicorn
 

@@ -109,3 +109,44 @@ def test_bad_model_path_exits_with_a_clear_message(tmp_path: Path):
     )
     assert result.returncode != 0
     assert "smollm2-135m-instruct" in result.stderr
+
+
+def test_a_backend_started_with_exit_with_parent_stops_when_its_parent_is_killed(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    """A LocalBackend's child must not outlive a parent killed without cleanup (SIGKILL)."""
+    port = free_port()
+    parent_script = f"""
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-m", "art_backend.cli", "--model", {str(tiny_model_dir)!r},
+    "--port", "{port}", "--dtype", "float32", "--path", {str(tmp_path)!r},
+    "--exit-with-parent", str(os.getpid())])
+print(child.pid, flush=True)
+time.sleep(3600)
+"""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_script], stdout=subprocess.PIPE, text=True
+    )
+    child_pid = int(parent.stdout.readline())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    parent.kill()
+    parent.wait(10)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            return  # gone (reaped by init once the parent died)
+        # A zombie child of init counts as stopped.
+        status = Path(f"/proc/{child_pid}/status")
+        if status.exists() and "zombie" in status.read_text():
+            return
+        time.sleep(0.2)
+    os.kill(child_pid, signal.SIGKILL)
+    pytest.fail("the backend outlived its killed parent")
