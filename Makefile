@@ -49,6 +49,7 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/learning_curve.py
 	$(PY) benchmarks/ruler_prompt.py
 	$(PY) benchmarks/langgraph_overhead.py
+	$(PY) benchmarks/mcp_rollouts.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix .
