@@ -74,7 +74,9 @@ class McpServer:
         self.allowed_tools = list(allowed_tools) if allowed_tools is not None else None
         self._pool: asyncio.Queue[McpSession] | None = None
         self._pool_open = 0
-        self._pool_lock: asyncio.Lock | None = None
+        self._pool_loop: asyncio.AbstractEventLoop | None = None
+        # One HTTP client per server and event loop: a client per session costs a TLS context.
+        self._http: tuple[asyncio.AbstractEventLoop, Any] | None = None
         self._tools: tuple[list[McpTool], ToolNames] | None = None
 
     def __repr__(self) -> str:
@@ -141,32 +143,46 @@ class McpServer:
             await self._give_back(session)
 
     async def _borrow(self) -> McpSession:
-        if self._pool is None:
-            self._pool, self._pool_lock = asyncio.Queue(), asyncio.Lock()
-        assert self._pool_lock is not None
-        async with self._pool_lock:
-            if self._pool.empty() and self._pool_open < self.pool_size:
-                self._pool_open += 1
-                try:
-                    return await McpSession.open(self)
-                except BaseException:
-                    self._pool_open -= 1
-                    raise
-        return await self._pool.get()
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._pool_loop is not loop:
+            # Sessions belong to the loop that opened them: a new loop starts a new pool.
+            self._pool, self._pool_loop, self._pool_open = asyncio.Queue(), loop, 0
+        while not self._pool.empty():
+            session = self._pool.get_nowait()
+            if not session.broken:
+                return session
+            self._pool_open -= 1  # died while idle (its server exited): replace it
+            await session.close()
+        if self._pool_open < self.pool_size:
+            self._pool_open += 1  # reserve the slot, then connect without blocking others
+            try:
+                return await McpSession.open(self)
+            except BaseException:
+                self._pool_open -= 1
+                raise
+        session = await self._pool.get()
+        if session.broken:
+            self._pool_open -= 1
+            await session.close()
+            return await self._borrow()
+        return session
 
     async def _give_back(self, session: McpSession) -> None:
-        assert self._pool is not None
-        if session.broken:
+        if session.broken or self._pool is None:
             self._pool_open -= 1
             await session.close()
         else:
             self._pool.put_nowait(session)
 
     async def close(self) -> None:
-        """Close the pooled sessions (a server without a pool holds none between rollouts)."""
+        """Close the pooled sessions and the shared HTTP client (both are per event loop)."""
         while self._pool is not None and not self._pool.empty():
             self._pool_open -= 1
             await self._pool.get_nowait().close()
+        if self._http is not None:
+            http, self._http = self._http, None
+            with contextlib.suppress(Exception):
+                await http[1].aclose()
 
     async def __aenter__(self) -> McpServer:
         return self
@@ -224,16 +240,21 @@ class McpServer:
         target = self._target
         if isinstance(target, str):
             from mcp.client.streamable_http import streamable_http_client
-            from mcp.shared._httpx_utils import create_mcp_http_client
 
-            target = _HttpTransport(
-                target,
-                lambda: create_mcp_http_client(headers=self._headers),
-                streamable_http_client,
-            )
+            target = _HttpTransport(target, self._http_client(), streamable_http_client)
         elif isinstance(target, mcp.StdioServerParameters):
             target = _StdioTransport(target)
         return mcp.Client(target, mode="legacy", cache=None)
+
+    def _http_client(self) -> Any:
+        """The shared HTTP client of this event loop (headers applied); the SDK leaves a client
+        it is given open, so sessions share it and `close()` closes it."""
+        loop = asyncio.get_running_loop()
+        if self._http is None or self._http[0] is not loop:
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            self._http = (loop, create_mcp_http_client(headers=self._headers))
+        return self._http[1]
 
 
 class McpSession:
@@ -396,21 +417,13 @@ class _StdioTransport:
 
 
 class _HttpTransport:
-    """streamable_http_client with our own httpx2 client (headers), closed with the session."""
+    """streamable_http_client on the server's shared httpx2 client (which carries the headers)."""
 
-    def __init__(self, url: str, make_client: Callable[[], Any], connect: Callable[..., Any]):
-        self.url, self._make_client, self._connect = url, make_client, connect
-
-    @contextlib.asynccontextmanager
-    async def _streams(self) -> AsyncIterator[Any]:
-        async with (
-            self._make_client() as http,
-            self._connect(self.url, http_client=http) as streams,
-        ):
-            yield streams
+    def __init__(self, url: str, http: Any, connect: Callable[..., Any]):
+        self.url, self._http, self._connect = url, http, connect
 
     async def __aenter__(self) -> Any:
-        self._context = self._streams()
+        self._context = self._connect(self.url, http_client=self._http)
         return await self._context.__aenter__()
 
     async def __aexit__(self, *exc: Any) -> Any:

@@ -286,3 +286,18 @@ async def test_a_server_built_on_mcp_1x_works_over_stdio(policy):
     texts = tool_texts(trajectory)
     assert texts[0] == "milk, eggs, coffee"
     assert texts[1].startswith("Tool error:") and "no note titled 'nope'" in texts[1]
+
+
+def test_a_pooled_server_serves_a_second_event_loop():
+    """Sessions belong to the loop that opened them: a new loop gets new sessions."""
+    import asyncio
+
+    server = art_mcp.McpServer.from_command(sys.executable, [TOY_SERVER_PATH], pool_size=2)
+
+    async def search() -> str:
+        tools = {t.openai_name: t for t in await server.list_tools()}
+        async with server.session() as session:
+            return (await session.call_tool(tools["notes_search"], {"query": "q"})).text
+
+    assert asyncio.run(search()) == "dot:q"
+    assert asyncio.run(search()) == "dot:q"
