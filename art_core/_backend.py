@@ -247,7 +247,12 @@ def new_rollout_id() -> str:
 
 
 def _result(event: dict[str, Any]) -> TrainResult:
-    result = TrainResult(step=event["step"], metrics=event["metrics"], warnings=event["warnings"])
+    result = TrainResult(
+        step=event["step"],
+        metrics=event["metrics"],
+        warnings=event["warnings"],
+        advantages=event.get("advantages", {}),
+    )
     for warning in result.warnings:
         logger.warning(warning)
     return result

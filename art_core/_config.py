@@ -68,6 +68,8 @@ class TrainResult(BaseModel):
     step: int
     metrics: dict[str, float] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
+    # Each trained trajectory's GRPO advantage, by trajectory id (0 in a zero-variance group).
+    advantages: dict[str, float] = Field(default_factory=dict)
 
     def __getitem__(self, key: str) -> Any:
         return self.metrics[key]

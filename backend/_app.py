@@ -24,7 +24,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from art_backend._chat import ChatService
 from art_backend._errors import BackendError, InvalidNameError, InvalidRequestError
 from art_backend._records import validate_rollout_id
-from art_backend._schemas import ChatCompletionRequest, LoadAdapterRequest
+from art_backend._schemas import (
+    ChatCompletionRequest,
+    LoadAdapterRequest,
+    LookupCompletionsRequest,
+)
 from art_backend._training import TrainingService
 from art_backend._training_routes import training_router
 
@@ -85,6 +89,17 @@ def create_app(
     @app.post("/rollouts/{rollout_id}/v1/chat/completions")
     async def create_rollout_chat_completion(rollout_id: str, raw: Request):
         return await chat_completions(raw, rollout_id)
+
+    @app.post("/v1/chat/completions/lookup")
+    async def lookup_chat_completions(body: LookupCompletionsRequest):
+        # One request for many records: the Langfuse exporter reads a step's calls with it.
+        records = service.records.get_many(body.ids)
+        found = {record["id"] for record in records}
+        return {
+            "object": "list",
+            "data": records if body.tokens else [_without_tokens(r) for r in records],
+            "missing": [i for i in body.ids if i not in found],
+        }
 
     @app.get("/v1/chat/completions/{completion_id}")
     async def get_chat_completion(completion_id: str):
@@ -206,6 +221,15 @@ async def _unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> 
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
+
+def _without_tokens(record: dict[str, Any]) -> dict[str, Any]:
+    choices = [
+        {key: value for key, value in choice.items() if key not in ("token_ids", "logprobs")}
+        for choice in record["choices"]
+    ]
+    kept = {key: value for key, value in record.items() if key != "prompt_token_ids"}
+    return {**kept, "choices": choices}
 
 
 def _prometheus_metrics(service: ChatService) -> str:

@@ -163,6 +163,7 @@ class ChatService:
         self, request: ChatCompletionRequest, rollout_id: str | None
     ) -> dict[str, Any]:
         """Run a non-streaming request to the end and return the OpenAI response body."""
+        started_at = time.time()
         generation, use_tools = self.prepare(request)
         generation.stream_tokens = False
         events = self.engine.submit(generation)
@@ -179,7 +180,7 @@ class ChatService:
         body = self._completion_body(
             _new_id(), int(time.time()), request, generation, finished, use_tools
         )
-        self._record(body, request, rollout_id)
+        self._record(body, request, rollout_id, started_at)
         return body
 
     def _completion_body(
@@ -226,7 +227,8 @@ class ChatService:
         use_tools: bool,
         events: asyncio.Queue,
     ) -> AsyncIterator[str]:
-        completion_id, created = _new_id(), int(time.time())
+        completion_id, started_at = _new_id(), time.time()
+        created = int(started_at)
 
         def chunk(choices: list[dict], **extra: Any) -> str:
             body = {
@@ -299,7 +301,7 @@ class ChatService:
                 body = self._completion_body(
                     completion_id, created, request, generation, finished, use_tools
                 )
-                self._record(body, request, rollout_id)
+                self._record(body, request, rollout_id, started_at)
             if request.stream_options and request.stream_options.include_usage:
                 yield chunk([], usage=_usage(generation, finished.values()))
             yield "data: [DONE]\n\n"
@@ -354,11 +356,17 @@ class ChatService:
         return {**entry(token_id, logprob), "top_logprobs": [entry(t, v) for t, v in top]}
 
     def _record(
-        self, body: dict[str, Any], request: ChatCompletionRequest, rollout_id: str | None
+        self,
+        body: dict[str, Any],
+        request: ChatCompletionRequest,
+        rollout_id: str | None,
+        started_at: float,
     ) -> None:
         self.records.add(
             {
                 "id": body["id"],
+                # When the request arrived and when its answer was complete: the call's latency.
+                "started_at": started_at,
                 "recorded_at": time.time(),
                 "created": body["created"],
                 "rollout_id": rollout_id,

@@ -62,6 +62,11 @@ class CompletionRecords:
         with self._lock:
             return self._records.get(completion_id)
 
+    def get_many(self, completion_ids: list[str]) -> list[dict[str, Any]]:
+        """The records of these completions that are still stored, in the order asked."""
+        with self._lock:
+            return [self._records[i] for i in completion_ids if i in self._records]
+
     def rollout(self, rollout_id: str) -> list[dict[str, Any]]:
         """The records of one rollout, oldest first."""
         with self._lock:

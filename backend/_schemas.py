@@ -196,6 +196,17 @@ class ChatCompletionRequest(BaseModel):
         return self.max_completion_tokens or self.max_tokens
 
 
+class LookupCompletionsRequest(BaseModel):
+    """POST /v1/chat/completions/lookup: many stored records in one request (exporters, review)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[str] = Field(max_length=10_000)
+    # False leaves out the token ids and logprobs (most of a record's size) when only the
+    # request, the answer, the usage and the timing are wanted.
+    tokens: bool = True
+
+
 class LoadAdapterRequest(BaseModel):
     """POST /v1/adapters: serve a LoRA checkpoint under `name@step`."""
 

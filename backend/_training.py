@@ -268,7 +268,7 @@ class TrainingService:
     async def train(
         self, model: RegisteredModel, request: TrainRequest, progress: asyncio.Queue
     ) -> dict[str, Any]:
-        """One GRPO step; returns {"step", "metrics", "warnings"}."""
+        """One GRPO step; returns {"step", "metrics", "warnings", "advantages"}."""
         started = time.perf_counter()
         config = request.config
         loss_config = _loss_config(config)
@@ -283,6 +283,11 @@ class TrainingService:
             if trajectories
             else (rewards, rewards.bool())
         )
+        # Each trajectory's advantage goes back to the client (its Langfuse export shows it).
+        advantage_of = {
+            turns.trajectory_id: float(advantage)
+            for turns, advantage in zip(trajectories, advantages.tolist(), strict=True)
+        }
         trainable_groups = {int(g) for g, ok in zip(group_ids, trainable, strict=True) if ok}
         metrics["groups/zero_variance"] = float(len(set(group_ids.tolist()) - trainable_groups))
         metrics["groups/trainable"] = float(len(trainable_groups))
@@ -311,7 +316,12 @@ class TrainingService:
             model.store.append_history(
                 {"type": "train_skipped", "step": model.step, "metrics": metrics, "reason": reason}
             )
-            return {"step": model.step, "metrics": metrics, "warnings": warnings}
+            return {
+                "step": model.step,
+                "metrics": metrics,
+                "warnings": warnings,
+                "advantages": advantage_of,
+            }
 
         settings = OptimizerSettings(
             learning_rate=config.learning_rate,
@@ -332,7 +342,12 @@ class TrainingService:
         await self._in_trainer_thread(
             model.store.write_trajectories, "train", sampled_at, _trajectory_rows(request.groups)
         )
-        return {"step": model.step, "metrics": metrics, "warnings": warnings}
+        return {
+            "step": model.step,
+            "metrics": metrics,
+            "warnings": warnings,
+            "advantages": advantage_of,
+        }
 
     def _prepare_trajectories(
         self, groups: list[GroupPayload]
