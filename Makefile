@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 
-.PHONY: demo test test-slow bench lint format clean
+.PHONY: demo test test-slow bench lint format clean chromium
 
 # torch goes in first, pinned, so that no later install resolves a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -29,7 +29,14 @@ $(VENV)/.installed-mcp1:
 	$(VENV)/mcp1/bin/python -m pip install -q "mcp>=1.20,<2"
 	touch $@
 
-test: $(VENV)/.installed $(VENV)/.installed-mcp1
+# The review page's browser test drives Debian's chromium through Playwright (Playwright's own
+# browser download is never used); installed here when it is missing.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+chromium:
+	@test -x /usr/bin/chromium || \
+		($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
+test: $(VENV)/.installed $(VENV)/.installed-mcp1 chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

@@ -116,6 +116,12 @@ class RemoteBackend:
                             "another training step is running on this backend: this one is queued "
                             "(%d ahead)", event["ahead"],
                         )  # fmt: skip
+                    elif event["type"] == "review_hold":
+                        logger.warning(
+                            "step %d is held for review for up to %g s: %s%s "
+                            "(flag or approve it there)",
+                            event["step"], event["seconds"], self.base_url, event["review_path"],
+                        )  # fmt: skip
                     elif event["type"] == "error":
                         raise BackendRequestError(event["message"], status_code=event["status"])
                     elif event["type"] == "result":

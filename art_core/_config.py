@@ -47,6 +47,9 @@ class TrainConfig(_Config):
     max_grad_norm: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     gradient_checkpointing: bool = False
+    # > 0: the backend holds the submitted groups on its review page (/review) this long, or
+    # until a person approves them, then applies their flags and reward overrides.
+    review_hold_seconds: float = Field(0.0, ge=0, le=7 * 24 * 3600)
 
 
 class TrainSFTConfig(_Config):

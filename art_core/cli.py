@@ -1,6 +1,7 @@
 """The `art` command: one entry point whose subcommands live with the package they belong to.
 
     art mcp-train <URL> | --stdio "<command>" --model ... --steps ...   (art_mcp, extra [mcp])
+    art review --path .art [--port 8080] [--api-key KEY]             (art_backend, extra [backend])
 
 The table names modules, not imports: art_core itself never imports MCP or the backend, and a
 subcommand whose extra is not installed says which one to install.
@@ -13,6 +14,7 @@ import sys
 
 SUBCOMMANDS = {
     "mcp-train": ("art_mcp.cli", "mcp", "train an agent against an MCP server"),
+    "review": ("art_backend._review_cli", "backend", "browse trajectories, flag what not to train"),
 }
 
 

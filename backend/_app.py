@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import re
@@ -17,13 +16,13 @@ import psutil
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from art_backend._auth import ApiKeyMiddleware
 from art_backend._chat import ChatService
 from art_backend._errors import BackendError, InvalidNameError, InvalidRequestError
 from art_backend._records import validate_rollout_id
+from art_backend._review_app import create_review_app
 from art_backend._schemas import (
     ChatCompletionRequest,
     LoadAdapterRequest,
@@ -166,6 +165,9 @@ def create_app(
     if training is not None:
         app.include_router(training_router(training))
 
+    # The review page (HTML) over the same --path; `art review` serves it alone.
+    app.mount("/review", create_review_app(art_path or Path(".art")))
+
     # ----------------------------------------------------------------------------- operations
 
     @app.get("/health")
@@ -177,36 +179,6 @@ def create_app(
         return PlainTextResponse(_prometheus_metrics(service))
 
     return app
-
-
-class ApiKeyMiddleware:
-    """Every route but /health needs `Authorization: Bearer KEY`.
-
-    A plain ASGI middleware (not FastAPI's `@app.middleware`): it passes `receive` through
-    untouched, so the endpoint still sees the client's disconnect and can cancel its work.
-    """
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.api_key = api_key
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
-            header = Headers(scope=scope).get("authorization", "")
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode(), self.api_key.encode()
-            ):
-                response = _error(
-                    401,
-                    "authentication_error",
-                    "Missing or invalid API key: send `Authorization: Bearer <key>` with the key "
-                    "the server was started with (--api-key or ART_API_KEY).",
-                    code="invalid_api_key",
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 async def _unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> Any:

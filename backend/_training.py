@@ -33,6 +33,7 @@ from art_backend._engine import Engine
 from art_backend._errors import BackendError, InvalidRequestError
 from art_backend._grpo import advantages_from_rewards, loss_preset
 from art_backend._records import CompletionRecords
+from art_backend._review_store import ReviewState, read_review_state, remove_all_pending
 from art_backend._rows import (
     Sequence,
     TrajectoryTurns,
@@ -50,11 +51,15 @@ from art_backend._training_schemas import (
     SFTRequest,
     TrainRequest,
     TrainSettings,
+    TrajectoryPayload,
+    trajectory_rows,
 )
 
 logger = logging.getLogger("art_backend.training")
 
 SERVED_STEPS_PER_MODEL = 2  # the newest step and the one before it (rollouts still finishing)
+# Counted in every train step: what reviewers' decisions (review page) left out or changed.
+REVIEW_METRICS = ("review/flagged_trajectories", "review/flagged_groups", "review/reward_overrides")
 
 
 class ModelNotRegisteredError(BackendError):
@@ -148,6 +153,8 @@ class TrainingService:
         if removed := store.remove_stale_temporaries():
             repairs.append(f"removed {removed} incomplete checkpoint folder(s) left by a crash")
         repairs += store.repair_history()
+        if held := remove_all_pending(store.dir):
+            repairs.append(f"forgot {held} step(s) held for review by a server that stopped")
         saved = store.read_model_config()
         lora = request.lora.model_dump()
         if saved is not None and saved["lora"] != lora:
@@ -272,7 +279,11 @@ class TrainingService:
         started = time.perf_counter()
         config = request.config
         loss_config = _loss_config(config)
-        metrics, warnings, trajectories = self._prepare_trajectories(request.groups)
+        # Reviewers' flags and reward overrides in force now (read after any review hold).
+        review = read_review_state(model.store.dir)
+        metrics, warnings, trajectories, annotations = self._prepare_trajectories(
+            request.groups, review
+        )
         for key, value in request.client_metrics.items():
             if math.isfinite(value):
                 metrics[key] = metrics.get(key, 0.0) + value
@@ -289,6 +300,9 @@ class TrainingService:
             for turns, advantage in zip(trajectories, advantages.tolist(), strict=True)
         }
         trainable_groups = {int(g) for g, ok in zip(group_ids, trainable, strict=True) if ok}
+        for turns, advantage in zip(trajectories, advantages.tolist(), strict=True):
+            key = (turns.group_id, turns.trajectory_id)
+            annotations.setdefault(key, {})["advantage"] = advantage
         metrics["groups/zero_variance"] = float(len(set(group_ids.tolist()) - trainable_groups))
         metrics["groups/trainable"] = float(len(trainable_groups))
 
@@ -340,7 +354,10 @@ class TrainingService:
         sampled_at = model.step
         await self._commit_step(model, "train", metrics)
         await self._in_trainer_thread(
-            model.store.write_trajectories, "train", sampled_at, _trajectory_rows(request.groups)
+            model.store.write_trajectories,
+            "train",
+            sampled_at,
+            trajectory_rows(request.groups, annotations),
         )
         return {
             "step": model.step,
@@ -350,32 +367,46 @@ class TrainingService:
         }
 
     def _prepare_trajectories(
-        self, groups: list[GroupPayload]
-    ) -> tuple[dict[str, float], list[str], list[TrajectoryTurns]]:
+        self, groups: list[GroupPayload], review: ReviewState
+    ) -> tuple[
+        dict[str, float], list[str], list[TrajectoryTurns], dict[tuple[int, str], dict[str, Any]]
+    ]:
         """Recorded turns of every trajectory in groups that can train; the rest counted.
 
-        The reward rides in `TrajectoryTurns.advantage` until advantages are computed.
+        Reviewers' decisions apply first: a flagged group or trajectory is left out, an
+        overridden reward replaces the submitted one (each counted under `review/...` and noted
+        in the returned annotations, keyed by (group index, trajectory id)). The reward rides in
+        `TrajectoryTurns.advantage` until advantages are computed.
         """
         counts: Counter[str] = Counter()
         warnings: list[str] = []
         rewards: list[float] = []
         kept: list[TrajectoryTurns] = []
+        annotations: dict[tuple[int, str], dict[str, Any]] = {}
         for group_id, group in enumerate(groups):
             counts["groups/submitted"] += 1
             counts["exceptions"] += len(group.exceptions)
             for key, value in group.metrics.items():
                 if math.isfinite(value):
                     counts[key] += value  # type: ignore[assignment]
-            rewards += [t.reward for t in group.trajectories]
             for trajectory in group.trajectories:
                 # A rollout's own count of what it could not keep (e.g. unused n > 1 choices).
                 for key, value in trajectory.metrics.items():
                     if key.startswith("dropped/") and math.isfinite(value):
                         counts[key] += value  # type: ignore[assignment]
-            if len(group.trajectories) < 2:
+            members, applied = _apply_review(group, review)
+            for trajectory_id, note in applied.items():
+                annotations[(group_id, trajectory_id)] = note
+            if members is None:
+                counts["review/flagged_groups"] += 1
+                continue
+            for note in applied.values():
+                counts[f"review/{note['review']['applied']}"] += 1
+            rewards += [reward for _, reward in members]
+            if len(members) < 2:
                 counts["groups/too_small"] += 1
                 continue
-            for trajectory in group.trajectories:
+            for trajectory, reward in members:
                 counts["trajectories"] += 1
                 counts["context_assistant_messages"] += trajectory.context_assistant_messages
                 turns = []
@@ -389,17 +420,22 @@ class TrainingService:
                         turns.append(choices[ref.choice_index])
                 if not turns:
                     counts["dropped/no_trainable_turns"] += 1
-                kept.append(TrajectoryTurns(trajectory.id, group_id, trajectory.reward, turns))
+                kept.append(TrajectoryTurns(trajectory.id, group_id, reward, turns))
         if counts["dropped/unknown_completion"]:
             warnings.append(
                 f"{counts['dropped/unknown_completion']} turn(s) reference completions this "
                 "backend has no record of (served elsewhere, or evicted after an hour): not trained."
             )
         metrics = {key: float(value) for key, value in counts.items()}
-        for key in ("dropped/unknown_completion", "dropped/no_trainable_turns", "groups/too_small"):
+        for key in (
+            "dropped/unknown_completion",
+            "dropped/no_trainable_turns",
+            "groups/too_small",
+            *REVIEW_METRICS,
+        ):
             metrics.setdefault(key, 0.0)
         metrics.update(_reward_metrics(rewards))
-        return metrics, warnings, kept
+        return metrics, warnings, kept, annotations
 
     async def _commit_step(self, model: RegisteredModel, kind: str, metrics: dict[str, float]):
         """Checkpoint N+1 atomically, serve it, then record it in history."""
@@ -496,7 +532,7 @@ class TrainingService:
             model.store.write_trajectories,
             request.split,
             model.step,
-            _trajectory_rows(request.groups),
+            trajectory_rows(request.groups),
         )
         return {"step": model.step, "split": request.split, "metrics": metrics}
 
@@ -564,22 +600,47 @@ def _reward_metrics(rewards: list[float]) -> dict[str, float]:
     }
 
 
+def _apply_review(
+    group: GroupPayload, review: ReviewState
+) -> tuple[list[tuple[TrajectoryPayload, float]] | None, dict[str, dict[str, Any]]]:
+    """The group's trajectories that may train, each with its reward after reviewers' decisions.
+
+    None when the whole group is flagged. The second value is what was applied, by trajectory
+    id, as annotations of its logged row.
+    """
+    group_flag = review.group_flag([t.id for t in group.trajectories])
+    if group_flag is not None:
+        note = {"review": {"applied": "flagged_groups", "reason": group_flag.get("reason")}}
+        return None, {t.id: note for t in group.trajectories}
+    members: list[tuple[TrajectoryPayload, float]] = []
+    applied: dict[str, dict[str, Any]] = {}
+    for trajectory in group.trajectories:
+        if (flag := review.trajectory_flag(trajectory.id)) is not None:
+            applied[trajectory.id] = {
+                "review": {"applied": "flagged_trajectories", "reason": flag.get("reason")}
+            }
+        elif (override := review.override(trajectory.id)) is not None:
+            reward = float(override["reward"])
+            applied[trajectory.id] = {
+                "reward": reward,
+                "review": {
+                    "applied": "reward_overrides",
+                    "reason": override.get("reason"),
+                    "submitted_reward": trajectory.reward,
+                },
+            }
+            members.append((trajectory, reward))
+        else:
+            members.append((trajectory, trajectory.reward))
+    return members, applied
+
+
 def _why_nothing_trained(metrics: dict[str, float]) -> str:
     reasons = [
         f"{int(value)} {key}"
         for key, value in metrics.items()
-        if key.startswith(("dropped/", "groups/"))
+        if key.startswith(("dropped/", "groups/", "review/"))
         and value
         and key not in ("groups/submitted", "groups/trainable")
     ]
     return ", ".join(reasons) or "no trajectories"
-
-
-def _trajectory_rows(groups: list[GroupPayload]) -> list[dict[str, Any]]:
-    rows = []
-    for group_index, group in enumerate(groups):
-        for trajectory in group.trajectories:
-            rows.append({"group": group_index, **trajectory.model_dump()})
-        for exception in group.exceptions:
-            rows.append({"group": group_index, "exception": exception})
-    return rows

@@ -1,7 +1,8 @@
 """HTTP routes of the training API, under `/v1/training/models/...`.
 
-Long operations (`train`, `sft`) answer with NDJSON events: `queued` (when other steps are
-ahead), `progress`, then one `result` or `error`. Bad requests fail with a 4xx before anything
+Long operations (`train`, `sft`) answer with NDJSON events: `review_hold` and
+`review_released` (with `config.review_hold_seconds`), `queued` (when other steps are ahead),
+`progress`, then one `result` or `error`. Bad requests fail with a 4xx before anything
 is queued.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from art_backend._review_hold import held_for_review
 from art_backend._training import TrainingService
 from art_backend._training_schemas import (
     DeleteCheckpointsRequest,
@@ -44,6 +46,8 @@ def training_router(training: TrainingService) -> APIRouter:
     async def train(project: str, name: str, body: TrainRequest):
         model = training.validate_train(project, name, body)
         events = training.queued_steps(lambda progress: training.train(model, body, progress))
+        if body.config.review_hold_seconds > 0:
+            events = held_for_review(model.store, model.step, body, events)
         return _ndjson(events)
 
     @router.post("/models/{project}/{name}/sft")

@@ -131,3 +131,21 @@ class LogRequest(_Strict):
 class DeleteCheckpointsRequest(_Strict):
     best_checkpoint_metric: str = "val/reward"
     maximize: bool = True
+
+
+def trajectory_rows(
+    groups: list[GroupPayload], annotations: dict[tuple[int, str], dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The rows of `trajectories/<split>/<step>.jsonl.gz`: one per trajectory and per exception.
+
+    `annotations[(group index, trajectory id)]` adds what the trainer did with a trajectory
+    (its advantage, a reviewer's decision it applied).
+    """
+    rows = []
+    for group_index, group in enumerate(groups):
+        for trajectory in group.trajectories:
+            extra = (annotations or {}).get((group_index, trajectory.id), {})
+            rows.append({"group": group_index, **trajectory.model_dump(), **extra})
+        for exception in group.exceptions:
+            rows.append({"group": group_index, "exception": exception})
+    return rows

@@ -1,0 +1,151 @@
+"""The API key: every route but /health needs it; the review page also takes a browser login.
+
+API clients send `Authorization: Bearer KEY`, on every route, /review included. A browser
+cannot, so under /review the key may also be given once, by the login form (POST
+/review/login, shown instead of any review page when the key is missing) or by a link
+`/review/?key=KEY` (convenient, but the key then shows in browser history and access logs).
+Either sets an HttpOnly cookie scoped to /review that holds a token derived from the key, never
+the key itself; SameSite=Lax, so another site cannot post a flag with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import html
+from urllib.parse import parse_qsl, urlencode
+
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.datastructures import Headers
+from starlette.requests import cookie_parser
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+REVIEW_PREFIX = "/review"
+SESSION_COOKIE = "art_review_session"
+MAX_LOGIN_BODY = 16 * 1024
+
+
+def session_token(api_key: str) -> str:
+    """The review cookie's value: derived from the key, so the cookie never holds the key."""
+    return hmac.new(api_key.encode(), b"art-review-session", hashlib.sha256).hexdigest()
+
+
+class ApiKeyMiddleware:
+    """Every route but /health needs `Authorization: Bearer KEY` (or, under /review, the cookie).
+
+    A plain ASGI middleware (not FastAPI's `@app.middleware`): it passes `receive` through
+    untouched, so the endpoint still sees the client's disconnect and can cancel its work.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.token = session_token(api_key)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] == "/health":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        if self._bearer_ok(headers.get("authorization", "")):
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path == REVIEW_PREFIX or path.startswith(REVIEW_PREFIX + "/"):
+            response = await self._review_login(scope, receive, headers)
+            if response is None:
+                await self.app(scope, receive, send)
+                return
+        else:
+            response = JSONResponse(
+                {
+                    "error": {
+                        "message": "Missing or invalid API key: send `Authorization: Bearer "
+                        "<key>` with the key the server was started with (--api-key or "
+                        "ART_API_KEY).",
+                        "type": "authentication_error",
+                        "param": None,
+                        "code": "invalid_api_key",
+                    }
+                },
+                status_code=401,
+            )
+        await response(scope, receive, send)
+
+    def _bearer_ok(self, header: str) -> bool:
+        scheme, _, token = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode(), self.api_key.encode()
+        )
+
+    def _key_ok(self, key: str) -> bool:
+        return hmac.compare_digest(key.encode(), self.api_key.encode())
+
+    async def _review_login(
+        self, scope: Scope, receive: Receive, headers: Headers
+    ) -> Response | None:
+        """None when the browser is logged in; otherwise the login's answer (cookie or form)."""
+        path: str = scope["path"]
+        if path == f"{REVIEW_PREFIX}/login" and scope["method"] == "POST":
+            form = dict(parse_qsl((await _read_body(receive)).decode("utf-8", "replace")))
+            target = _safe_next(form.get("next", ""))
+            if self._key_ok(form.get("key", "")):
+                return self._logged_in(target)
+            return _login_page(target, "That is not the server's API key.")
+        cookie = cookie_parser(headers.get("cookie", "")).get(SESSION_COOKIE, "")
+        if cookie and hmac.compare_digest(cookie.encode(), self.token.encode()):
+            return None
+        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+        keys = [value for name, value in query if name == "key"]
+        rest = [(name, value) for name, value in query if name != "key"]
+        target = path + (f"?{urlencode(rest)}" if rest else "")
+        if keys:
+            if self._key_ok(keys[0]):
+                return self._logged_in(_safe_next(target))
+            return _login_page(_safe_next(target), "That is not the server's API key.")
+        return _login_page(_safe_next(target), None)
+
+    def _logged_in(self, target: str) -> Response:
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(
+            SESSION_COOKIE, self.token, httponly=True, samesite="lax", path=REVIEW_PREFIX
+        )
+        return response
+
+
+async def _read_body(receive: Receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body") or len(body) > MAX_LOGIN_BODY:
+            return body[:MAX_LOGIN_BODY]
+
+
+def _safe_next(target: str) -> str:
+    """Only a path of the review page itself (no open redirect to another site)."""
+    if (
+        target.startswith(REVIEW_PREFIX)
+        and not target.startswith("//")
+        and "\\" not in target
+        and "//" not in target
+        and not target.startswith(f"{REVIEW_PREFIX}/login")
+    ):
+        return target
+    return f"{REVIEW_PREFIX}/"
+
+
+def _login_page(target: str, problem: str | None) -> HTMLResponse:
+    message = html.escape(problem) if problem else "This server needs its API key."
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Review: log in</title>
+<style>body{{font:15px system-ui,sans-serif;margin:4rem auto;max-width:28rem;color:#222}}
+input{{font:inherit;padding:.4rem;width:100%;box-sizing:border-box;margin:.5rem 0}}
+button{{font:inherit;padding:.4rem 1rem}}</style></head><body>
+<h1>Review page</h1><p role="alert">{message}</p>
+<p>Give the key the server was started with (<code>--api-key</code> or
+<code>ART_API_KEY</code>). API clients send <code>Authorization: Bearer KEY</code> instead.</p>
+<form method="post" action="{REVIEW_PREFIX}/login">
+<input type="hidden" name="next" value="{html.escape(target, quote=True)}">
+<label>API key <input type="password" name="key" autofocus></label>
+<button type="submit">Log in</button></form></body></html>"""
+    return HTMLResponse(page, status_code=401)

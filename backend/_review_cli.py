@@ -1,0 +1,72 @@
+"""`art review`: the review page alone, over a `.art` folder, without loading any model.
+
+    art review --path .art --port 8080 [--host 127.0.0.1] [--api-key KEY]
+
+Reads what `art-server` wrote (history, trajectories, held steps) and appends reviewers'
+decisions next to them; a running `art-server` on the same folder honours them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+
+def build_review_server(art_path: Path, *, api_key: str | None = None) -> FastAPI:
+    """An app that serves only /review (and /health) over `art_path`."""
+    from fastapi import FastAPI
+    from fastapi.responses import RedirectResponse
+
+    from art_backend._auth import ApiKeyMiddleware
+    from art_backend._review_app import create_review_app
+
+    app = FastAPI(title="art review", docs_url=None, redoc_url=None, openapi_url=None)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+
+    @app.get("/")
+    def root():
+        return RedirectResponse("/review/")
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok"}
+
+    app.mount("/review", create_review_app(art_path))
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and serve the review page until Ctrl-C."""
+    parser = argparse.ArgumentParser(prog="art review", description=__doc__)
+    parser.add_argument("--path", default=".art", type=Path, help="the folder art-server wrote")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--api-key", default=os.environ.get("ART_API_KEY"))
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    if not args.path.is_dir():
+        parser.exit(
+            2,
+            f"art review: error: no folder {str(args.path)!r}: give --path the folder art-server "
+            "used as its --path (default .art).\n",
+        )
+
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    app = build_review_server(args.path, api_key=args.api_key)
+    login = " (log in with the API key)" if args.api_key else ""
+    print(f"art review: http://{args.host}:{args.port}/review/ over {args.path}{login}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

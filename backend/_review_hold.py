@@ -1,0 +1,65 @@
+"""The review hold: a train request waits on the review page before anything trains.
+
+With `config.review_hold_seconds > 0` the submitted groups are written as a pending step
+(`_review_store`), shown on `/review` with an "approve now" button; the request then waits
+until a person approves it or the hold expires, and only then queues its training step, which
+reads the flags and reward overrides in force at that moment. The approval is a row in the
+model's decisions file, polled here, so `art review` (another process, same folder) can approve
+too. The pending step is forgotten when the step has run (or the client went away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from art_backend._checkpoints import ModelStore
+from art_backend._review_browse import PENDING
+from art_backend._review_store import (
+    PendingStep,
+    read_review_state,
+    remove_pending,
+    write_pending,
+)
+from art_backend._training_schemas import TrainRequest, trajectory_rows
+
+POLL_SECONDS = 0.25
+
+
+async def held_for_review(
+    store: ModelStore, step: int, request: TrainRequest, steps: AsyncIterator[dict[str, Any]]
+) -> AsyncIterator[dict[str, Any]]:
+    """Hold `request` for review, then pass on the events of its training step (`steps`)."""
+    hold_seconds = request.config.review_hold_seconds
+    rows = trajectory_rows(request.groups)
+    pending = await asyncio.to_thread(write_pending, store.dir, step, hold_seconds, rows)
+    try:
+        yield {
+            "type": "review_hold",
+            "pending": pending.id,
+            "step": step,
+            "seconds": hold_seconds,
+            "review_path": f"/review/{store.project}/{store.name}/steps/{PENDING}/{pending.id}",
+        }
+        released = await _until_approved_or_expired(store, pending)
+        yield {"type": "review_released", "pending": pending.id, "how": released}
+        async for event in steps:
+            if event["type"] in ("result", "error"):  # the client may act at once on it
+                await asyncio.to_thread(remove_pending, store.dir, pending.id)
+            yield event
+    finally:
+        remove_pending(store.dir, pending.id)  # no await: this also runs when cancelled
+
+
+async def _until_approved_or_expired(store: ModelStore, pending: PendingStep) -> str:
+    deadline = time.monotonic() + (pending.expires_at - pending.held_at)
+    while True:
+        state = await asyncio.to_thread(read_review_state, store.dir)
+        if pending.id in state.approved:
+            return "approved"
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return "expired"
+        await asyncio.sleep(min(POLL_SECONDS, remaining))

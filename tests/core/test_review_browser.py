@@ -1,0 +1,136 @@
+"""The review page in a real browser (headless Debian chromium driven by Playwright).
+
+A person opens a held step, opens a group, flags a trajectory with a reason and approves the
+step; the trainer's step then leaves that trajectory out and counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import art_core as art
+from art_backend._review_store import list_pending
+from tests.backend.conftest import RunningServer
+from tests.core.conftest import fresh_model
+from tests.core.rollouts import groups_for, varied_group
+
+CHROMIUM = Path("/usr/bin/chromium")
+# Playwright's own browsers are never downloaded: Debian's chromium, flags for a sandboxed CI box.
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "review.png"
+
+async_api = pytest.importorskip("playwright.async_api", reason="pip install playwright ([dev])")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="needs Debian's chromium at /usr/bin/chromium (make test installs it)",
+)
+
+
+def judged(groups: list[art.TrajectoryGroup]) -> list[art.TrajectoryGroup]:
+    """Distinct rewards, a judge-style explanation and a metric on every trajectory."""
+    for group in varied_group(groups):
+        for trajectory in group.trajectories:
+            answer = str(trajectory.messages()[-1].get("content", ""))
+            trajectory.log(f"RULER: scored {trajectory.reward:g} for answering {answer[:20]!r}")
+            trajectory.metrics["answer_chars"] = len(answer)
+    return groups
+
+
+async def test_flag_a_trajectory_of_a_held_step_in_the_browser(
+    remote_backend: art.RemoteBackend,
+    training_server: RunningServer,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+):
+    model = await fresh_model(remote_backend, tiny_model_dir)
+    await model.train(judged(await groups_for(model, ["What is 1 + 1?", "What is 2 + 3?"])))
+    groups = judged(await groups_for(model, ["What is 3 + 4?", "What is 5 + 6?"]))
+    training = asyncio.create_task(
+        model.train(groups, config=art.TrainConfig(review_hold_seconds=600))
+    )
+    model_dir = Path(training_server.art_path) / model.project / "models" / model.name
+    for _ in range(1200):
+        if list_pending(model_dir):
+            break
+        await asyncio.sleep(0.05)
+
+    async with async_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS
+        )
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(30_000)
+            await page.goto(f"{training_server.url}/review/")
+            await page.click(f"text={model.project}/{model.name}")
+
+            # The model's page: the reward curve, and the held step with its approve button.
+            assert await page.locator('svg[aria-label="reward (x: step sampled at)"]').count() == 1
+            held = page.locator(".box.pending")
+            assert "Pending step (sampled at step 1)" in await held.inner_text()
+            await held.locator("text=review it").click()
+
+            # The held step: its groups, then group 0 side by side, best reward first.
+            assert await page.locator("svg.plot").count() == 1
+            await page.click('a:has-text("Group 0")')
+            cards = page.locator(".card")
+            assert await cards.count() == 4
+            assert "judge" in await cards.first.inner_text()
+            target = cards.nth(1)
+            flagged_id = await target.get_attribute("data-trajectory")
+            await target.locator("form.flag-trajectory input[name=reason]").fill(
+                "repeats the question instead of answering"
+            )
+            await target.locator("form.flag-trajectory input[name=who]").fill("ann")
+            await target.locator("form.flag-trajectory button").click()
+
+            # Back on the trajectory's own page: flagged, by whom, why.
+            await page.wait_for_selector(".badge.flag")
+            text = await page.locator(".card").inner_text()
+            assert "Flagged by ann" in text and "repeats the question" in text
+            await page.go_back()
+            await page.reload()
+            flagged_card = page.locator(f'.card[data-trajectory="{flagged_id}"]')
+            assert "flagged" in (await flagged_card.get_attribute("class") or "")
+            shot = tmp_path / "review-group.png"
+            await page.screenshot(path=str(shot))
+            if not DOCS_SCREENSHOT.exists() or os.environ.get("ART_UPDATE_SCREENSHOTS"):
+                DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
+                shutil.copyfile(shot, DOCS_SCREENSHOT)
+
+            # Approve: the trainer applies the flag, trains, and counts it.
+            await page.click(f"text={model.project}/{model.name}")
+            await page.click("text=Approve now")
+            result = await asyncio.wait_for(training, 120)
+            assert result.step == 2
+            assert result.metrics["review/flagged_trajectories"] == 1
+            assert result.metrics["rows"] == 7  # 8 rollouts, the flagged one left out
+
+            # The trained step shows the flagged trajectory as such, and what the trainer did.
+            await page.goto(f"{training_server.url}/review/{model.project}/{model.name}/")
+            await page.click('a[href$="/steps/train/1"]')
+            chip = page.locator(f'.chips a[title="{flagged_id}"]')
+            assert "flagged" in (await chip.get_attribute("class") or "")
+            await chip.click()
+            assert (
+                "trainer applied: flagged_trajectories" in await page.locator(".card").inner_text()
+            )
+            await page.screenshot(path=str(tmp_path / "review-trajectory.png"))
+        finally:
+            await browser.close()
+            if not training.done():
+                training.cancel()
