@@ -20,6 +20,8 @@ from art_core._errors import (
     JudgeError,
     JudgeResponseError,
     JudgeUnavailableError,
+    LangfuseConfigError,
+    LangfuseNotInstalledError,
     ModelConfigError,
     ModelNotRegisteredError,
     NotTrainableError,
@@ -27,6 +29,7 @@ from art_core._errors import (
     TooManyExceptionsError,
 )
 from art_core._gather import GatheredGroups, gather_trajectories, gather_trajectory_groups
+from art_core._langfuse import LangfuseExporter, flush_langfuse, langfuse_stats
 from art_core._local_backend import LocalBackend
 from art_core._model import Model, RolloutCapture, TrainableModel, trajectory_from_records
 from art_core._ruler import RulerScore, ruler, ruler_score_group
@@ -58,6 +61,9 @@ __all__ = [
     "JudgeResponseError",
     "JudgeUnavailableError",
     "JudgeUsage",
+    "LangfuseConfigError",
+    "LangfuseExporter",
+    "LangfuseNotInstalledError",
     "LoRAConfig",
     "LocalBackend",
     "Model",
@@ -80,10 +86,12 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "autorl",
+    "flush_langfuse",
     "gather_trajectories",
     "gather_trajectory_groups",
     "generate_scenarios",
     "iterate_dataset",
+    "langfuse_stats",
     "load_scenarios",
     "resolve_model",
     "retry",

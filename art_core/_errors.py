@@ -69,3 +69,11 @@ class JudgeResponseError(JudgeError):
 
 class ScenarioGenerationError(ArtError):
     """Scenario generation could not produce the requested number of valid, distinct scenarios."""
+
+
+class LangfuseNotInstalledError(ArtError):
+    """Langfuse export was asked for but the langfuse SDK is missing: install `[langfuse]`."""
+
+
+class LangfuseConfigError(ArtError):
+    """Langfuse export was asked for without its keys or host (LANGFUSE_* variables)."""

@@ -19,6 +19,7 @@ from openai.types.chat.chat_completion import Choice
 from art_core._backend import Backend, new_rollout_id
 from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
 from art_core._errors import ModelNotRegisteredError, NotTrainableError
+from art_core._langfuse import ExportJob, LangfuseExporter, resolve_exporter, take_unreported
 from art_core._trajectory import History, Trajectory, TrajectoryGroup
 
 logger = logging.getLogger("art_core.model")
@@ -105,7 +106,13 @@ class Model:
             self._client_key = key
         return self._client
 
-    async def log(self, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, Any]:
+    async def log(
+        self,
+        groups: list[TrajectoryGroup],
+        split: str = "val",
+        *,
+        langfuse: bool | LangfuseExporter | None = None,
+    ) -> dict[str, Any]:
         """Record groups (e.g. an evaluation) in the backend's history at the current step."""
         raise NotTrainableError(
             f"{self!r} is a prompted Model: only a TrainableModel has a history to log into."
@@ -186,19 +193,34 @@ class TrainableModel(Model):
         self,
         groups: list[TrajectoryGroup],
         config: TrainConfig | None = None,
+        *,
+        langfuse: bool | LangfuseExporter | None = None,
         **config_overrides: Any,
     ) -> TrainResult:
-        """One GRPO step on these groups; the backend then serves `<name>@<step + 1>`."""
+        """One GRPO step on these groups; the backend then serves `<name>@<step + 1>`.
+
+        `langfuse`: None exports the groups when the LANGFUSE_* variables are set, True asks
+        for it (a named error without the extra or the settings), False turns it off, an
+        `art.LangfuseExporter` sends to that one. The export runs in the background.
+        """
         config = (config or TrainConfig()).model_copy(update=config_overrides)
         TrainConfig.model_validate(config.model_dump())
         # A gathered list keeps its `dropped` count (groups a judge dropped) for the metrics.
         groups = groups if isinstance(groups, list) else list(groups)
+        exporter = resolve_exporter(langfuse)
+        # Traces sent (or dropped) since the last step are this step's langfuse/ metrics.
+        self.pending_metrics.update(take_unreported(self._langfuse_owner))
         pending, self.pending_metrics = self.pending_metrics, Counter()
+        job = self._export(exporter, groups, "train", wait_for_advantages=True)
         try:
             result = await self.backend.train(self, groups, config, client_metrics=pending)
         except BaseException:
             self.pending_metrics.update(pending)  # not reported yet: the next step reports them
+            if job is not None:
+                job.release()
             raise
+        if job is not None:
+            job.release(result.advantages)
         self._step = result.step
         return result
 
@@ -210,9 +232,43 @@ class TrainableModel(Model):
         self._step = result.step
         return result
 
-    async def log(self, groups: list[TrajectoryGroup], split: str = "val") -> dict[str, Any]:
-        """Record groups (an evaluation, usually) in history and on disk at the current step."""
-        return await self.backend.log(self, list(groups), split)
+    async def log(
+        self,
+        groups: list[TrajectoryGroup],
+        split: str = "val",
+        *,
+        langfuse: bool | LangfuseExporter | None = None,
+    ) -> dict[str, Any]:
+        """Record groups (an evaluation, usually) in history and on disk at the current step.
+
+        `langfuse` as in `train`: with it, the groups are also exported as Langfuse traces.
+        """
+        groups = list(groups)
+        self._export(resolve_exporter(langfuse), groups, split)
+        return await self.backend.log(self, groups, split)
+
+    @property
+    def _langfuse_owner(self) -> str:
+        return f"{self.project}/{self.name}"
+
+    def _export(
+        self,
+        exporter: LangfuseExporter | None,
+        groups: list[TrajectoryGroup],
+        split: str,
+        *,
+        wait_for_advantages: bool = False,
+    ) -> ExportJob | None:
+        """Queue the groups for Langfuse; a failure here is logged, never raised into training."""
+        if exporter is None:
+            return None
+        try:
+            return exporter.export_groups(
+                self, groups, split=split, step=self.step, wait_for_advantages=wait_for_advantages
+            )
+        except Exception as error:  # noqa: BLE001 - export must never fail training
+            logger.warning("Langfuse export of this %s call skipped: %s", split, error)
+            return None
 
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward", *, maximize: bool = True

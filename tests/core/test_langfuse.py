@@ -1,0 +1,310 @@
+"""Langfuse export against a loopback Langfuse that decodes what goes over the wire.
+
+Real trajectories come from the tiny model on the real server (Choices with completion ids,
+so the export reads their records); the receiver decodes the OTLP protobuf and the scores.
+Failures (a wrong key, Langfuse down, a full queue) must leave training untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import art_core as art
+from art_core import _langfuse
+from tests.core.conftest import fresh_model
+from tests.core.langfuse_receiver import (
+    PUBLIC_KEY,
+    SECRET_KEY,
+    LangfuseReceiver,
+    langfuse_receiver,
+    langfuse_receiver_server,
+)
+from tests.core.rollouts import groups_for, varied_group
+
+__all__ = ["langfuse_receiver", "langfuse_receiver_server"]
+
+QUESTIONS = ["What is 2 + 2?", "Name a colour."]
+
+
+@pytest.fixture
+def exporter(langfuse_receiver: LangfuseReceiver) -> Iterator[art.LangfuseExporter]:
+    exporter = art.LangfuseExporter(
+        public_key=PUBLIC_KEY, secret_key=SECRET_KEY, host=langfuse_receiver.url, timeout=2.0
+    )
+    yield exporter
+    exporter.close(timeout=5)
+
+
+@pytest.fixture
+async def model(remote_backend: art.RemoteBackend, tiny_model_dir: Path) -> art.TrainableModel:
+    return await fresh_model(remote_backend, tiny_model_dir)
+
+
+def records_of(model: art.TrainableModel, groups: list[art.TrajectoryGroup]) -> dict[str, dict]:
+    ids = [
+        item.model_extra["completion_id"]
+        for group in groups
+        for trajectory in group
+        for item in trajectory.messages_and_choices
+        if not isinstance(item, dict)
+    ]
+    url = f"{model.backend.inference_base_url}/chat/completions/lookup"
+    return {r["id"]: r for r in httpx.post(url, json={"ids": ids}).json()["data"]}
+
+
+async def test_a_training_step_exports_each_trajectory_as_a_trace_of_its_calls(
+    model: art.TrainableModel, exporter: art.LangfuseExporter, langfuse_receiver: LangfuseReceiver
+):
+    groups = varied_group(await groups_for(model, QUESTIONS, per_group=2))
+    records = records_of(model, groups)
+    result = await model.train(groups, langfuse=exporter)
+    assert exporter.flush(timeout=30)
+
+    traces = langfuse_receiver.traces()
+    trajectories = [t for group in groups for t in group]
+    assert len(traces) == len(trajectories) == 4
+    for group_index, group in enumerate(groups):
+        for trajectory in group:
+            trace_id = _langfuse.trace_id_for(trajectory.id)
+            root, generation = traces[trace_id]
+            assert trajectory.metadata["langfuse_trace_url"] == (
+                f"{langfuse_receiver.url}/trace/{trace_id}"
+            )
+            # The tree: the run, and its one call under it.
+            assert root.parent_span_id is None and root.type == "span"
+            assert root.attributes["langfuse.internal.is_app_root"] is True
+            assert generation.parent_span_id == root.span_id and generation.type == "generation"
+            # The call, from its record on the server.
+            choice = trajectory.messages_and_choices[-1]
+            record = records[choice.model_extra["completion_id"]]
+            assert generation.attributes["langfuse.observation.model.name"] == f"{model.name}@0"
+            assert generation.attribute_json("langfuse.observation.input") == [
+                trajectory.messages_and_choices[0]
+            ]
+            assert generation.attribute_json("langfuse.observation.output")["content"] == (
+                choice.message.content
+            )
+            parameters = generation.attribute_json("langfuse.observation.model.parameters")
+            assert (parameters["temperature"], parameters["max_tokens"]) == (1.0, 8)
+            assert generation.attribute_json("langfuse.observation.usage_details") == {
+                "input": record["usage"]["prompt_tokens"],
+                "output": record["usage"]["completion_tokens"],
+                "total": record["usage"]["total_tokens"],
+            }
+            assert generation.start_ns == int(record["started_at"] * 1e9)
+            assert generation.end_ns == int(record["recorded_at"] * 1e9)
+            assert generation.metadata("completion_id") == record["id"]
+            # Trace attributes on every span, as the SDK's propagate_attributes writes them.
+            for span in (root, generation):
+                assert span.attributes["session.id"] == f"tests/{model.name}"
+                assert span.attributes["langfuse.trace.tags"] == ["split:train", "step:0"]
+                assert span.trace_metadata("step") == 0
+                assert span.trace_metadata("split") == "train"
+                assert span.trace_metadata("group") == group_index
+                assert span.trace_metadata("advantage") == result.advantages[trajectory.id]
+                assert span.scope_name == "langfuse-sdk"
+                assert span.scope_attributes == {"public_key": PUBLIC_KEY}
+            scores = langfuse_receiver.scores_of(trace_id)
+            assert scores["reward"]["value"] == trajectory.reward
+            assert scores["reward"]["id"] == f"{trace_id}-reward"
+    assert exporter.stats()["exported_traces"] == 4
+
+    # What went over the wire: gzip protobuf with Basic auth and the SDK's headers.
+    otlp = [r for r in langfuse_receiver.requests if r.path == "/api/public/otel/v1/traces"]
+    headers = {k.lower(): v for k, v in otlp[0].headers.items()}
+    assert headers["content-encoding"] == "gzip"
+    assert headers["x-langfuse-ingestion-version"] == "4"
+    assert headers["x-langfuse-public-key"] == PUBLIC_KEY
+    # The next step reports what was exported since the last one.
+    next_step = await model.train(varied_group(await groups_for(model, QUESTIONS[:1])))
+    assert next_step.metrics["langfuse/exported_traces"] == 4.0
+
+
+async def test_an_evaluation_logged_with_langfuse_true_is_a_val_trace_without_advantage(
+    model: art.TrainableModel, langfuse_receiver: LangfuseReceiver, monkeypatch
+):
+    monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", PUBLIC_KEY)
+    monkeypatch.setenv("LANGFUSE_SECRET_KEY", SECRET_KEY)
+    monkeypatch.setenv("LANGFUSE_HOST", langfuse_receiver.url)
+    groups = await groups_for(model, QUESTIONS[:1], per_group=1)
+    try:
+        await model.log(groups, split="val", langfuse=True)
+        assert art.flush_langfuse(timeout=30)
+        assert art.langfuse_stats()["exported_traces"] == 1
+    finally:
+        _close_default_exporter()
+    [spans] = langfuse_receiver.traces().values()
+    assert spans[0].attributes["langfuse.trace.tags"] == ["split:val", "step:0"]
+    assert "langfuse.trace.metadata.advantage" not in spans[0].attributes
+
+
+async def test_the_environment_variables_alone_turn_export_on_for_train(
+    model: art.TrainableModel, langfuse_receiver: LangfuseReceiver, monkeypatch
+):
+    monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", PUBLIC_KEY)
+    monkeypatch.setenv("LANGFUSE_SECRET_KEY", SECRET_KEY)
+    monkeypatch.setenv("LANGFUSE_HOST", langfuse_receiver.url)
+    groups = varied_group(await groups_for(model, QUESTIONS[:1], per_group=2))
+    try:
+        await model.train(groups)
+        assert art.flush_langfuse(timeout=30)
+    finally:
+        _close_default_exporter()
+    assert len(langfuse_receiver.traces()) == 2
+
+
+async def test_a_wrong_key_is_one_counted_warning_and_training_goes_on(
+    model: art.TrainableModel, langfuse_receiver: LangfuseReceiver, caplog
+):
+    wrong = art.LangfuseExporter(
+        public_key=PUBLIC_KEY, secret_key="sk-wrong", host=langfuse_receiver.url, timeout=2.0
+    )
+    caplog.set_level(logging.WARNING)
+    try:
+        first = await model.train(
+            varied_group(await groups_for(model, QUESTIONS, per_group=2)), langfuse=wrong
+        )
+        assert wrong.flush(timeout=30)
+        second = await model.train(
+            varied_group(await groups_for(model, QUESTIONS[:1], per_group=2)), langfuse=wrong
+        )
+        assert wrong.flush(timeout=30)
+    finally:
+        wrong.close(timeout=5)
+    assert (first.step, second.step) == (1, 2)
+    assert second.metrics["langfuse/dropped_traces"] == 4.0
+    stats = wrong.stats()
+    assert (stats["exported_traces"], stats["dropped_traces"]) == (0, 6)
+    assert "401" in stats["last_error"]
+    assert {r.status for r in langfuse_receiver.requests} == {401}
+    assert langfuse_receiver.spans == [] and langfuse_receiver.scores == []
+    failures = [r for r in caplog.records if r.name == "art_core.langfuse"]
+    assert len(failures) == 1 and "dropped" in failures[0].getMessage()
+    # The OTLP exporter's own error lines for our exports are folded into that one warning.
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+async def test_langfuse_down_drops_the_traces_with_a_count_and_training_goes_on(
+    model: art.TrainableModel,
+):
+    with socket.socket() as probe:  # a port nothing listens on: connections are refused
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    down = art.LangfuseExporter(
+        public_key=PUBLIC_KEY, secret_key=SECRET_KEY, host=f"http://127.0.0.1:{port}", timeout=1.0
+    )
+    try:
+        result = await model.train(
+            varied_group(await groups_for(model, QUESTIONS[:1], per_group=2)), langfuse=down
+        )
+        assert down.flush(timeout=30)
+    finally:
+        down.close(timeout=5)
+    assert result.step == 1 and result.metrics["trained"] == 1.0
+    assert down.stats()["dropped_traces"] == 2 and down.stats()["exported_traces"] == 0
+
+
+async def test_a_503_is_retried_and_the_trace_arrives(
+    model: art.TrainableModel, exporter: art.LangfuseExporter, langfuse_receiver: LangfuseReceiver
+):
+    langfuse_receiver.fail_next.append(503)
+    groups = await groups_for(model, QUESTIONS[:1], per_group=1)
+    await model.log(groups, langfuse=exporter)
+    assert exporter.flush(timeout=30)
+    assert [r.status for r in langfuse_receiver.requests][:2] == [503, 200]
+    assert exporter.stats()["exported_traces"] == 1 and len(langfuse_receiver.traces()) == 1
+
+
+async def test_exporting_the_same_trajectories_again_writes_the_same_ids(
+    model: art.TrainableModel, exporter: art.LangfuseExporter, langfuse_receiver: LangfuseReceiver
+):
+    groups = await groups_for(model, QUESTIONS[:1], per_group=2)
+    await model.log(groups, langfuse=exporter)
+    assert exporter.flush(timeout=30)
+    first = (
+        sorted((s.trace_id, s.span_id) for s in langfuse_receiver.spans),
+        sorted(s["id"] for s in langfuse_receiver.scores),
+    )
+    langfuse_receiver.reset()
+    await model.log(groups, langfuse=exporter)
+    assert exporter.flush(timeout=30)
+    again = (
+        sorted((s.trace_id, s.span_id) for s in langfuse_receiver.spans),
+        sorted(s["id"] for s in langfuse_receiver.scores),
+    )
+    assert first == again and len(first[0]) == 4
+
+
+def test_a_full_queue_drops_with_a_count_at_once(langfuse_receiver: LangfuseReceiver, caplog):
+    small = art.LangfuseExporter(
+        public_key=PUBLIC_KEY,
+        secret_key=SECRET_KEY,
+        host=langfuse_receiver.url,
+        max_queued_traces=1,
+    )
+    unregistered = art.TrainableModel(name="offline", project="tests", base_model="none")
+    group = art.TrajectoryGroup([art.Trajectory(reward=1.0), art.Trajectory(reward=0.0)])
+    caplog.set_level(logging.WARNING)
+    try:
+        assert small.export_groups(unregistered, [group], split="val", step=0) is None
+        assert small.stats()["dropped_traces"] == 2
+        assert small.take_unreported("tests/offline") == {"langfuse/dropped_traces": 2.0}
+        assert "queue is full" in caplog.text
+    finally:
+        small.close(timeout=5)
+
+
+async def test_langfuse_true_without_keys_is_a_named_error(model: art.TrainableModel, monkeypatch):
+    for name in (
+        "LANGFUSE_PUBLIC_KEY",
+        "LANGFUSE_SECRET_KEY",
+        "LANGFUSE_HOST",
+        "LANGFUSE_BASE_URL",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(art.LangfuseConfigError, match="LANGFUSE_PUBLIC_KEY"):
+        await model.log([], langfuse=True)
+    with pytest.raises(art.LangfuseConfigError, match="LANGFUSE_HOST"):
+        art.LangfuseExporter(public_key="pk", secret_key="sk")
+
+
+def test_art_core_imports_without_the_langfuse_sdk_and_says_what_to_install():
+    code = """
+import os, sys
+for name in ("langfuse", "opentelemetry"):
+    sys.modules[name] = None  # import fails, find_spec says absent: as if not installed
+import art_core as art
+assert art.langfuse_stats()["exported_traces"] == 0
+try:
+    art.LangfuseExporter(public_key="pk", secret_key="sk", host="http://x")
+except art.LangfuseNotInstalledError as error:
+    assert "art-trainer[langfuse]" in str(error)
+else:
+    raise SystemExit("no LangfuseNotInstalledError")
+os.environ.update(LANGFUSE_PUBLIC_KEY="pk", LANGFUSE_SECRET_KEY="sk", LANGFUSE_HOST="http://x")
+from art_core._langfuse import resolve_exporter
+assert resolve_exporter(None) is None  # set but not installed: a warning, no export
+try:
+    resolve_exporter(True)
+except art.LangfuseNotInstalledError:
+    pass
+else:
+    raise SystemExit("langfuse=True without the SDK did not raise")
+"""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("LANGFUSE_")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=environment)
+
+
+def _close_default_exporter() -> None:
+    if _langfuse._default is not None:
+        _langfuse._default.close(timeout=5)
+        _langfuse._default = None
