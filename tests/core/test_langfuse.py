@@ -308,3 +308,97 @@ def _close_default_exporter() -> None:
     if _langfuse._default is not None:
         _langfuse._default.close(timeout=5)
         _langfuse._default = None
+
+
+def test_our_spans_scores_and_headers_match_what_the_langfuse_sdk_itself_sends(
+    exporter: art.LangfuseExporter, langfuse_receiver: LangfuseReceiver
+):
+    """The real SDK (its own tracer, propagate_attributes, create_score) through the receiver,
+    side by side with our export of the same shape of run."""
+    from langfuse import Langfuse, propagate_attributes
+    from openai.types.chat.chat_completion import Choice
+    from opentelemetry.sdk.trace import TracerProvider
+
+    sdk = Langfuse(
+        public_key=PUBLIC_KEY,
+        secret_key=SECRET_KEY,
+        base_url=langfuse_receiver.url,
+        tracer_provider=TracerProvider(),  # not the process-wide provider
+    )
+    sdk_trace_id = Langfuse.create_trace_id(seed="sdk-run")
+    with (
+        sdk.start_as_current_observation(
+            name="run", trace_context={"trace_id": sdk_trace_id}, input="hi", metadata={"r": 1}
+        ) as run,
+        propagate_attributes(
+            session_id="tests/sdk", tags=["split:val"], metadata={"step": 0}, trace_name="run"
+        ),
+    ):
+        run.update(output={"role": "assistant", "content": "yo"})
+        call = sdk.start_observation(
+            name="chat", as_type="generation", input=[{"role": "user", "content": "hi"}]
+        )
+        call.update(output={"role": "assistant", "content": "yo"}, metadata={"n": 1})
+        call.end()
+        tool = sdk.start_observation(name="lookup", as_type="tool", input={"city": "Paris"})
+        tool.update(output="9-18", metadata={"tool_call_id": "c1"})
+        tool.end()
+    sdk.create_score(name="reward", value=1.0, trace_id=sdk_trace_id, data_type="NUMERIC")
+    sdk.flush()
+    sdk.shutdown()
+
+    reply = Choice.model_validate(
+        {
+            "index": 0,
+            "finish_reason": "tool_calls",
+            "message": {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": '{"city": "Paris"}'},
+                    }
+                ],
+            },
+        }
+    )
+    ours = art.Trajectory(
+        messages_and_choices=[
+            {"role": "user", "content": "hi"},
+            reply,
+            {"role": "tool", "tool_call_id": "c1", "content": "9-18"},
+        ],
+        reward=1.0,
+    )
+    offline = art.TrainableModel(name="offline", project="tests", base_model="none")
+    exporter.export_groups(offline, [art.TrajectoryGroup([ours])], split="val", step=0)
+    assert exporter.flush(timeout=30)
+
+    traces = langfuse_receiver.traces()
+    sdk_spans = {span.type: span for span in traces[sdk_trace_id]}
+    our_spans = {span.type: span for span in traces[_langfuse.trace_id_for(ours.id)]}
+
+    def keys(span):  # attribute names, metadata keys folded
+        return {k.rsplit(".", 1)[0] if ".metadata." in k else k for k in span.attributes}
+
+    for kind in ("span", "generation", "tool"):
+        ours_only = keys(our_spans[kind]) - keys(sdk_spans[kind])
+        assert ours_only <= {"langfuse.internal.is_app_root"}, (kind, ours_only)
+        assert our_spans[kind].scope_name == sdk_spans[kind].scope_name == "langfuse-sdk"
+        assert our_spans[kind].scope_version == sdk_spans[kind].scope_version
+    # The same encodings: metadata values JSON-encoded, input/output JSON.
+    assert sdk_spans["generation"].metadata("n") == 1
+    assert sdk_spans["generation"].trace_metadata("step") == our_spans["generation"].trace_metadata(
+        "step"
+    )
+    assert our_spans["tool"].attribute_json("langfuse.observation.input") == (
+        sdk_spans["tool"].attribute_json("langfuse.observation.input")
+    )
+    otlp = [r for r in langfuse_receiver.requests if r.path == "/api/public/otel/v1/traces"]
+    header_names = [{k.lower() for k in r.headers} - {"content-length"} for r in otlp]
+    assert len(otlp) == 2 and header_names[0] == header_names[1]
+    sdk_score = langfuse_receiver.scores_of(sdk_trace_id)["reward"]
+    our_score = langfuse_receiver.scores_of(_langfuse.trace_id_for(ours.id))["reward"]
+    assert set(our_score) <= set(sdk_score) | {"timestamp"}
