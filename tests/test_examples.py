@@ -12,7 +12,9 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.mark.parametrize("name", ["demo", "autorl"])
+@pytest.mark.parametrize(
+    "name", ["demo", "autorl", "langgraph_react_agent", "langgraph_planner_ruler"]
+)
 def test_example_imports_and_parses_its_defaults(name: str, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
