@@ -69,7 +69,8 @@ async def ruler(
     a folder, True for `~/.cache/art-trainer/judge`, False for none. `usage` accumulates cost.
     `message_char_budget`: each message is cut to this many characters (marked); if the judge
     still answers that the prompt exceeds its context, the budget is halved and the prompt
-    resent, down to 200 characters.
+    resent, down to 200 characters. `sampling` (e.g. `{"temperature": 0.3}`) defaults to
+    greedy (temperature 0).
     """
     if message_char_budget < MIN_MESSAGE_CHAR_BUDGET:
         raise ValueError(
@@ -84,7 +85,9 @@ async def ruler(
     options: dict[str, Any] = {
         "model": model,
         "cache": resolve_cache(cache),
-        "sampling": sampling,
+        # A judge scores greedily unless told otherwise: a sampled score is noise, and the cache
+        # would keep one random draw.
+        "sampling": {"temperature": 0.0, **(sampling or {})},
         "timeout": timeout,
         "max_retries": max_retries,
         "usage": usage,

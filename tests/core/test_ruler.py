@@ -115,6 +115,7 @@ async def test_scores_become_rewards_and_the_old_reward_is_kept(
     assert first.logs[-1] == "RULER: because"
     assert group.rewards == [1.0, 0.0, 0.5]  # the input group is not modified
     request = scripted_judge.requests[0]
+    assert request["temperature"] == 0.0  # a judge scores greedily unless told otherwise
     assert request["response_format"]["type"] == "json_schema"
     assert request["response_format"]["json_schema"]["schema"]["required"] == [
         "run_1",
