@@ -264,3 +264,15 @@ def langfuse_receiver(langfuse_receiver_server: LangfuseReceiver) -> Iterator[La
     langfuse_receiver_server.reset()
     yield langfuse_receiver_server
     langfuse_receiver_server.reset()
+
+
+@pytest.fixture
+def exporter(langfuse_receiver: LangfuseReceiver) -> Iterator[Any]:
+    """An `art.LangfuseExporter` sending to the loopback Langfuse with the right keys."""
+    import art_core as art
+
+    exporter = art.LangfuseExporter(
+        public_key=PUBLIC_KEY, secret_key=SECRET_KEY, host=langfuse_receiver.url, timeout=2.0
+    )
+    yield exporter
+    exporter.close(timeout=5)

@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,23 +24,15 @@ from tests.core.langfuse_receiver import (
     PUBLIC_KEY,
     SECRET_KEY,
     LangfuseReceiver,
+    exporter,
     langfuse_receiver,
     langfuse_receiver_server,
 )
 from tests.core.rollouts import groups_for, varied_group
 
-__all__ = ["langfuse_receiver", "langfuse_receiver_server"]
+__all__ = ["exporter", "langfuse_receiver", "langfuse_receiver_server"]
 
 QUESTIONS = ["What is 2 + 2?", "Name a colour."]
-
-
-@pytest.fixture
-def exporter(langfuse_receiver: LangfuseReceiver) -> Iterator[art.LangfuseExporter]:
-    exporter = art.LangfuseExporter(
-        public_key=PUBLIC_KEY, secret_key=SECRET_KEY, host=langfuse_receiver.url, timeout=2.0
-    )
-    yield exporter
-    exporter.close(timeout=5)
 
 
 @pytest.fixture

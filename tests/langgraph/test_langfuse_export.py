@@ -4,32 +4,20 @@ every tool call a tool span paired with the ToolMessage that answered it."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 
-import pytest
 from langchain_core.tools import tool
 
 import art_core as art
 import art_langgraph
 from art_core._langfuse_trace import trace_id_for
 from tests.core.langfuse_receiver import (
-    PUBLIC_KEY,
-    SECRET_KEY,
     LangfuseReceiver,
+    exporter,
     langfuse_receiver,
     langfuse_receiver_server,
 )
 
-__all__ = ["langfuse_receiver", "langfuse_receiver_server"]
-
-
-@pytest.fixture
-def exporter(langfuse_receiver: LangfuseReceiver) -> Iterator[art.LangfuseExporter]:
-    exporter = art.LangfuseExporter(
-        public_key=PUBLIC_KEY, secret_key=SECRET_KEY, host=langfuse_receiver.url, timeout=2.0
-    )
-    yield exporter
-    exporter.close(timeout=5)
+__all__ = ["exporter", "langfuse_receiver", "langfuse_receiver_server"]
 
 
 async def test_a_react_agent_run_is_a_trace_of_generations_and_paired_tool_spans(

@@ -6,8 +6,6 @@ completions (no record on our backend): they are exported with what the trajecto
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 import art_core as art
@@ -15,24 +13,14 @@ import art_mcp
 from art_core._langfuse_trace import trace_id_for
 from examples.mcp_servers.inventory_server import create_server
 from tests.core.langfuse_receiver import (
-    PUBLIC_KEY,
-    SECRET_KEY,
     LangfuseReceiver,
+    exporter,
     langfuse_receiver,
     langfuse_receiver_server,
 )
 from tests.core.scripted_judge import Reply, call, scores_json
 
-__all__ = ["langfuse_receiver", "langfuse_receiver_server"]
-
-
-@pytest.fixture
-def exporter(langfuse_receiver: LangfuseReceiver) -> Iterator[art.LangfuseExporter]:
-    exporter = art.LangfuseExporter(
-        public_key=PUBLIC_KEY, secret_key=SECRET_KEY, host=langfuse_receiver.url, timeout=2.0
-    )
-    yield exporter
-    exporter.close(timeout=5)
+__all__ = ["exporter", "langfuse_receiver", "langfuse_receiver_server"]
 
 
 async def test_mcp_tool_calls_and_ruler_scores_reach_langfuse(
