@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import tempfile
 import time
@@ -29,6 +30,7 @@ from art_mcp._errors import McpServerError
 from art_mcp._tools import McpTool, ToolNames, tools_from_listing
 
 T = TypeVar("T")
+logger = logging.getLogger("art_mcp")
 
 # Error codes of a server that answered: the tool call was wrong, the server is fine.
 _TIMEOUT_CODE = -32001
@@ -213,6 +215,14 @@ class McpServer:
                     )
                 listed = [tool for tool in listed if tool.name in self.allowed_tools]
             self._tools = tools_from_listing(listed, reserved={"complete_task"})
+            for mcp_name, openai_name in self._tools[1].collisions:
+                logger.warning(
+                    "%s: tool %r is offered to the model as %r (its name, made valid for "
+                    "OpenAI, collided with another tool's)",
+                    self.label,
+                    mcp_name,
+                    openai_name,
+                )
         return self._tools
 
     async def list_resources(self) -> list[Any]:

@@ -81,10 +81,10 @@ async def train(
             generator,
             **autorl_options.pop("generation_options", {}),
         )
-    failures = {"rollouts": 0, "failed": 0}
 
     async def agent(scenario: art.Scenario, temperature: float) -> art.Trajectory:
-        failures["rollouts"] += 1
+        # Counted in the next step's metrics: mcp/failed_rollouts of mcp/rollouts.
+        model.pending_metrics["mcp/rollouts"] += 1
         try:
             return await rollout(
                 model,
@@ -95,8 +95,7 @@ async def train(
                 temperature=temperature,
             )
         except McpServerError:
-            failures["failed"] += 1
-            # Counted in the next step's metrics; the rollout stays an exception on its group.
+            # The rollout stays an exception on its group; the run goes on.
             model.pending_metrics["mcp/failed_rollouts"] += 1
             raise
 

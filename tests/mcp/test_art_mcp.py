@@ -48,12 +48,15 @@ async def test_discovery_is_the_same_over_every_transport(
     assert [p.name for p in await server.list_prompts()] == ["restocking_plan"]
 
 
-async def test_colliding_names_are_made_valid_reported_and_reach_the_right_tool(policy):
+async def test_colliding_names_are_made_valid_reported_and_reach_the_right_tool(
+    policy, caplog: pytest.LogCaptureFixture
+):
     scripted, model = policy
     server = art_mcp.McpServer.from_object(toy_server())
     tools = {t.name: t.openai_name for t in await server.list_tools()}
     assert tools["notes.search"] == "notes_search" and tools["notes/search"] == "notes_search_2"
     assert (await server.tool_names()).collisions == [("notes/search", "notes_search_2")]
+    assert "offered to the model as 'notes_search_2'" in caplog.text
     scripted.queue(
         call("notes_search_2", {"query": "q"}),
         call("notes_search", {"query": "q"}),

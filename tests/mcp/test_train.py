@@ -52,6 +52,8 @@ async def test_train_runs_autorls_loop_with_the_mcp_agent(
     )
     [step] = result.steps
     assert step.step == 1 and step.metrics["groups/submitted"] == 2
+    # The held-out rollouts before it and this step's 4: counted, none failed.
+    assert step.metrics["mcp/rollouts"] >= 4 and "mcp/failed_rollouts" not in step.metrics
     assert result.before.metrics["failed_rollouts"] == 0
     assert result.report is not None and "MCP server" in result.report.read_text()
     # The judge saw the agent's tools.
