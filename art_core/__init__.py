@@ -41,7 +41,7 @@ from art_core._scenarios import (
     save_scenarios,
     split_scenarios,
 )
-from art_core._structured import JudgeUsage, resolve_model
+from art_core._structured import JudgeUsage, judge_or_base_model, resolve_model
 from art_core._trajectory import History, RolloutException, Trajectory, TrajectoryGroup
 from art_core._utils import DatasetBatch, iterate_dataset, retry
 
@@ -91,6 +91,7 @@ __all__ = [
     "gather_trajectory_groups",
     "generate_scenarios",
     "iterate_dataset",
+    "judge_or_base_model",
     "langfuse_stats",
     "load_scenarios",
     "resolve_model",

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 import openai
 
+from art_core._backend import Backend
 from art_core._cache import ResponseCache
 from art_core._config import TokenPrice
 from art_core._errors import (
@@ -103,9 +104,27 @@ class JudgeUsage:
         for field in fields(self):
             setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
 
+    def summary(self) -> str:
+        """One line for people: requests, tokens, cache hits, and cost when priced."""
+        line = (
+            f"{self.requests} requests, {self.prompt_tokens} prompt + {self.completion_tokens} "
+            f"completion tokens, {self.cache_hits} cache hits"
+        )
+        return line + (f", ${self.cost_usd:.4f}" if self.cost_usd else "")
+
     def metrics(self, prefix: str = "judge/") -> dict[str, float]:
         """As step metrics (summed over groups by the backend)."""
         return {f"{prefix}{field.name}": float(getattr(self, field.name)) for field in fields(self)}
+
+
+async def judge_or_base_model(judge: str | None, backend: Backend, base_model: str) -> Model | str:
+    """`judge` (`"<provider>/<model>"`) when given; else the base model `backend` serves,
+    registered under its own name, so a run works offline (a small model is a weak judge)."""
+    if judge:
+        return judge
+    base = Model(name=base_model)
+    await base.register(backend)
+    return base
 
 
 def model_label(model: Model) -> str:

@@ -41,6 +41,36 @@ def before_after_table(before: Evaluation, after: Evaluation) -> str:
     return "\n".join(lines)
 
 
+def mean_metric(groups: list[Any], metric: str) -> float:
+    """The mean of one trajectory metric over every trajectory of `groups` (0 when none)."""
+    values = [float(t.metrics[metric]) for g in groups for t in g.trajectories]
+    return statistics.fmean(values) if values else 0.0
+
+
+def print_summary(
+    before: Evaluation,
+    after: Evaluation,
+    report: Path | None,
+    *,
+    examples: int = 3,
+    minutes: float | None = None,
+) -> None:
+    """Print what every training program prints at the end: the before/after table, a few
+    held-out answers before and after, and where the report is."""
+    print()
+    print(before_after_table(before, after))
+    print()
+    for b, a in list(zip(before.examples, after.examples, strict=False))[:examples]:
+        print(b.get("prompt", ""))
+        for label, item in (("before", b), ("after", a)):
+            print(f"  {label} (reward {_number(item.get('reward'))}):")
+            print("    " + str(item.get("answer", "")).replace("\n", "\n    "))
+    if report is not None:
+        print(f"\nReport: {report}\nReward curve: {report.parent / 'reward.png'}")
+    if minutes is not None:
+        print(f"Total {minutes:.1f} min")
+
+
 def plot_rewards(history: list[dict[str, Any]], path: Path, *, title: str) -> Path:
     """Train reward per step and held-out reward at each evaluation, as a PNG."""
     import matplotlib

@@ -28,10 +28,8 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import datetime
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -39,7 +37,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -47,6 +44,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _machine import machine_info
 from _markdown import publish
 from _ours import qkvo_model
 
@@ -393,25 +391,6 @@ def build_tiny_model(folder: Path) -> Path:
     return folder
 
 
-def machine_info() -> dict[str, Any]:
-    cpu_model = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model,
-        "python": platform.python_version(),
-        **{
-            package: version(package)
-            for package in ("langgraph", "langchain-core", "langchain-openai", "openai", "httpx")
-        },
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-
-
 LABELS = {
     "smollm2": "SmolLM2-135M-Instruct",
     "tiny": "tiny random model (worst case)",
@@ -559,7 +538,13 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 "tiny", str(tiny), args.tiny_runs, args.warmup, args.max_tokens
             )
             configs["tiny"]["base_model"] = "tests/tiny_model.py (built in a temporary folder)"
-    return {"benchmark": "langgraph_overhead", "machine": machine_info(), "configs": configs}
+    return {
+        "benchmark": "langgraph_overhead",
+        "machine": machine_info(
+            "langgraph", "langchain-core", "langchain-openai", "openai", "httpx"
+        ),
+        "configs": configs,
+    }
 
 
 def main() -> None:

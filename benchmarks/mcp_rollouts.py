@@ -40,10 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
-import datetime
 import json
-import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -52,7 +49,6 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +57,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _machine import machine_info
 from _markdown import publish
 from _scripted_policy import POLICY_CALLS_PER_ROLLOUT, TOOL_CALLS_PER_ROLLOUT, TURNS
 
@@ -510,22 +507,6 @@ def summarize(contender: Contender) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------- report
 
 
-def machine_info() -> dict[str, Any]:
-    cpu_model = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model,
-        "python": platform.python_version(),
-        **{package: version(package) for package in ("mcp", "openai", "httpx2", "uvicorn")},
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
-
-
 LABELS = {
     "stdio-new": "stdio, new session per rollout",
     "stdio-pool4": "stdio, pool of 4",
@@ -743,7 +724,7 @@ def main() -> None:
         measured = asyncio.run(measure(args, Path(work)))
     report = {
         "benchmark": "mcp_rollouts",
-        "machine": machine_info(),
+        "machine": machine_info("mcp", "openai", "httpx2", "uvicorn"),
         "settings": {
             "repetitions": args.repetitions,
             "rollouts_per_run": ROLLOUTS_PER_RUN,

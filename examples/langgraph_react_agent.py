@@ -50,7 +50,7 @@ from smollm2 import smollm2_trainable
 
 import art_core as art
 import art_langgraph
-from art_core.report import Evaluation, before_after_table, summarize, write_report
+from art_core.report import Evaluation, mean_metric, print_summary, summarize, write_report
 
 # LangGraph 1.x points to `langchain.agents.create_agent` (the `langchain` package, not installed
 # here); `create_react_agent` is the same prebuilt agent and works unchanged.
@@ -241,8 +241,8 @@ async def main(args: argparse.Namespace) -> None:
         m = result.metrics
         print(
             f"  step {result.step}: train reward {m['reward']:.3f}  looked up "
-            f"{_mean(groups, 'looked_up'):.2f}  computed {_mean(groups, 'computed'):.2f}  "
-            f"answered {_mean(groups, 'answered'):.2f}  trainable groups "
+            f"{mean_metric(groups, 'looked_up'):.2f}  computed {mean_metric(groups, 'computed'):.2f}  "
+            f"answered {mean_metric(groups, 'answered'):.2f}  trainable groups "
             f"{m['groups/trainable']:.0f}/{m['groups/submitted']:.0f}  "
             f"{m.get('step_seconds', 0):.1f}s train"
         )
@@ -266,21 +266,8 @@ async def main(args: argparse.Namespace) -> None:
         history=history,
         settings={**vars(args), "minutes": round(minutes, 1)},
     )
-    print()
-    print(before_after_table(before, after))
-    print()
-    for b, a in list(zip(before.examples, after.examples, strict=True))[:3]:
-        print(f"{b['prompt']}\n  before (reward {b['reward']:.1f}):")
-        print("    " + b["answer"].replace("\n", "\n    "))
-        print(f"  after (reward {a['reward']:.1f}):")
-        print("    " + a["answer"].replace("\n", "\n    "))
-    print(f"\nReport: {report}\nReward curve: {folder / 'reward.png'}\nTotal {minutes:.1f} min")
+    print_summary(before, after, report, examples=3, minutes=minutes)
     await backend.close()
-
-
-def _mean(groups: list[art.TrajectoryGroup], metric: str) -> float:
-    values = [float(t.metrics[metric]) for g in groups for t in g.trajectories]
-    return sum(values) / len(values) if values else 0.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

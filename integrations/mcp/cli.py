@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import art_core as art
+from art_core.report import print_summary
 from art_mcp._server import McpServer
 from art_mcp._train import train
 
@@ -71,11 +72,8 @@ async def run(args: argparse.Namespace) -> art.AutoRLResult:
     model = art.TrainableModel(name=name, project=args.project, base_model=args.model)
     print(f"Starting the backend ({args.model}) under {args.path}/ ...", flush=True)
     await model.register(backend)
-    if args.judge:
-        judge: art.Model | str = args.judge
-    else:
-        judge = art.Model(name=args.model)  # the base model, served by the same backend
-        await judge.register(backend)
+    judge = await art.judge_or_base_model(args.judge, backend, args.model)
+    if not args.judge:
         print("Judge: the base model itself (offline). A stronger judge gives better rewards.")
     try:
         async with server:
@@ -97,11 +95,8 @@ async def run(args: argparse.Namespace) -> art.AutoRLResult:
             )
     finally:
         await backend.close()
-    from art_core.report import before_after_table
-
-    print()
-    print(before_after_table(result.before, result.after))
-    print(f"\nReport: {result.report}")
+    print_summary(result.before, result.after, result.report)
+    print(f"\nJudge and generator: {result.judge_usage.summary()}")
     return result
 
 

@@ -57,16 +57,23 @@ def start_server(
     app = build_app(
         str(model), name=name, dtype=dtype, api_key=api_key, art_path=art_path, **kwargs
     )
-    port = free_port()
+    server, thread, url = serve_in_thread(app)
+    return server, thread, RunningServer(url, api_key, app, art_path)
+
+
+def serve_in_thread(app, port: int | None = None) -> tuple[uvicorn.Server, threading.Thread, str]:
+    """Run an ASGI app with uvicorn on 127.0.0.1 (a free port by default) in a daemon thread,
+    once it accepts connections; returns the server, its thread and its base URL."""
+    port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test server did not start")
+            raise RuntimeError(f"the test server on port {port} did not start")
         time.sleep(0.02)
-    return server, thread, RunningServer(f"http://127.0.0.1:{port}", api_key, app, art_path)
+    return server, thread, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="session")

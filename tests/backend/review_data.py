@@ -83,23 +83,8 @@ def write_review_store(root: Path) -> ModelStore:
 
 
 def start_review_server(root: Path, *, api_key: str | None = None):
-    """`art review`'s app over `root` on a free 127.0.0.1 port, in a thread; returns (server, url)."""
-    import threading
-    import time
-
-    import uvicorn
-
+    """`art review`'s app over `root` on a free 127.0.0.1 port, in a thread."""
     from art_backend._review_cli import build_review_server
-    from tests.backend.conftest import free_port
+    from tests.backend.conftest import serve_in_thread
 
-    port = free_port()
-    app = build_review_server(root, api_key=api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the review server did not start")
-        time.sleep(0.02)
-    return server, thread, f"http://127.0.0.1:{port}"
+    return serve_in_thread(build_review_server(root, api_key=api_key))

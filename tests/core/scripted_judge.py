@@ -19,7 +19,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from tests.backend.conftest import free_port
+from tests.backend.conftest import serve_in_thread
 
 
 @dataclass
@@ -128,16 +128,7 @@ def _message(reply: Reply) -> dict[str, Any]:
 
 
 def start_scripted_judge() -> tuple[ScriptedJudge, uvicorn.Server, threading.Thread]:
-    port = free_port()
-    judge = ScriptedJudge(f"http://127.0.0.1:{port}/v1")
-    server = uvicorn.Server(
-        uvicorn.Config(_app(judge), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the scripted judge did not start")
-        time.sleep(0.02)
+    judge = ScriptedJudge("")
+    server, thread, url = serve_in_thread(_app(judge))
+    judge.url = f"{url}/v1"
     return judge, server, thread
