@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,19 +20,9 @@ from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, T
 from art_core._errors import ModelNotRegisteredError, NotTrainableError
 from art_core._langfuse import ExportJob, LangfuseExporter, resolve_exporter, take_unreported
 from art_core._trajectory import History, Trajectory, TrajectoryGroup
+from art_core.names import check_name
 
 logger = logging.getLogger("art_core.model")
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-
-def _check_name(value: str, what: str) -> str:
-    if not _NAME.match(value) or ".." in value:
-        raise ValueError(
-            f"invalid {what} {value!r}: use 1-100 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return value
 
 
 class Model:
@@ -58,7 +47,7 @@ class Model:
     ) -> None:
         self.name = name
         self.price = price
-        self.project = _check_name(project, "project name")
+        self.project = check_name(project, "project name")
         self.base_url = base_url
         self.api_key = api_key
         self.inference_model_name = inference_model_name or name
@@ -137,7 +126,7 @@ class TrainableModel(Model):
         base_model: str,
         lora: LoRAConfig | None = None,
     ) -> None:
-        super().__init__(_check_name(name, "model name"), project=project)
+        super().__init__(check_name(name, "model name"), project=project)
         self.base_model = base_model
         self.lora_config = lora or LoRAConfig()
         self._step: int | None = None

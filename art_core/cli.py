@@ -3,18 +3,21 @@
     art mcp-train <URL> | --stdio "<command>" --model ... --steps ...   (art_mcp, extra [mcp])
     art review --path .art [--port 8080] [--api-key KEY]             (art_backend, extra [backend])
 
-The table names modules, not imports: art_core itself never imports MCP or the backend, and a
-subcommand whose extra is not installed says which one to install.
+Each subcommand is a declared entry point of the group `art_trainer.commands` (pyproject.toml),
+so art_core itself never imports MCP or the backend; a subcommand whose extra is not installed
+says which one to install.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
+from importlib.metadata import entry_points
 
+ENTRY_POINT_GROUP = "art_trainer.commands"
+# subcommand -> (the extra it needs, what it does)
 SUBCOMMANDS = {
-    "mcp-train": ("art_mcp.cli", "mcp", "train an agent against an MCP server"),
-    "review": ("art_backend._review_cli", "backend", "browse trajectories, flag what not to train"),
+    "mcp-train": ("mcp", "train an agent against an MCP server"),
+    "review": ("backend", "browse trajectories, flag what not to train"),
 }
 
 
@@ -22,12 +25,20 @@ def main(argv: list[str] | None = None) -> int:
     """Dispatch `art <subcommand> ...`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        lines = [f"  {name:<12} {about}" for name, (_, _, about) in SUBCOMMANDS.items()]
+        lines = [f"  {name:<12} {about}" for name, (_, about) in SUBCOMMANDS.items()]
         print("usage: art <command> [options]\n\ncommands:\n" + "\n".join(lines))
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    module_name, extra, _ = SUBCOMMANDS[argv[0]]
+    extra, _ = SUBCOMMANDS[argv[0]]
+    declared = {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
+    if argv[0] not in declared:
+        print(
+            f"art {argv[0]}: the entry point is not installed; reinstall art-trainer "
+            f"(pip install -e '.[{extra}]').",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        module = importlib.import_module(module_name)
+        command = declared[argv[0]].load()
     except ImportError as error:
         print(
             f"art {argv[0]} needs the [{extra}] extra: pip install 'art-trainer[{extra}]' "
@@ -35,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    return int(module.main(argv[1:]) or 0)
+    return int(command(argv[1:]) or 0)
 
 
 if __name__ == "__main__":

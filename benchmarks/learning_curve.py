@@ -145,7 +145,7 @@ def main() -> None:
 
     from _trl_learning_curve import run_trl_curve_in_subprocess
 
-    from art_backend._loading import ensure_default_model
+    from art_backend.serving._loading import ensure_default_model
 
     print("ours ...", flush=True)
     ours = asyncio.run(our_curve(args))

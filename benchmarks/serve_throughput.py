@@ -49,7 +49,7 @@ VENV_BIN = Path(sys.executable).parent
 
 def _auto_dtype() -> str:
     """What `--dtype auto` gives on this machine's CPU: bf16 only with native bf16 instructions."""
-    from art_backend._loading import cpu_supports_bf16
+    from art_backend.serving._loading import cpu_supports_bf16
 
     return "bfloat16" if cpu_supports_bf16() else "float32"
 
@@ -812,7 +812,7 @@ def write_markdown(section: str, dtype: str) -> None:
 
 
 async def run_all(args: argparse.Namespace) -> dict[str, Any]:
-    from art_backend._loading import ensure_default_model
+    from art_backend.serving._loading import ensure_default_model
 
     folder = Path(args.model) if args.model else ensure_default_model()
     print(f"model folder: {folder}", flush=True)

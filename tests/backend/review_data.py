@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from art_backend._checkpoints import ModelStore
+from art_backend.store._checkpoints import ModelStore
 
 PROJECT, MODEL = "shop", "agent-1"
 
@@ -84,7 +84,7 @@ def write_review_store(root: Path) -> ModelStore:
 
 def start_review_server(root: Path, *, api_key: str | None = None):
     """`art review`'s app over `root` on a free 127.0.0.1 port, in a thread."""
-    from art_backend._review_cli import build_review_server
+    from art_backend.review.cli import build_review_server
     from tests.backend.conftest import serve_in_thread
 
     return serve_in_thread(build_review_server(root, api_key=api_key))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from art_backend._checkpoints import ModelStore, read_trajectories
+from art_backend.store._checkpoints import ModelStore, read_trajectories
 
 
 def write_files(folder: Path) -> None:

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from art_backend._constrained import GrammarCompiler, SequenceConstraint, apply_constraints
 from art_backend._errors import BackendError, InvalidGrammarError
+from art_backend.serving._constrained import GrammarCompiler, SequenceConstraint, apply_constraints
 
 MAX_NEW_TOKENS = 200
 

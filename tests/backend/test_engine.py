@@ -9,8 +9,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from art_backend._engine import Engine, FinishEvent, GenerationRequest
-from art_backend._sampling import SamplingParams
+from art_backend.serving._engine import (
+    Engine,
+    FinishEvent,
+    GenerationRequest,
+    SamplingParams,
+    TrainableEngine,
+)
+from art_backend.serving._torch_engine import TorchEngine
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +30,7 @@ def load_model(folder: Path):
 
 @pytest.fixture
 def engine(tiny_model_dir: Path, tokenizer):
-    engine = Engine(
+    engine = TorchEngine(
         load_model(tiny_model_dir),
         tokenizer,
         eos_token_ids=[tokenizer.eos_token_id],
@@ -215,3 +221,10 @@ async def test_held_back_stop_prefix_is_released_when_the_stop_never_comes(engin
     assert event.finish_reason == free.finish_reason
     assert event.text == free.text == "".join(deltas)
     assert event.text == tokenizer.decode(event.token_ids, skip_special_tokens=True)
+
+
+def test_the_torch_engine_implements_both_seams(engine) -> None:
+    """The chat service talks to `Engine`, the trainer to `TrainableEngine`: the torch engine is both."""
+    assert isinstance(engine, Engine)
+    assert isinstance(engine, TrainableEngine)
+    assert engine.vocab_size >= len(engine.tokenizer)  # every token id has a logit

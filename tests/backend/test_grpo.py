@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from art_backend._grpo import (
+from art_backend.training._grpo import (
     LOSS_PRESETS,
     LossConfig,
     advantages_from_rewards,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from art_backend._kv_cache import ROOM, GrowingLayer
+from art_backend.serving._kv_cache import ROOM, GrowingLayer
 
 
 def states(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ import torch
 
 from art_backend import _loading
 from art_backend._errors import ModelLoadError
-from art_backend._loading import (
+from art_backend.serving._loading import (
     DEFAULT_MODEL,
     LoadedModel,
     load_model,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from art_backend._review_store import (
+from art_backend.store._review_decisions import (
     append_decision,
     list_pending,
     read_decisions,

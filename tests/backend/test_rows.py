@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from art_backend._grpo import loss_denominator, loss_preset, policy_loss
-from art_backend._rows import (
+from art_backend.training._grpo import loss_denominator, loss_preset, policy_loss
+from art_backend.training._rows import (
     DROP_REASONS,
     Rows,
     Sequence,

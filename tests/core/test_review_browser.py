@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import art_core as art
-from art_backend._review_store import list_pending
+from art_backend.store._review_decisions import list_pending
 from tests.backend.conftest import RunningServer
 from tests.core.conftest import fresh_model
 from tests.core.rollouts import groups_for, varied_group

@@ -18,8 +18,8 @@ import pytest
 from pydantic import ValidationError
 
 import art_core as art
-from art_backend._checkpoints import read_trajectories
-from art_backend._review_store import PendingStep, list_pending, write_pending
+from art_backend.store._checkpoints import read_trajectories
+from art_backend.store._review_decisions import PendingStep, list_pending, write_pending
 from tests.backend.conftest import RunningServer
 from tests.core.conftest import fresh_model
 from tests.core.rollouts import groups_for, varied_group

@@ -15,15 +15,15 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from art_backend._review_hold import held_for_review
-from art_backend._training import TrainingService
-from art_backend._training_schemas import (
+from art_backend.training._review_hold import held_for_review
+from art_backend.training._schemas import (
     DeleteCheckpointsRequest,
     LogRequest,
     RegisterRequest,
     SFTRequest,
     TrainRequest,
 )
+from art_backend.training._service import TrainingService
 
 
 def training_router(training: TrainingService) -> APIRouter:

@@ -24,7 +24,7 @@ def build_review_server(art_path: Path, *, api_key: str | None = None) -> FastAP
     from fastapi.responses import RedirectResponse
 
     from art_backend._auth import ApiKeyMiddleware
-    from art_backend._review_app import create_review_app
+    from art_backend.review._app import create_review_app
 
     app = FastAPI(title="art review", docs_url=None, redoc_url=None, openapi_url=None)
     if api_key:

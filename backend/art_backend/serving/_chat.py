@@ -13,17 +13,26 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from art_backend._engine import Engine, FinishEvent, GenerationRequest, TokenEvent
 from art_backend._errors import (
     BackendError,
     ContextLengthError,
     InvalidRequestError,
     ModelNotServedError,
 )
-from art_backend._records import CompletionRecords
-from art_backend._sampling import SamplingParams
-from art_backend._schemas import ChatCompletionRequest
-from art_backend._tool_calls import parse_tool_calls, prepare_messages, template_supports_tools
+from art_backend.serving._engine import (
+    Engine,
+    FinishEvent,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+)
+from art_backend.serving._records import CompletionRecords
+from art_backend.serving._schemas import ChatCompletionRequest
+from art_backend.serving._tool_calls import (
+    parse_tool_calls,
+    prepare_messages,
+    template_supports_tools,
+)
 
 
 class ChatService:
@@ -89,7 +98,7 @@ class ChatService:
                 param=field,
             )
 
-        vocab_size = self.engine.model.config.vocab_size
+        vocab_size = self.engine.vocab_size
         logit_bias = {int(token): value for token, value in (request.logit_bias or {}).items()}
         for token in logit_bias:
             if not 0 <= token < vocab_size:

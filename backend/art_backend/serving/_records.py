@@ -9,20 +9,18 @@ lost before training is never lost silently.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import OrderedDict
 from typing import Any
 
 from art_backend._errors import InvalidNameError
-
-ROLLOUT_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+from art_core.names import is_rollout_id
 
 
 def validate_rollout_id(rollout_id: str) -> str:
     """Rollout ids are 1-128 characters of letters, digits, `.`, `_`, `:` and `-`."""
-    if not ROLLOUT_ID_PATTERN.match(rollout_id):
+    if not is_rollout_id(rollout_id):
         raise InvalidNameError(
             f"Invalid rollout id {rollout_id[:140]!r}: use 1-128 letters, digits, '.', '_', ':' "
             "or '-', starting with a letter or digit.",

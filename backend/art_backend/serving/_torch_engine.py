@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,14 @@ import torch
 from transformers import DynamicCache
 
 from art_backend._errors import EngineStoppedError, InvalidRequestError
-from art_backend._kv_cache import make_growing
-from art_backend._sampling import (
-    SamplingParams,
+from art_backend.serving._engine import (
+    EngineMetrics,
+    FinishEvent,
+    GenerationRequest,
+    TokenEvent,
+)
+from art_backend.serving._kv_cache import make_growing
+from art_backend.serving._sampling import (
     apply_bias_and_penalties,
     make_generator,
     sample_token,
@@ -37,48 +42,6 @@ from art_backend._sampling import (
 logger = logging.getLogger("art_backend.engine")
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
-
-
-@dataclass
-class TokenEvent:
-    """One sampled token of one choice, with the text it added (may be empty while held back)."""
-
-    choice_index: int
-    token_id: int
-    logprob: float
-    top_logprobs: list[tuple[int, float]]
-    text_delta: str
-
-
-@dataclass
-class FinishEvent:
-    """A choice is done: its full text, sampled ids, logprobs and why it stopped."""
-
-    choice_index: int
-    finish_reason: str  # "stop" | "length" | "error" | "cancelled"
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[int, float]]]
-    error: str | None = None
-
-
-@dataclass
-class GenerationRequest:
-    """A prompt to complete `n` times with one adapter and one set of sampling parameters."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    n: int = 1
-    adapter: str | None = None
-    constraint_factory: Callable[[], Any] | None = None  # builds one grammar matcher per choice
-    stream_tokens: bool = True  # False: only FinishEvents (saves a thread hop per token)
-    cancelled: bool = False
-    _emit: Callable[[TokenEvent | FinishEvent], object] | None = None
-
-    def cancel(self) -> None:
-        """Ask the engine to drop this request's rows at the next step."""
-        self.cancelled = True
 
 
 @dataclass
@@ -101,25 +64,11 @@ class _Sequence:
     finished: bool = False
 
 
-@dataclass
-class EngineMetrics:
-    """Counters read by GET /metrics."""
+class TorchEngine:
+    """Owns the model on one thread; `submit` is safe to call from any thread or event loop.
 
-    requests_total: int = 0
-    requests_failed: int = 0
-    requests_cancelled: int = 0
-    prompt_tokens_total: int = 0
-    generated_tokens_total: int = 0
-    decode_steps_total: int = 0
-    decode_rows_total: int = 0  # sum of batch sizes over decode steps
-    max_batch_size_seen: int = 0
-    prefill_batches_total: int = 0
-    prefill_tokens_total: int = 0  # prompt tokens actually run through the model
-    busy_seconds_total: float = 0.0
-
-
-class Engine:
-    """Owns the model on one thread; `submit` is safe to call from any thread or event loop."""
+    Implements the serving seam (`Engine`) and the colocated-training one (`TrainableEngine`).
+    """
 
     def __init__(
         self,
@@ -172,6 +121,11 @@ class Engine:
     def running_rows(self) -> int:
         """Rows (choices) currently in the decode batch."""
         return len(self._batch)
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the model's output vocabulary."""
+        return int(self._config.vocab_size)
 
     # ---------------------------------------------------------------------------------- adapters
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from art_backend._checkpoints import ModelStore, read_trajectories
 from art_backend._errors import BackendError
-from art_backend._review_store import (
+from art_backend.store._checkpoints import ModelStore, read_trajectories
+from art_backend.store._review_decisions import (
     PendingStep,
     ReviewState,
     list_pending,
@@ -23,7 +23,7 @@ from art_backend._review_store import (
     read_pending,
     review_state,
 )
-from art_backend._training_schemas import NAME_PATTERN, SPLIT_PATTERN
+from art_core.names import is_name, is_split
 
 # The "split" of steps held for review in URLs (steps named by their pending id): a leading
 # "_" is not allowed in split names, so it cannot collide with a logged split.
@@ -57,7 +57,7 @@ def list_models(root: Path) -> list[ModelSummary]:
     summaries = []
     for model_dir in sorted(root.glob("*/models/*")):
         project, name = model_dir.parent.parent.name, model_dir.name
-        if not model_dir.is_dir() or not (NAME_PATTERN.match(project) and NAME_PATTERN.match(name)):
+        if not model_dir.is_dir() or not (is_name(project) and is_name(name)):
             continue
         store = ModelStore(root, project, name)
         train_rows = [row for row in store.read_history() if row.get("type") == "train"]
@@ -77,7 +77,7 @@ def list_models(root: Path) -> list[ModelSummary]:
 
 def open_model(root: Path, project: str, name: str) -> ModelStore:
     """The store of one model, or a 404 that lists the models there are."""
-    valid = NAME_PATTERN.match(project) and NAME_PATTERN.match(name) and ".." not in project + name
+    valid = is_name(project) and is_name(name)
     if valid and (root / project / "models" / name).is_dir():
         return ModelStore(root, project, name)
     known = [f"{m.project}/{m.name}" for m in list_models(root)]
@@ -117,7 +117,7 @@ def list_steps(store: ModelStore) -> list[StepEntry]:
     entries = []
     folder = store.dir / "trajectories"
     for split_dir in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if not SPLIT_PATTERN.match(split_dir.name):
+        if not is_split(split_dir.name):
             continue
         for path in sorted(split_dir.iterdir()):
             if match := STEP_FILE_PATTERN.match(path.name):
@@ -237,7 +237,7 @@ def load_step(store: ModelStore, split: str, step: str, state: ReviewState) -> S
     entries = [e for e in list_steps(store) if e.split == split]
     number = int(step) if step.isdigit() and len(step) <= 9 else None
     entry = next((e for e in entries if e.step == number), None)
-    if not SPLIT_PATTERN.match(split) or entry is None:
+    if not is_split(split) or entry is None:
         steps = ", ".join(str(e.step) for e in entries)
         raise ReviewNotFoundError(
             f"No {split!r} step {step!r} for {store.project}/{store.name}: "

@@ -13,7 +13,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from art_backend._review_browse import PENDING, TrajectoryView, message_text
+from art_backend.review._browse import PENDING, TrajectoryView, message_text
 
 PREFIX = "/review"
 

@@ -15,15 +15,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from art_backend._checkpoints import ModelStore
-from art_backend._review_browse import PENDING
-from art_backend._review_store import (
+from art_backend.review._browse import PENDING
+from art_backend.store._checkpoints import ModelStore
+from art_backend.store._review_decisions import (
     PendingStep,
     read_review_state,
     remove_pending,
     write_pending,
 )
-from art_backend._training_schemas import TrainRequest, trajectory_rows
+from art_backend.training._schemas import TrainRequest, trajectory_rows
 
 POLL_SECONDS = 0.25
 

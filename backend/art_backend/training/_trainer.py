@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from art_backend._engine import Engine
-from art_backend._grpo import LossConfig, loss_denominator, policy_loss
-from art_backend._rows import Rows, micro_batches
+from art_backend.serving._engine import TrainableEngine
+from art_backend.training._grpo import LossConfig, loss_denominator, policy_loss
+from art_backend.training._rows import Rows, micro_batches
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 TRAINER_STATE = "trainer_state.pt"
@@ -76,7 +76,9 @@ class StepMetrics:
 class LoraTrainer:
     """GRPO and SFT on one LoRA adapter inside the engine's model, with AdamW."""
 
-    def __init__(self, engine: Engine, adapter_name: str, lora: dict[str, Any], *, seed: int = 0):
+    def __init__(
+        self, engine: TrainableEngine, adapter_name: str, lora: dict[str, Any], *, seed: int = 0
+    ):
         from peft import LoraConfig
 
         self.engine = engine
@@ -92,11 +94,12 @@ class LoraTrainer:
         with torch.random.fork_rng():  # the LoRA init is reproducible and leaves global RNG alone
             torch.manual_seed(seed)
             engine.add_trainable_adapter(adapter_name, config)
-        self.params = [
-            param
-            for name, param in sorted(engine.model.named_parameters())
-            if f".{adapter_name}." in name
-        ]
+        with engine.exclusive() as model:
+            self.params = [
+                param
+                for name, param in sorted(model.named_parameters())
+                if f".{adapter_name}." in name
+            ]
         if not self.params:
             raise ValueError(
                 f"LoRA target modules {lora['target_modules']} matched nothing in the model"

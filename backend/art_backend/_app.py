@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 from collections.abc import Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,22 +18,22 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art_backend._auth import ApiKeyMiddleware
-from art_backend._chat import ChatService
 from art_backend._errors import BackendError, InvalidNameError, InvalidRequestError
-from art_backend._records import validate_rollout_id
-from art_backend._review_app import create_review_app
-from art_backend._schemas import (
+from art_backend.review._app import create_review_app
+from art_backend.serving._chat import ChatService
+from art_backend.serving._records import validate_rollout_id
+from art_backend.serving._schemas import (
     ChatCompletionRequest,
     LoadAdapterRequest,
     LookupCompletionsRequest,
 )
-from art_backend._training import TrainingService
-from art_backend._training_routes import training_router
+from art_backend.training._routes import training_router
+from art_backend.training._service import TrainingService
+from art_core.names import is_adapter_name
 
 logger = logging.getLogger("art_backend.app")
 
 DISCONNECT_POLL_SECONDS = 0.5
-ADAPTER_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}@[0-9]{1,9}$")
 
 
 def create_app(
@@ -141,7 +140,7 @@ def create_app(
 
     @app.post("/v1/adapters")
     async def load_adapter(body: LoadAdapterRequest):
-        if not ADAPTER_NAME_PATTERN.match(body.name) or ".." in body.name:
+        if not is_adapter_name(body.name):
             raise InvalidNameError(
                 f"Invalid adapter name {body.name!r}: use `<name>@<step>` with letters, digits, "
                 "'.', '_' or '-' in the name.",

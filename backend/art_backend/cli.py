@@ -5,17 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import signal
 import threading
 import time
 from pathlib import Path
 
 from art_backend._errors import BackendError, InvalidNameError
+from art_core.names import base_model_aliases, is_served_name
 
 logger = logging.getLogger("art_backend.cli")
-
-SERVED_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 
 
 def build_app(
@@ -30,21 +28,21 @@ def build_app(
 ):
     """Load the model, start the engine, and return the FastAPI app (engine stops on shutdown)."""
     from art_backend._app import create_app
-    from art_backend._chat import ChatService
-    from art_backend._constrained import GrammarCompiler
-    from art_backend._engine import Engine
-    from art_backend._loading import load_model
-    from art_backend._records import CompletionRecords
-    from art_backend._training import TrainingService
+    from art_backend.serving._chat import ChatService
+    from art_backend.serving._constrained import GrammarCompiler
+    from art_backend.serving._loading import load_model
+    from art_backend.serving._records import CompletionRecords
+    from art_backend.serving._torch_engine import TorchEngine
+    from art_backend.training._service import TrainingService
 
     served_name = name or default_served_name(base_model)
-    if not SERVED_NAME_PATTERN.match(served_name) or ".." in served_name or "@" in served_name:
+    if not is_served_name(served_name):
         raise InvalidNameError(
             f"Invalid served name {served_name!r}: use letters, digits, '.', '_', '-' or '/', "
             "no '..' and no '@' (reserved for adapter steps)."
         )
     loaded = load_model(base_model, dtype=dtype, device=device)
-    engine = Engine(
+    engine = TorchEngine(
         loaded.model,
         loaded.tokenizer,
         eos_token_ids=loaded.eos_token_ids,
@@ -66,18 +64,9 @@ def build_app(
     return create_app(service, api_key=api_key, art_path=art_path, training=training)
 
 
-def base_model_aliases(base_model: str) -> list[str]:
-    """Names a client may use for this base model: as given, and the embedded default's two names."""
-    from art_backend._loading import DEFAULT_MODEL, DEFAULT_MODEL_ALIAS
-
-    if base_model in (DEFAULT_MODEL, DEFAULT_MODEL_ALIAS):
-        return [base_model, DEFAULT_MODEL, DEFAULT_MODEL_ALIAS]
-    return [base_model]
-
-
 def default_served_name(base_model: str) -> str:
     """A hub id serves under itself; a local folder under the folder's name."""
-    if SERVED_NAME_PATTERN.match(base_model) and ".." not in base_model:
+    if is_served_name(base_model):
         return base_model
     return Path(base_model).expanduser().name or "base"
 

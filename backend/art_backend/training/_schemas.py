@@ -9,7 +9,6 @@ has its range, so a bad config is a 400 that names the field before anything tra
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -18,9 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from art_core._config import LoRAConfig as LoraSettings
 from art_core._config import TrainConfig as TrainSettings
 from art_core._config import TrainSFTConfig as SFTSettings
-
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-SPLIT_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
+from art_core.names import check_name, check_split
 
 
 class _Strict(BaseModel):
@@ -28,12 +25,7 @@ class _Strict(BaseModel):
 
 
 def _check_name(value: str, what: str) -> str:
-    if not NAME_PATTERN.match(value) or ".." in value:
-        raise ValueError(
-            f"invalid {what} {value!r}: use 1-100 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return value
+    return check_name(value, what)
 
 
 class ForkFrom(_Strict):
@@ -123,9 +115,7 @@ class LogRequest(_Strict):
     @field_validator("split")
     @classmethod
     def _split(cls, value: str) -> str:
-        if not SPLIT_PATTERN.match(value):
-            raise ValueError(f"invalid split {value!r}: use letters, digits, '_' or '-'")
-        return value
+        return check_split(value)
 
 
 class DeleteCheckpointsRequest(_Strict):

@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from art_backend._checkpoints import ModelStore, fault_point
-from art_backend._engine import Engine
 from art_backend._errors import BackendError, InvalidRequestError
-from art_backend._grpo import advantages_from_rewards, loss_preset
-from art_backend._records import CompletionRecords
-from art_backend._review_store import ReviewState, read_review_state, remove_all_pending
-from art_backend._rows import (
+from art_backend.serving._engine import TrainableEngine
+from art_backend.serving._records import CompletionRecords
+from art_backend.store._checkpoints import ModelStore, fault_point
+from art_backend.store._review_decisions import ReviewState, read_review_state, remove_all_pending
+from art_backend.training._grpo import advantages_from_rewards, loss_preset
+from art_backend.training._rows import (
     Sequence,
     TrajectoryTurns,
     build_sequences,
@@ -42,8 +42,7 @@ from art_backend._rows import (
     sft_sequence,
     turns_from_record,
 )
-from art_backend._trainer import TRAINER_STATE, LoraTrainer, OptimizerSettings
-from art_backend._training_schemas import (
+from art_backend.training._schemas import (
     DeleteCheckpointsRequest,
     GroupPayload,
     LogRequest,
@@ -54,6 +53,7 @@ from art_backend._training_schemas import (
     TrajectoryPayload,
     trajectory_rows,
 )
+from art_backend.training._trainer import TRAINER_STATE, LoraTrainer, OptimizerSettings
 
 logger = logging.getLogger("art_backend.training")
 
@@ -102,7 +102,7 @@ class TrainingService:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: TrainableEngine,
         records: CompletionRecords,
         *,
         art_path: Path,

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from art_backend._checkpoints import ModelStore
-from art_backend._review_browse import (
+from art_backend.review._browse import (
     PENDING,
     GroupView,
     ModelSummary,
@@ -20,7 +19,7 @@ from art_backend._review_browse import (
     TrajectoryView,
     message_text,
 )
-from art_backend._review_html import (
+from art_backend.review._html import (
     PREFIX,
     Urls,
     badges,
@@ -34,8 +33,9 @@ from art_backend._review_html import (
     trajectory_card,
     when,
 )
-from art_backend._review_plots import Series, line_chart, reward_strip
-from art_backend._review_store import PendingStep
+from art_backend.review._plots import Series, line_chart, reward_strip
+from art_backend.store._checkpoints import ModelStore
+from art_backend.store._review_decisions import PendingStep
 
 # Plotted by default on a model's page (when present); `?metrics=all` plots every metric.
 DEFAULT_PLOTS = (

@@ -18,9 +18,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from art_backend._checkpoints import ModelStore
 from art_backend._errors import BackendError, InvalidRequestError
-from art_backend._review_browse import (
+from art_backend.review._browse import (
     PENDING,
     ReviewNotFoundError,
     StepView,
@@ -30,9 +29,9 @@ from art_backend._review_browse import (
     load_step,
     open_model,
 )
-from art_backend._review_filters import TrajectoryFilter
-from art_backend._review_html import PREFIX, Urls
-from art_backend._review_pages import (
+from art_backend.review._filters import TrajectoryFilter
+from art_backend.review._html import PREFIX, Urls
+from art_backend.review._pages import (
     SEARCH_LIMIT,
     error_page,
     group_page,
@@ -42,7 +41,8 @@ from art_backend._review_pages import (
     step_page,
     trajectory_page,
 )
-from art_backend._review_store import (
+from art_backend.store._checkpoints import ModelStore
+from art_backend.store._review_decisions import (
     append_decision,
     list_pending,
     read_decisions,

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from art_backend._errors import InvalidRequestError
-from art_backend._review_browse import GroupView, TrajectoryView
-from art_backend._training_schemas import SPLIT_PATTERN
+from art_backend.review._browse import GroupView, TrajectoryView
+from art_core.names import is_split
 
 FILTER_FIELDS = (
     "min_reward",
@@ -58,7 +58,7 @@ class TrajectoryFilter:
                     f"Unknown filter {name!r}: use {', '.join(FILTER_FIELDS)}.", param=name
                 )
         split = query.get("split") or None
-        if split is not None and not SPLIT_PATTERN.match(split):
+        if split is not None and not is_split(split):
             raise InvalidRequestError(f"Invalid split {split!r}.", param="split")
         return cls(
             min_reward=_number(query, "min_reward"),

@@ -8,30 +8,9 @@ what the trainer compares its new policy against.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-
-@dataclass
-class SamplingParams:
-    """Per-choice sampling settings, already validated by the HTTP layer."""
-
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 means off
-    stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    top_logprobs: int = 0
-    grammar: str | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+from art_backend.serving._engine import SamplingParams
 
 
 def apply_bias_and_penalties(
