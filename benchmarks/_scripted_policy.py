@@ -2,7 +2,7 @@
 
     python benchmarks/_scripted_policy.py [--delay SECONDS]
 
-Starts the test suite's scripted OpenAI-compatible server (`tests/core/scripted_judge.py`, real
+Starts the test suite's scripted OpenAI-compatible server (`tests/support/scripted_judge.py`, real
 HTTP on 127.0.0.1) with a fixed policy, prints its base URL on one line, and serves until its
 standard input closes. The policy decides by the number of tool results in the conversation:
 search_items, get_item, low_stock_report, then complete_task. A process of its own, so that the
@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.core.scripted_judge import Reply, call, start_scripted_judge
+from tests.support.scripted_judge import Reply, call, start_scripted_judge
 
 TURNS = [
     ("search_items", {"query": "coffee", "max_results": 10}),

@@ -15,7 +15,7 @@ in milliseconds, the median of the paired differences, and a breakdown of B's ex
 (inside the graph vs assembling the trajectory: GET /v1/rollouts/{id} and parsing).
 
 Two configurations: SmolLM2-135M-Instruct (the target: <= 5% overhead) and the tiny random test
-model (`tests/tiny_model.py`), where generation is nearly free, so the overhead is most visible.
+model (`tests/support/tiny_model.py`), where generation is nearly free, so the overhead is most visible.
 
     .venv/bin/python benchmarks/langgraph_overhead.py [--runs 50] [--only smollm2|tiny]
 
@@ -383,7 +383,7 @@ def summarize(
 def build_tiny_model(folder: Path) -> Path:
     """The test suite's tiny random model, built in a child process (this one stays torch-free)."""
     subprocess.run(
-        [sys.executable, "-m", "tests.tiny_model", str(folder)],
+        [sys.executable, "-m", "tests.support.tiny_model", str(folder)],
         cwd=ROOT,
         check=True,
         stdout=subprocess.DEVNULL,
@@ -537,7 +537,9 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             configs["tiny"] = await measure(
                 "tiny", str(tiny), args.tiny_runs, args.warmup, args.max_tokens
             )
-            configs["tiny"]["base_model"] = "tests/tiny_model.py (built in a temporary folder)"
+            configs["tiny"]["base_model"] = (
+                "tests/support/tiny_model.py (built in a temporary folder)"
+            )
     return {
         "benchmark": "langgraph_overhead",
         "machine": machine_info(

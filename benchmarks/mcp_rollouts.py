@@ -3,7 +3,7 @@
 The example inventory server (`examples/mcp_servers/inventory_server.py`) in six
 configurations: stdio and streamable HTTP, each with a new MCP session per rollout
 (`pool_size=0`), a pool of 4 sessions and a pool of 16 (as many as rollouts in a batch). The
-policy is the test suite's scripted OpenAI-compatible server (`tests/core/scripted_judge.py`,
+policy is the test suite's scripted OpenAI-compatible server (`tests/support/scripted_judge.py`,
 real HTTP on 127.0.0.1, in a process of its own) playing a fixed policy: search_items,
 get_item, low_stock_report, complete_task (3 tool calls and 4 policy calls a rollout). Two
 policies: an instant one (our share of the time is as large as it gets) and one that waits

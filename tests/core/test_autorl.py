@@ -4,8 +4,6 @@ real openai client), so every score is known; the policy is the tiny model on ou
 
 from __future__ import annotations
 
-import itertools
-import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,24 +11,9 @@ from typing import Any
 import pytest
 
 import art_core as art
-from tests.core.scripted_judge import Reply, ScriptedJudge, scores_json
+from tests.support.scripted_judge import Reply, ScriptedJudge, responder, scores_json
 
 TASK = "Answer short questions about the opening hours and services of a bike shop."
-
-
-def responder(body: dict[str, Any], counter=itertools.count()) -> Reply:
-    """Scenarios when asked for scenarios; otherwise scores that favour longer runs."""
-    schema = body["response_format"]["json_schema"]
-    if schema["name"] == "scenarios":
-        count = schema["schema"]["properties"]["scenarios"]["minItems"]
-        tasks = [
-            {"task": f"Question {next(counter)}: when do you open on day {i}?", "difficulty": 2,
-             "expected": None}
-            for i in range(count)
-        ]  # fmt: skip
-        return Reply(json.dumps({"scenarios": tasks}))
-    runs = len(schema["schema"]["required"])
-    return Reply(scores_json(*[(k + 1) / runs for k in range(runs)]))
 
 
 async def test_autorl_generates_trains_evaluates_and_reports(

@@ -19,8 +19,7 @@ import pytest
 
 import art_core as art
 from art_core import _langfuse
-from tests.core.conftest import fresh_model
-from tests.core.langfuse_receiver import (
+from tests.support.langfuse_receiver import (
     PUBLIC_KEY,
     SECRET_KEY,
     LangfuseReceiver,
@@ -28,7 +27,8 @@ from tests.core.langfuse_receiver import (
     langfuse_receiver,
     langfuse_receiver_server,
 )
-from tests.core.rollouts import groups_for, varied_group
+from tests.support.models import fresh_model
+from tests.support.rollouts import groups_for, varied_group
 
 __all__ = ["exporter", "langfuse_receiver", "langfuse_receiver_server"]
 

@@ -15,8 +15,8 @@ import pytest
 
 import art_core as art
 from art_core._ruler_prompt import build_judge_prompt, distinct_runs
-from tests.core.rollouts import answer_rollout
-from tests.core.scripted_judge import Reply, ScriptedJudge, scores_json
+from tests.support.rollouts import answer_rollout
+from tests.support.scripted_judge import Reply, ScriptedJudge, scores_json
 
 SYSTEM = {"role": "system", "content": "You are a travel agent. " + "Policy text. " * 40}
 USER = {"role": "user", "content": "Book me a flight to Lisbon on Friday."}

@@ -10,7 +10,7 @@ import pytest
 import art_core as art
 from art_core._scenarios import scenario_schema
 from art_core._structured import JudgeUsage, structured_completion
-from tests.core.scripted_judge import Reply, ScriptedJudge
+from tests.support.scripted_judge import Reply, ScriptedJudge
 
 DESCRIPTION = "A support agent for a bike shop: answers questions about repairs and opening hours."
 

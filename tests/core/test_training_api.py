@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 import art_core as art
-from tests.core.rollouts import answer_rollout, groups_for, varied_group
+from tests.support.rollouts import answer_rollout, groups_for, varied_group
 
 QUESTIONS = ["What is 1 + 1?", "What is 2 + 3?"]
 

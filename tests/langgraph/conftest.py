@@ -7,9 +7,7 @@ from pathlib import Path
 import pytest
 
 import art_core as art
-from tests.core.conftest import fresh_model, remote_backend, training_server
-
-__all__ = ["remote_backend", "training_server"]
+from tests.support.models import fresh_model
 
 
 @pytest.fixture

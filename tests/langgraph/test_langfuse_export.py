@@ -10,7 +10,7 @@ from langchain_core.tools import tool
 import art_core as art
 import art_langgraph
 from art_core._langfuse_trace import trace_id_for
-from tests.core.langfuse_receiver import (
+from tests.support.langfuse_receiver import (
     LangfuseReceiver,
     exporter,
     langfuse_receiver,

@@ -14,17 +14,13 @@ import pytest
 from mcp.server.mcpserver import MCPServer
 
 from examples.mcp_servers.inventory_server import HTTP_PATH, create_server
+from tests.support.models import fresh_model
+from tests.support.servers import free_port
 
 INVENTORY_SERVER_PATH = (
     Path(__file__).resolve().parents[2] / "examples" / "mcp_servers" / "inventory_server.py"
 )
 STARTUP_TIMEOUT_SECONDS = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_until_listening(process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
@@ -89,23 +85,6 @@ def time_server_command() -> tuple[str, list[str]]:
 
 
 # ------------------------------------------------ policies: scripted (real HTTP) and the tiny model
-
-from tests.core.conftest import (  # noqa: E402 - the shared backend and scripted-model fixtures
-    fresh_model,
-    judge_model,
-    remote_backend,
-    scripted_judge,
-    scripted_judge_server,
-    training_server,
-)
-
-__all__ = [
-    "judge_model",
-    "remote_backend",
-    "scripted_judge",
-    "scripted_judge_server",
-    "training_server",
-]
 
 
 @pytest.fixture

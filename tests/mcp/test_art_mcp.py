@@ -14,9 +14,9 @@ import pytest
 import art_core as art
 import art_mcp
 from examples.mcp_servers.inventory_server import create_server
-from tests.core.scripted_judge import Reply, call
-from tests.mcp.conftest import free_port
 from tests.mcp.toy_server import toy_server
+from tests.support.scripted_judge import Reply, call
+from tests.support.servers import free_port
 
 TOY_SERVER_PATH = str(Path(__file__).with_name("toy_server.py"))
 INVENTORY_TOOLS = {"search_items", "get_item", "create_item", "update_stock", "low_stock_report"}

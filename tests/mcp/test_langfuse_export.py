@@ -12,13 +12,13 @@ import art_core as art
 import art_mcp
 from art_core._langfuse_trace import trace_id_for
 from examples.mcp_servers.inventory_server import create_server
-from tests.core.langfuse_receiver import (
+from tests.support.langfuse_receiver import (
     LangfuseReceiver,
     exporter,
     langfuse_receiver,
     langfuse_receiver_server,
 )
-from tests.core.scripted_judge import Reply, call, scores_json
+from tests.support.scripted_judge import Reply, call, scores_json
 
 __all__ = ["exporter", "langfuse_receiver", "langfuse_receiver_server"]
 

@@ -12,8 +12,7 @@ import art_core as art
 import art_mcp
 from art_mcp import cli
 from examples.mcp_servers.inventory_server import create_server
-from tests.core.scripted_judge import ScriptedJudge
-from tests.core.test_autorl import responder
+from tests.support.scripted_judge import ScriptedJudge, responder
 
 
 async def test_generated_scenarios_see_the_servers_tools_resources_and_prompts(

@@ -12,7 +12,8 @@ Every per-token tensor is aligned with `input_ids`: position p describes token i
 - The new logprob at position p therefore comes from the logits at position p - 1:
       new_logprobs[:, p] = log_softmax(logits[:, p - 1])[input_ids[:, p]]
   `token_logprobs(logits, input_ids)` does this shift and returns a tensor aligned the same way
-  (column 0 is 0). Position 0 is never trained: every turn has a non-empty prompt.
+  (column 0 is 0). Position 0 is never trained: every turn has a non-empty prompt. The trainer
+  calls the same function on logits of the trained window only (`first_column=`).
 
 Then `_grpo.policy_loss(new_logprobs, rows.old_logprobs, rows.advantages, rows.trained_mask, ...)`
 takes the tensors as they are. With micro-batches, compute the step's denominator once over all
@@ -239,17 +240,43 @@ def micro_batches(rows: Rows, *, token_budget: int) -> list[Rows]:
     return [rows.select(batch) for batch in batches]
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log p(input_ids[:, p] | input_ids[:, :p]) from logits [R, T, V], aligned with input_ids.
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, *, first_column: int = 1
+) -> torch.Tensor:
+    """log p(input_ids[:, p] | input_ids[:, :p]) for p >= first_column, aligned with input_ids.
 
-    Column 0 has no prediction and is 0 (never trained). Computed in float32: bf16 logprobs are
-    too coarse to compare with the sampler's.
+    `logits` [R, W, V] are the model's outputs at positions first_column - 1 .. T - 1, so
+    W = T - first_column + 1: a full forward is W = T with the default first_column = 1; the
+    trainer asks the model for the last W positions only (`logits_to_keep`), since prompt
+    positions need no logits. Columns before first_column are 0 (never trained). Computed in
+    float32: bf16 logprobs are too coarse to compare with the sampler's.
     """
+    return token_logprobs_and_entropy(logits, input_ids, first_column=first_column)[0]
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor, input_ids: torch.Tensor, *, first_column: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs`, and the entropy of each predicted distribution (no gradient), both
+    aligned with input_ids (columns before first_column are 0)."""
+    if first_column < 1:
+        raise ValueError("first_column must be >= 1: position 0 has no prediction")
+    if logits.shape[1] != input_ids.shape[1] - first_column + 1:
+        raise ValueError(
+            f"logits cover {logits.shape[1]} positions; expected "
+            f"{input_ids.shape[1] - first_column + 1} for first_column={first_column}"
+        )
     predicting = logits[:, :-1].float()
-    labels = input_ids[:, 1:]
-    chosen = predicting.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    shifted = chosen - torch.logsumexp(predicting, dim=-1)
-    return torch.nn.functional.pad(shifted, (1, 0), value=0.0)
+    labels = input_ids[:, first_column:]
+    log_norm = torch.logsumexp(predicting, dim=-1)
+    chosen = predicting.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - log_norm
+    with torch.no_grad():
+        entropy = log_norm - (torch.softmax(predicting, dim=-1) * predicting).sum(-1)
+    pad = (first_column, 0)
+    return (
+        torch.nn.functional.pad(chosen, pad, value=0.0),
+        torch.nn.functional.pad(entropy, pad, value=0.0),
+    )
 
 
 def sft_sequence(

@@ -22,7 +22,7 @@ import torch
 
 from art_backend.serving._engine import TrainableEngine
 from art_backend.training._grpo import LossConfig, loss_denominator, policy_loss
-from art_backend.training._rows import Rows, micro_batches
+from art_backend.training._rows import Rows, micro_batches, token_logprobs_and_entropy
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 TRAINER_STATE = "trainer_state.pt"
@@ -215,16 +215,10 @@ class LoraTrainer:
             use_cache=False,
             logits_to_keep=width - first + 1,
         )
-        logits = output.logits[:, :-1].float().cpu()  # predicts positions first .. width-1
-        labels = batch.input_ids[:, first:]
-        log_norm = torch.logsumexp(logits, dim=-1)
-        chosen = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - log_norm
-        new = torch.nn.functional.pad(chosen, (first, 0), value=0.0)
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)
-            entropy = log_norm - (probs * logits).sum(-1)
-            trained = batch.trained_mask[:, first:]
-            entropy_sum = torch.where(trained, entropy, 0.0).sum()
+        new, entropy = token_logprobs_and_entropy(
+            output.logits.cpu(), batch.input_ids, first_column=first
+        )
+        entropy_sum = torch.where(batch.trained_mask, entropy, 0.0).sum()
         return new, entropy_sum
 
     @torch.no_grad()

@@ -20,9 +20,9 @@ from pydantic import ValidationError
 import art_core as art
 from art_backend.store._checkpoints import read_trajectories
 from art_backend.store._review_decisions import PendingStep, list_pending, write_pending
-from tests.backend.conftest import RunningServer
-from tests.core.conftest import fresh_model
-from tests.core.rollouts import groups_for, varied_group
+from tests.support.models import fresh_model
+from tests.support.rollouts import groups_for, varied_group
+from tests.support.servers import RunningServer
 
 QUESTIONS = ["What is 1 + 1?", "What is 2 + 3?"]
 

@@ -9,7 +9,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
-from tests.backend.conftest import RunningServer
+from tests.support.servers import RunningServer
 
 QUESTION = "What is the capital of France?"
 

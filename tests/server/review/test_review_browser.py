@@ -15,9 +15,9 @@ import pytest
 
 import art_core as art
 from art_backend.store._review_decisions import list_pending
-from tests.backend.conftest import RunningServer
-from tests.core.conftest import fresh_model
-from tests.core.rollouts import groups_for, varied_group
+from tests.support.models import fresh_model
+from tests.support.rollouts import groups_for, varied_group
+from tests.support.servers import RunningServer
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Playwright's own browsers are never downloaded: Debian's chromium, flags for a sandboxed CI box.

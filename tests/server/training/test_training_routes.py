@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.backend.conftest import RunningServer
+from tests.support.servers import RunningServer
 
 MODELS = "/v1/training/models"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.backend.conftest import free_port
-from tests.backend.review_data import MODEL, PROJECT, start_review_server, write_review_store
+from tests.support.review_data import MODEL, PROJECT, start_review_server, write_review_store
+from tests.support.servers import free_port
 
 MODEL_PAGE = f"/review/{PROJECT}/{MODEL}"
 STEP0 = f"{MODEL_PAGE}/steps/train/0"

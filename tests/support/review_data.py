@@ -85,6 +85,6 @@ def write_review_store(root: Path) -> ModelStore:
 def start_review_server(root: Path, *, api_key: str | None = None):
     """`art review`'s app over `root` on a free 127.0.0.1 port, in a thread."""
     from art_backend.review.cli import build_review_server
-    from tests.backend.conftest import serve_in_thread
+    from tests.support.servers import serve_in_thread
 
     return serve_in_thread(build_review_server(root, api_key=api_key))

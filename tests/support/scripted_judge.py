@@ -8,6 +8,7 @@ test uses the real `openai` client over real HTTP.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -19,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from tests.backend.conftest import serve_in_thread
+from tests.support.servers import serve_in_thread
 
 
 @dataclass
@@ -132,3 +133,18 @@ def start_scripted_judge() -> tuple[ScriptedJudge, uvicorn.Server, threading.Thr
     server, thread, url = serve_in_thread(_app(judge))
     judge.url = f"{url}/v1"
     return judge, server, thread
+
+
+def responder(body: dict[str, Any], counter=itertools.count()) -> Reply:
+    """A default script: scenarios when asked for scenarios; otherwise scores favouring later runs."""
+    schema = body["response_format"]["json_schema"]
+    if schema["name"] == "scenarios":
+        count = schema["schema"]["properties"]["scenarios"]["minItems"]
+        tasks = [
+            {"task": f"Question {next(counter)}: when do you open on day {i}?", "difficulty": 2,
+             "expected": None}
+            for i in range(count)
+        ]  # fmt: skip
+        return Reply(json.dumps({"scenarios": tasks}))
+    runs = len(schema["schema"]["required"])
+    return Reply(scores_json(*[(k + 1) / runs for k in range(runs)]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.backend.conftest import start_server
+from tests.support.servers import start_server
 
 pytestmark = pytest.mark.slow
 

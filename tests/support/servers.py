@@ -1,16 +1,14 @@
-"""Fixtures that start the real HTTP server on 127.0.0.1 with the tiny model."""
+"""Start the real HTTP server on 127.0.0.1 (the tiny model by default) and talk to it."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 import uvicorn
 
 
@@ -74,42 +72,3 @@ def serve_in_thread(app, port: int | None = None) -> tuple[uvicorn.Server, threa
             raise RuntimeError(f"the test server on port {port} did not start")
         time.sleep(0.02)
     return server, thread, f"http://127.0.0.1:{port}"
-
-
-@pytest.fixture(scope="session")
-def server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningServer]:
-    """The tiny model served without an API key."""
-    uv_server, thread, running = start_server(tiny_model_dir, tmp_path_factory.mktemp("art"))
-    yield running
-    uv_server.should_exit = True
-    thread.join(10)
-
-
-@pytest.fixture(scope="session")
-def keyed_server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[RunningServer]:
-    """The tiny model served with an API key."""
-    uv_server, thread, running = start_server(
-        tiny_model_dir, tmp_path_factory.mktemp("art-keyed"), api_key="secret-key"
-    )
-    yield running
-    uv_server.should_exit = True
-    thread.join(10)
-
-
-@pytest.fixture
-def client(server: RunningServer):
-    """The real openai SDK pointed at the test server."""
-    import openai
-
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture
-def async_client(server: RunningServer):
-    import openai
-
-    return openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

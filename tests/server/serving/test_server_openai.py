@@ -17,8 +17,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.backend.chat_messages import assistant_tool_calls, tool_result
-from tests.backend.conftest import RunningServer
+from tests.support.chat_messages import assistant_tool_calls, tool_result
+from tests.support.servers import RunningServer
 
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},

@@ -18,6 +18,7 @@ from art_backend.training._rows import (
     micro_batches,
     pack_rows,
     token_logprobs,
+    token_logprobs_and_entropy,
     turns_from_record,
 )
 
@@ -242,3 +243,24 @@ def test_token_logprobs_align_with_input_ids_like_old_logprobs():
         torch.log_softmax(logits[0, p - 1], -1)[input_ids[0, p]].item() for p in range(1, 4)
     ]
     torch.testing.assert_close(got, torch.tensor([expected]))
+
+
+def test_token_logprobs_of_a_window_match_the_full_forward():
+    # The trainer computes logits only from the first trained column on (`logits_to_keep`):
+    # the same function must give the same logprobs there, and zeros before.
+    vocab, length, first = 7, 6, 3
+    input_ids = torch.randint(0, vocab, (2, length))
+    logits = torch.randn(2, length, vocab)
+    full = token_logprobs(logits, input_ids)
+    window = token_logprobs(logits[:, first - 1 :], input_ids, first_column=first)
+    torch.testing.assert_close(window[:, first:], full[:, first:])
+    assert window[:, :first].abs().sum() == 0
+    _, entropy = token_logprobs_and_entropy(logits, input_ids)
+    expected = -(torch.softmax(logits[0, 0], -1) * torch.log_softmax(logits[0, 0], -1)).sum()
+    torch.testing.assert_close(entropy[0, 1], expected)
+
+
+def test_token_logprobs_refuse_a_window_of_the_wrong_width():
+    input_ids = torch.zeros(1, 5, dtype=torch.long)
+    with pytest.raises(ValueError, match="expected 3"):
+        token_logprobs(torch.zeros(1, 4, 3), input_ids, first_column=3)

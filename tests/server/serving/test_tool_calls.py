@@ -16,8 +16,8 @@ from art_backend.serving._tool_calls import (
     render_tools_system_prompt,
     template_supports_tools,
 )
-from tests.backend.chat_messages import assistant_tool_calls, tool_result
-from tests.tiny_model import CHATML_TEMPLATE
+from tests.support.chat_messages import assistant_tool_calls, tool_result
+from tests.support.tiny_model import CHATML_TEMPLATE
 
 WEATHER_TOOL = {
     "type": "function",

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.backend.conftest import RunningServer
+from tests.support.servers import RunningServer
 
 EOS_ID = 2  # <|im_end|> in the tiny tokenizer: banned so the generation would run long
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from art_backend.serving._engine import (
     Engine,
@@ -17,15 +17,12 @@ from art_backend.serving._engine import (
     TrainableEngine,
 )
 from art_backend.serving._torch_engine import TorchEngine
+from tests.support.adapters import load_model, make_random_adapter
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-def load_model(folder: Path):
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
 @pytest.fixture
@@ -162,17 +159,6 @@ async def test_stop_string_truncates_text_and_keeps_tokens(engine, tokenizer):
     assert stopped.finish_reason == "stop"
     assert stopped.text == text[: text.find(stop)]
     assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)]
-
-
-def make_random_adapter(base_dir: Path, folder: Path, seed: int) -> Path:
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    config = LoraConfig(
-        r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
-    )
-    get_peft_model(load_model(base_dir), config).save_pretrained(folder)
-    return folder
 
 
 async def test_adapters_share_base_weights_and_mix_in_one_batch(

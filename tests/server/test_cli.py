@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.backend.conftest import free_port
+from tests.support.servers import free_port
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tests.backend.conftest import start_server
-from tests.backend.test_engine import make_random_adapter
+from tests.support.adapters import make_random_adapter
+from tests.support.servers import start_server
 
 QUESTION = [{"role": "user", "content": "which adapter answers?"}]
 

@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from tests.backend.conftest import RunningServer
+from tests.support.servers import RunningServer
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
 

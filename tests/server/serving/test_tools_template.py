@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from tests.backend.chat_messages import assistant_tool_calls, tool_result
-from tests.backend.conftest import start_server
+from tests.support.chat_messages import assistant_tool_calls, tool_result
+from tests.support.servers import start_server
 
 # A trimmed Qwen2.5-style template: tools in the system turn, calls and results as tagged blocks.
 TOOLS_TEMPLATE = (

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from art_backend._auth import SESSION_COOKIE
-from tests.backend.conftest import RunningServer
-from tests.backend.review_data import MODEL, PROJECT, start_review_server, write_review_store
+from tests.support.review_data import MODEL, PROJECT, start_review_server, write_review_store
+from tests.support.servers import RunningServer
 
 KEY = "secret-key"  # keyed_server's
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import art_core as art
-from tests.core.rollouts import groups_for, varied_group
+from tests.support.rollouts import groups_for, varied_group
 
 QUESTIONS = ["What is 1 + 1?", "What is 2 + 3?"]
 

@@ -1,0 +1,150 @@
+"""The shared fixtures, registered for every test folder by tests/conftest.py (pytest_plugins).
+
+The tiny model, the servers on 127.0.0.1 (serving, keyed, training), the two backends, the
+scripted judge. Helpers that are not fixtures live beside this file and are imported directly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+import art_core as art
+from tests.support.models import fresh_model
+from tests.support.scripted_judge import ScriptedJudge, start_scripted_judge
+from tests.support.servers import RunningServer, start_server
+from tests.support.tiny_model import build_tiny_model
+
+# ------------------------------------------------------------------------------ the tiny model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder with a tiny random Llama model and a ChatML tokenizer, built once per session."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _judge_cache_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Judge and generator answers cached by default go to a temporary folder, not ~/.cache."""
+    previous = os.environ.get("ART_CACHE_DIR")
+    os.environ["ART_CACHE_DIR"] = str(tmp_path_factory.mktemp("art-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("ART_CACHE_DIR", None)
+    else:
+        os.environ["ART_CACHE_DIR"] = previous
+
+
+# --------------------------------------------------------------------------------- the servers
+
+
+@pytest.fixture(scope="session")
+def server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    """The tiny model served without an API key."""
+    uv_server, thread, running = start_server(tiny_model_dir, tmp_path_factory.mktemp("art"))
+    yield running
+    uv_server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def keyed_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    """The tiny model served with an API key."""
+    uv_server, thread, running = start_server(
+        tiny_model_dir, tmp_path_factory.mktemp("art-keyed"), api_key="secret-key"
+    )
+    yield running
+    uv_server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture
+def client(server: RunningServer):
+    """The real openai SDK pointed at the test server."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def async_client(server: RunningServer):
+    import openai
+
+    return openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+# ------------------------------------------------------------- backends and the scripted judge
+
+
+@pytest.fixture(scope="session")
+def training_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    """An art-server in this process (so tests can look inside), tiny model, no API key."""
+    uv_server, thread, running = start_server(tiny_model_dir, tmp_path_factory.mktemp("art-train"))
+    yield running
+    uv_server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="session")
+async def remote_backend(training_server: RunningServer) -> AsyncIterator[art.RemoteBackend]:
+    backend = art.RemoteBackend(training_server.url)
+    yield backend
+    await backend.close()
+
+
+@pytest.fixture(scope="session")
+async def local_backend(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[art.LocalBackend]:
+    """The backend in a child process (started by the first register)."""
+    backend = art.LocalBackend(path=tmp_path_factory.mktemp("art-local"), dtype="float32")
+    yield backend
+    await backend.close()
+
+
+@pytest.fixture(params=["remote", "local"])
+def backend(request: pytest.FixtureRequest) -> art.RemoteBackend:
+    return request.getfixturevalue(f"{request.param}_backend")
+
+
+@pytest.fixture
+async def model(backend: art.RemoteBackend, tiny_model_dir: Path) -> art.TrainableModel:
+    """A freshly registered model, on each backend in turn."""
+    return await fresh_model(backend, tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def scripted_judge_server() -> Iterator[ScriptedJudge]:
+    judge, server, thread = start_scripted_judge()
+    yield judge
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture
+def scripted_judge(scripted_judge_server: ScriptedJudge) -> Iterator[ScriptedJudge]:
+    """The scripted judge with an empty script and no recorded requests."""
+    scripted_judge_server.reset()
+    yield scripted_judge_server
+    scripted_judge_server.reset()
+
+
+@pytest.fixture
+def judge_model(scripted_judge: ScriptedJudge) -> art.Model:
+    """The scripted judge as an art.Model, priced at $1/$4 per million tokens."""
+    return art.Model(
+        name="scripted-judge",
+        base_url=scripted_judge.url,
+        api_key="test-key",
+        price=art.TokenPrice(input_per_million=1.0, output_per_million=4.0),
+    )
