@@ -186,14 +186,12 @@ class LangfuseExporter:
                     project=model.project, model=model.name, step=step, split=split, group=index
                 )
                 items.append((snapshot, context))
-        backend = model._backend
+        base_url = model.inference_base_url
         job = ExportJob(
             items=items,
             owner=f"{model.project}/{model.name}",
-            records_url=f"{backend.inference_base_url}/chat/completions/lookup"
-            if backend
-            else None,
-            api_key=backend.api_key if backend else None,
+            records_url=f"{base_url}/chat/completions/lookup" if base_url else None,
+            api_key=model.inference_api_key,
         )
         if not wait_for_advantages:
             job.ready.set()

@@ -70,6 +70,17 @@ class Model:
         """Prompt this model through `backend`'s OpenAI-compatible endpoint."""
         self._backend = backend
 
+    @property
+    def inference_base_url(self) -> str | None:
+        """The OpenAI-compatible base URL this model is prompted through (its backend's, once
+        registered; else the `base_url` it was given; None when it has neither)."""
+        return self._backend.inference_base_url if self._backend is not None else self.base_url
+
+    @property
+    def inference_api_key(self) -> str | None:
+        """The API key for `inference_base_url` (None when the endpoint needs none)."""
+        return self._backend.api_key if self._backend is not None else self.api_key
+
     def get_inference_name(self, step: int | None = None) -> str:
         """The `model` value for chat completions."""
         return self.inference_model_name
@@ -79,10 +90,7 @@ class Model:
 
         Keyword arguments (timeout, max_retries, ...) give a new, separate client.
         """
-        base_url: str | None = self.base_url
-        api_key: str | None = self.api_key
-        if self._backend is not None:
-            base_url, api_key = self._backend.inference_base_url, self._backend.api_key
+        base_url, api_key = self.inference_base_url, self.inference_api_key
         if base_url is None:
             raise ModelNotRegisteredError(
                 f"{self!r} has no base_url and no backend: pass base_url= or register it."

@@ -133,10 +133,7 @@ def model_label(model: Model) -> str:
     Our own backend listens on a new loopback port every run; its served name (`name@step`)
     already says which weights answered.
     """
-    base_url = model.base_url
-    backend = getattr(model, "_backend", None)
-    if backend is not None:
-        base_url = backend.inference_base_url
+    base_url = model.inference_base_url
     host = urlparse(base_url or "").hostname or ""
     local = host in ("127.0.0.1", "localhost", "::1", "")
     name = model.get_inference_name()

@@ -28,9 +28,7 @@ class TrainableChatModel(ChatOpenAI):
 
     def __init__(self, art_model: art.Model, **kwargs: Any) -> None:
         # A model registered on a backend, or a prompted art.Model with its own base_url.
-        backend = art_model._backend
-        base_url = backend.inference_base_url if backend is not None else art_model.base_url
-        api_key = backend.api_key if backend is not None else art_model.api_key
+        base_url, api_key = art_model.inference_base_url, art_model.inference_api_key
         if base_url is None:
             art_model.backend  # noqa: B018 - raises ModelNotRegisteredError, which says what to do
         defaults = {
