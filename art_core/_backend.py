@@ -10,20 +10,30 @@ import json
 import logging
 import secrets
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from art_core._config import TrainConfig, TrainResult, TrainSFTConfig
+from art_core._config import LoRAConfig, TrainConfig, TrainResult, TrainSFTConfig
 from art_core._errors import BackendCrashedError, BackendRequestError, InvalidTrajectoryError
 from art_core._trajectory import Trajectory, TrajectoryGroup, group_payload
-
-if TYPE_CHECKING:
-    from art_core._model import TrainableModel
 
 logger = logging.getLogger("art_core.backend")
 
 TRAIN_TIMEOUT = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
+
+
+class ModelRef(Protocol):
+    """What a backend reads from a trainable model: which one it is and what it trains.
+
+    (A protocol rather than `TrainableModel` itself: the model calls its backend, so the
+    backend module must not import the model's.)
+    """
+
+    project: str
+    name: str
+    base_model: str
+    lora_config: LoRAConfig
 
 
 @runtime_checkable
@@ -35,25 +45,25 @@ class Backend(Protocol):
     @property
     def api_key(self) -> str | None: ...
     def rollout_base_url(self, rollout_id: str) -> str: ...
-    async def register(self, model: TrainableModel, **options: Any) -> dict[str, Any]: ...
+    async def register(self, model: ModelRef, **options: Any) -> dict[str, Any]: ...
     async def train(
         self,
-        model: TrainableModel,
+        model: ModelRef,
         groups: list[TrajectoryGroup],
         config: TrainConfig,
         *,
         client_metrics: Mapping[str, float] | None = None,
     ) -> TrainResult: ...
     async def train_sft(
-        self, model: TrainableModel, trajectories: list[Trajectory], config: TrainSFTConfig
+        self, model: ModelRef, trajectories: list[Trajectory], config: TrainSFTConfig
     ) -> TrainResult: ...
     async def log(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str
+        self, model: ModelRef, groups: list[TrajectoryGroup], split: str
     ) -> dict[str, Any]: ...
-    async def get_step(self, model: TrainableModel) -> int: ...
-    async def history(self, model: TrainableModel) -> list[dict[str, Any]]: ...
+    async def get_step(self, model: ModelRef) -> int: ...
+    async def history(self, model: ModelRef) -> list[dict[str, Any]]: ...
     async def delete_checkpoints(
-        self, model: TrainableModel, best_checkpoint_metric: str, maximize: bool
+        self, model: ModelRef, best_checkpoint_metric: str, maximize: bool
     ) -> dict[str, Any]: ...
     async def rollout_records(self, rollout_id: str) -> list[dict[str, Any]]: ...
     async def discard_rollout(self, rollout_id: str) -> int: ...
@@ -139,10 +149,10 @@ class RemoteBackend:
 
     # ---------------------------------------------------------------------------- the protocol
 
-    def _model_path(self, model: TrainableModel) -> str:
+    def _model_path(self, model: ModelRef) -> str:
         return f"/v1/training/models/{model.project}/{model.name}"
 
-    async def register(self, model: TrainableModel, **options: Any) -> dict[str, Any]:
+    async def register(self, model: ModelRef, **options: Any) -> dict[str, Any]:
         body = {
             "project": model.project,
             "name": model.name,
@@ -154,7 +164,7 @@ class RemoteBackend:
 
     async def train(
         self,
-        model: TrainableModel,
+        model: ModelRef,
         groups: list[TrajectoryGroup],
         config: TrainConfig,
         *,
@@ -183,7 +193,7 @@ class RemoteBackend:
         return _result(event)
 
     async def train_sft(
-        self, model: TrainableModel, trajectories: list[Trajectory], config: TrainSFTConfig
+        self, model: ModelRef, trajectories: list[Trajectory], config: TrainSFTConfig
     ) -> TrainResult:
         payload = {
             "trajectories": [{"messages": t.messages(), "tools": t.tools} for t in trajectories],
@@ -193,21 +203,21 @@ class RemoteBackend:
         return _result(event)
 
     async def log(
-        self, model: TrainableModel, groups: list[TrajectoryGroup], split: str
+        self, model: ModelRef, groups: list[TrajectoryGroup], split: str
     ) -> dict[str, Any]:
         payload = {"groups": self._groups_payload(groups, {}), "split": split}
         return await self._request("POST", f"{self._model_path(model)}/log", payload)
 
-    async def get_step(self, model: TrainableModel) -> int:
+    async def get_step(self, model: ModelRef) -> int:
         info = await self._request("GET", self._model_path(model))
         return int(info["step"])
 
-    async def history(self, model: TrainableModel) -> list[dict[str, Any]]:
+    async def history(self, model: ModelRef) -> list[dict[str, Any]]:
         """The model's history rows (one per train step and per log call)."""
         return (await self._request("GET", f"{self._model_path(model)}/history"))["rows"]
 
     async def delete_checkpoints(
-        self, model: TrainableModel, best_checkpoint_metric: str, maximize: bool
+        self, model: ModelRef, best_checkpoint_metric: str, maximize: bool
     ) -> dict[str, Any]:
         body = {"best_checkpoint_metric": best_checkpoint_metric, "maximize": maximize}
         return await self._request("POST", f"{self._model_path(model)}/delete_checkpoints", body)

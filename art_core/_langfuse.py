@@ -30,7 +30,7 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -45,7 +45,6 @@ from art_core._trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
     from art_core._langfuse_wire import Sender
-    from art_core._model import TrainableModel
 
 logger = logging.getLogger("art_core.langfuse")
 
@@ -78,6 +77,18 @@ def _require_langfuse() -> None:
             "Langfuse export needs the langfuse SDK: pip install 'art-trainer[langfuse]' "
             "(or pass langfuse=False / unset LANGFUSE_PUBLIC_KEY to train without it)."
         )
+
+
+class ExportedModel(Protocol):
+    """What an export reads from a model: its names and its endpoint (for the call records)."""
+
+    project: str
+    name: str
+
+    @property
+    def inference_base_url(self) -> str | None: ...
+    @property
+    def inference_api_key(self) -> str | None: ...
 
 
 @dataclass
@@ -162,7 +173,7 @@ class LangfuseExporter:
 
     def export_groups(
         self,
-        model: TrainableModel,
+        model: ExportedModel,
         groups: Iterable[TrajectoryGroup],
         *,
         split: str,

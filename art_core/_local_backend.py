@@ -16,15 +16,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
-from art_core._backend import RemoteBackend
+from art_core._backend import ModelRef, RemoteBackend
 from art_core._errors import ArtError, BackendCrashedError
-
-if TYPE_CHECKING:
-    from art_core._model import TrainableModel
 
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may convert the embedded model (~40 s)
 
@@ -51,7 +48,7 @@ class LocalBackend(RemoteBackend):
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.path / "backend.log"
 
-    async def register(self, model: TrainableModel, **options: Any) -> dict[str, Any]:
+    async def register(self, model: ModelRef, **options: Any) -> dict[str, Any]:
         if self.process is None:
             await asyncio.to_thread(self._start, model.base_model)
         elif model.base_model != self.base_model:

@@ -81,3 +81,23 @@ def base_model_aliases(base_model: str) -> list[str]:
     if is_default_model(base_model):
         return list(dict.fromkeys([base_model, DEFAULT_MODEL, DEFAULT_MODEL_ALIAS]))
     return [base_model]
+
+
+__all__ = [
+    "ADAPTER_NAME_PATTERN",
+    "DEFAULT_MODEL",
+    "DEFAULT_MODEL_ALIAS",
+    "NAME_PATTERN",
+    "ROLLOUT_ID_PATTERN",
+    "SERVED_NAME_PATTERN",
+    "SPLIT_PATTERN",
+    "base_model_aliases",
+    "check_name",
+    "check_split",
+    "is_adapter_name",
+    "is_default_model",
+    "is_name",
+    "is_rollout_id",
+    "is_served_name",
+    "is_split",
+]

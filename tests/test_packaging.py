@@ -1,4 +1,4 @@
-"""The distribution: light client install, four import names on four folders."""
+"""The distribution: light client install, four import names on folders that bear them."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ def test_gpu_engines_live_only_in_the_gpu_extra():
     ("import_name", "folder"),
     [
         ("art_core", "art_core"),
-        ("art_backend", "backend"),
-        ("art_langgraph", "integrations/langgraph"),
-        ("art_mcp", "integrations/mcp"),
+        ("art_backend", "backend/art_backend"),
+        ("art_langgraph", "integrations/langgraph/art_langgraph"),
+        ("art_mcp", "integrations/mcp/art_mcp"),
     ],
 )
 def test_import_names_map_to_folders(import_name, folder):

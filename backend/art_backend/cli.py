@@ -13,6 +13,8 @@ from pathlib import Path
 from art_backend._errors import BackendError, InvalidNameError
 from art_core.names import base_model_aliases, is_served_name
 
+__all__ = ["build_app", "main"]
+
 logger = logging.getLogger("art_backend.cli")
 
 

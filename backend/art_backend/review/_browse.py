@@ -16,6 +16,7 @@ from typing import Any
 from art_backend._errors import BackendError
 from art_backend.store._checkpoints import ModelStore, read_trajectories
 from art_backend.store._review_decisions import (
+    PENDING,
     PendingStep,
     ReviewState,
     list_pending,
@@ -25,9 +26,6 @@ from art_backend.store._review_decisions import (
 )
 from art_core.names import is_name, is_split
 
-# The "split" of steps held for review in URLs (steps named by their pending id): a leading
-# "_" is not allowed in split names, so it cannot collide with a logged split.
-PENDING = "_pending"
 STEP_FILE_PATTERN = re.compile(r"^(\d{4,9})\.jsonl\.gz$")
 
 

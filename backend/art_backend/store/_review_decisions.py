@@ -28,6 +28,9 @@ from typing import Any
 REVIEW_FOLDER = "review"
 DECISIONS_FILE = "decisions.jsonl"
 PENDING_FOLDER = "pending"
+# The "split" of steps held for review in URLs (steps named by their pending id): a leading
+# "_" is not allowed in split names, so it cannot collide with a logged split.
+PENDING = "_pending"
 PENDING_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")
 
 ACTIONS = ("flag_trajectory", "flag_group", "override_reward", "withdraw", "approve")

@@ -15,9 +15,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from art_backend.review._browse import PENDING
 from art_backend.store._checkpoints import ModelStore
 from art_backend.store._review_decisions import (
+    PENDING,
     PendingStep,
     read_review_state,
     remove_pending,

@@ -1,0 +1,203 @@
+"""The house: wings whose arrows point one way, no import cycle, pinned public surfaces.
+
+The import graph is read from the source (every `import`, type-only and function-level ones
+included), so a cycle that only a type checker would follow still fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_FOLDERS = {
+    "art_core": ROOT / "art_core",
+    "art_backend": ROOT / "backend" / "art_backend",
+    "art_langgraph": ROOT / "integrations" / "langgraph" / "art_langgraph",
+    "art_mcp": ROOT / "integrations" / "mcp" / "art_mcp",
+}
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the four packages, by dotted name."""
+    found = {}
+    for package, folder in PACKAGE_FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            parts = [package, *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports (a `from pkg import name` of a submodule counts)."""
+    modules = module_files()
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = name.split(".") if is_package else name.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            for target in targets:
+                if target in modules and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_anywhere_type_only_imports_included():
+    assert cycles(import_graph()) == []
+
+
+# wing -> the wings of the backend it may import (the package root: app, auth, errors, cli)
+WING_ARROWS = {
+    "store": set(),
+    "serving": {"store"},
+    "training": {"store", "serving"},
+    "review": {"store"},
+}
+
+
+def wing_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "art_backend" and len(parts) > 2 else None
+
+
+def test_backend_wings_import_one_way():
+    wrong = []
+    for module, targets in import_graph().items():
+        wing = wing_of(module)
+        if wing is None:
+            continue
+        for target in targets:
+            other = wing_of(target)
+            if other is not None and other != wing and other not in WING_ARROWS[wing]:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_packages_point_one_way():
+    # integrations -> art_core; the backend may use art_core's name rule; art_core imports none.
+    allowed = {
+        "art_core": {"art_core"},
+        "art_backend": {"art_backend", "art_core"},
+        "art_langgraph": {"art_langgraph", "art_core"},
+        "art_mcp": {"art_mcp", "art_core"},
+    }
+    wrong = [
+        f"{module} -> {target}"
+        for module, targets in import_graph().items()
+        for target in targets
+        if target.split(".")[0] not in allowed[module.split(".")[0]]
+    ]
+    assert wrong == []
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        "art_backend.store._checkpoints, art_backend.store._review_decisions",
+        "art_backend.review.cli, art_backend.review._app",
+        "art_backend.serving._engine",
+        "art_core, art_core.names",
+    ],
+)
+def test_torch_free_rooms_import_no_torch(modules):
+    code = f"import sys, {modules}; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+PUBLIC_SURFACES = {
+    "art_core": [
+        "DEFAULT_RUBRIC", "ArtError", "AutoRLResult", "Backend", "BackendCrashedError",
+        "BackendRequestError", "DatasetBatch", "GatheredGroups", "History",
+        "InvalidTrajectoryError", "JudgeContextError", "JudgeError", "JudgeResponseError",
+        "JudgeUnavailableError", "JudgeUsage", "LangfuseConfigError", "LangfuseExporter",
+        "LangfuseNotInstalledError", "LoRAConfig", "LocalBackend", "Model", "ModelConfigError",
+        "ModelNotRegisteredError", "NotTrainableError", "RemoteBackend", "ResponseCache",
+        "RolloutCapture", "RolloutException", "RulerScore", "Scenario", "ScenarioGenerationError",
+        "TokenPrice", "TooManyExceptionsError", "TrainConfig", "TrainResult", "TrainSFTConfig",
+        "TrainableModel", "Trajectory", "TrajectoryGroup", "autorl", "flush_langfuse",
+        "gather_trajectories", "gather_trajectory_groups", "generate_scenarios",
+        "iterate_dataset", "judge_or_base_model", "langfuse_stats", "load_scenarios",
+        "resolve_model", "retry", "ruler", "ruler_score_group", "save_scenarios",
+        "split_scenarios", "trajectory_from_records",
+    ],
+    "art_core.names": [
+        "ADAPTER_NAME_PATTERN", "DEFAULT_MODEL", "DEFAULT_MODEL_ALIAS", "NAME_PATTERN",
+        "ROLLOUT_ID_PATTERN", "SERVED_NAME_PATTERN", "SPLIT_PATTERN", "base_model_aliases",
+        "check_name", "check_split", "is_adapter_name", "is_default_model", "is_name",
+        "is_rollout_id", "is_served_name", "is_split",
+    ],
+    "art_backend": [],
+    "art_backend.cli": ["build_app", "main"],
+    "art_langgraph": [
+        "NoRolloutError", "TrainableChatModel", "current_rollout", "init_chat_model", "rollout",
+        "wrap_rollout",
+    ],
+    "art_mcp": [
+        "COMPLETE_TASK", "McpServer", "McpServerError", "McpSession", "McpTool", "ToolNames",
+        "ToolOutcome", "describe_server", "generate_scenarios", "result_text", "rollout", "train",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module_name", sorted(PUBLIC_SURFACES))
+def test_public_surface_is_pinned(module_name):
+    """Adding or removing a public name is a decision: change this list with it."""
+    module = importlib.import_module(module_name)
+    assert sorted(module.__all__) == sorted(PUBLIC_SURFACES[module_name])
+    package = module_name.split(".")[0]
+    for name in module.__all__:
+        value = getattr(module, name)
+        if inspect.isclass(value) or inspect.isfunction(value):
+            assert value.__module__.startswith(package), f"{name} comes from {value.__module__}"
