@@ -96,109 +96,27 @@ async def autorl(
             usage=usage,
             **{"cache": judge_options.get("cache", True), **(generation_options or {})},
         )
-    train, val = split_scenarios(scenarios, val_fraction)
-    if not train or not val:
-        raise ValueError(
-            f"{len(scenarios)} scenarios split into {len(train)} train / {len(val)} held-out: "
-            "raise num_scenarios or change val_fraction so both sides have some."
-        )
-    system = system_prompt or task_description
+    train, val = _split(scenarios, val_fraction)
     config = config or TrainConfig()
-
-    async def answer(scenario: Scenario, temperature: float) -> Trajectory:
-        messages = [
-            {"role": "system", "content": system},
-            {"role": "user", "content": scenario.task},
-        ]
-        response = await model.openai_client().chat.completions.create(
-            model=model.get_inference_name(),
-            messages=messages,  # type: ignore[arg-type]
-            max_tokens=max_tokens,
-            temperature=temperature,
-        )
-        return Trajectory(
-            messages_and_choices=[*messages, response.choices[0]],
-            metadata={"scenario": scenario.task, "difficulty": scenario.difficulty},
-        )
-
-    run = rollout or answer
-
-    async def evaluate() -> tuple[Evaluation, list[Trajectory]]:
-        outcomes = await asyncio.gather(*(run(s, 0.0) for s in val), return_exceptions=True)
-        # A held-out run that raised (its environment failed) scores 0 and is counted.
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if len(failed) == len(outcomes):
-            raise failed[0]
-        answers = [
-            Trajectory(messages_and_choices=[], logs=[f"{type(o).__name__}: {o}"])
-            if isinstance(o, BaseException)
-            else o
-            for o in outcomes
-        ]
-        ran = [t for t in answers if t.messages_and_choices]
-        scored = await asyncio.gather(
-            *(
-                ruler([t.messages()], judge_model, rubric, t.tools, usage=usage, **judge_options)
-                for t in ran
-            )
-        )
-        for trajectory, [score] in zip(ran, scored, strict=True):
-            trajectory.reward = score.score
-            trajectory.logs.append(f"RULER: {score.explanation}")
-        await model.log([TrajectoryGroup(ran)], split="val")
-        evaluation = summarize(model.step, [t.reward for t in answers])
-        evaluation.metrics["failed_rollouts"] = float(len(failed))
-        evaluation.examples = [
-            {"prompt": s.task, "answer": _final_text(t), "reward": t.reward}
-            for s, t in list(zip(val, answers, strict=True))[:12]
-        ]
-        return evaluation, answers
-
-    _say(show_progress, f"Held-out evaluation at step {model.step} ({len(val)} scenarios) ...")
-    before, first_answers = await evaluate()
-    score_group = functools.partial(
-        ruler_score_group,
+    run = _AutoRLRun(
+        model=model,
         judge=judge_model,
         rubric=rubric,
-        swallow_exceptions=True,
         usage=usage,
-        **judge_options,
+        judge_options=judge_options,
+        rollout=rollout or one_answer_agent(model, system_prompt or task_description, max_tokens),
+        show_progress=show_progress,
     )
-    results: list[TrainResult] = []
-    for batch in iterate_dataset(
-        train, groups_per_step, num_epochs=1_000, initial_step=model.step, use_tqdm=False
-    ):
-        if len(results) >= steps:
-            break
-        groups = await gather_trajectory_groups(
-            (
-                TrajectoryGroup(
-                    (run(s, 1.0) for _ in range(rollouts_per_group)),
-                    metadata={"scenario": s.task},
-                )
-                for s in batch.items
-            ),
-            pbar_desc=f"step {len(results) + 1}/{steps}" if show_progress else None,
-            max_exceptions=0.1,
-            after_each=score_group,
-        )
-        result = await model.train(groups, config=config)
-        results.append(result)
-        _say(
-            show_progress,
-            f"  step {result.step}: judged reward {result.metrics.get('reward', 0):.3f}, "
-            f"trainable groups {result.metrics.get('groups/trainable', 0):.0f}, "
-            f"dropped by the judge {result.metrics.get('groups/dropped_before_training', 0):.0f}",
-        )
 
+    _say(show_progress, f"Held-out evaluation at step {model.step} ({len(val)} scenarios) ...")
+    before, first_answers = await run.evaluate(val)
+    results = await run.train(train, steps, groups_per_step, rollouts_per_group, config)
     warnings = _judge_warnings(results, judge_model)
     for warning in warnings:
         _say(show_progress, f"Warning: {warning}")
     _say(show_progress, f"Held-out evaluation at step {model.step} ...")
-    after, last_answers = await evaluate()
-    win_rate = await _win_rate(
-        first_answers, last_answers, judge_model, rubric, usage, judge_options
-    )
+    after, last_answers = await run.evaluate(val)
+    win_rate = await run.win_rate(first_answers, last_answers)
     after.metrics["win_rate_vs_start"] = win_rate
     before.metrics["win_rate_vs_start"] = 0.5
     settings = {
@@ -238,6 +156,165 @@ async def autorl(
     )
 
 
+def _split(scenarios: list[Scenario], val_fraction: float) -> tuple[list[Scenario], list[Scenario]]:
+    """The deterministic train / held-out split; both sides must have some."""
+    train, val = split_scenarios(scenarios, val_fraction)
+    if not train or not val:
+        raise ValueError(
+            f"{len(scenarios)} scenarios split into {len(train)} train / {len(val)} held-out: "
+            "raise num_scenarios or change val_fraction so both sides have some."
+        )
+    return train, val
+
+
+def one_answer_agent(model: TrainableModel, system: str, max_tokens: int) -> Rollout:
+    """The default agent: one chat completion answering the scenario's task."""
+
+    async def answer(scenario: Scenario, temperature: float) -> Trajectory:
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": scenario.task},
+        ]
+        response = await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(),
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
+        return Trajectory(
+            messages_and_choices=[*messages, response.choices[0]],
+            metadata={"scenario": scenario.task, "difficulty": scenario.difficulty},
+        )
+
+    return answer
+
+
+@dataclass
+class _AutoRLRun:
+    """What the steps of one AutoRL run share: the model, its agent, the judge and its bill."""
+
+    model: TrainableModel
+    judge: Model
+    rubric: str
+    usage: JudgeUsage
+    judge_options: dict[str, Any]
+    rollout: Rollout
+    show_progress: bool
+
+    async def evaluate(self, val: list[Scenario]) -> tuple[Evaluation, list[Trajectory]]:
+        """Answer each held-out scenario greedily, judge each answer alone, log them as `val`."""
+        outcomes = await asyncio.gather(
+            *(self.rollout(s, 0.0) for s in val), return_exceptions=True
+        )
+        # A held-out run that raised (its environment failed) scores 0 and is counted.
+        failed = [o for o in outcomes if isinstance(o, BaseException)]
+        if len(failed) == len(outcomes):
+            raise failed[0]
+        answers = [
+            Trajectory(messages_and_choices=[], logs=[f"{type(o).__name__}: {o}"])
+            if isinstance(o, BaseException)
+            else o
+            for o in outcomes
+        ]
+        ran = [t for t in answers if t.messages_and_choices]
+        scored = await asyncio.gather(
+            *(
+                ruler(
+                    [t.messages()],
+                    self.judge,
+                    self.rubric,
+                    t.tools,
+                    usage=self.usage,
+                    **self.judge_options,
+                )
+                for t in ran
+            )
+        )
+        for trajectory, [score] in zip(ran, scored, strict=True):
+            trajectory.reward = score.score
+            trajectory.logs.append(f"RULER: {score.explanation}")
+        await self.model.log([TrajectoryGroup(ran)], split="val")
+        evaluation = summarize(self.model.step, [t.reward for t in answers])
+        evaluation.metrics["failed_rollouts"] = float(len(failed))
+        evaluation.examples = [
+            {"prompt": s.task, "answer": _final_text(t), "reward": t.reward}
+            for s, t in list(zip(val, answers, strict=True))[:12]
+        ]
+        return evaluation, answers
+
+    async def train(
+        self,
+        train: list[Scenario],
+        steps: int,
+        groups_per_step: int,
+        rollouts_per_group: int,
+        config: TrainConfig,
+    ) -> list[TrainResult]:
+        """`steps` GRPO steps: groups of rollouts per scenario, each judged as it finishes."""
+        score_group = functools.partial(
+            ruler_score_group,
+            judge=self.judge,
+            rubric=self.rubric,
+            swallow_exceptions=True,
+            usage=self.usage,
+            **self.judge_options,
+        )
+        results: list[TrainResult] = []
+        batches = iterate_dataset(
+            train, groups_per_step, num_epochs=1_000, initial_step=self.model.step, use_tqdm=False
+        )
+        for batch in batches:
+            if len(results) >= steps:
+                break
+            groups = await gather_trajectory_groups(
+                (
+                    TrajectoryGroup(
+                        (self.rollout(s, 1.0) for _ in range(rollouts_per_group)),
+                        metadata={"scenario": s.task},
+                    )
+                    for s in batch.items
+                ),
+                pbar_desc=f"step {len(results) + 1}/{steps}" if self.show_progress else None,
+                max_exceptions=0.1,
+                after_each=score_group,
+            )
+            result = await self.model.train(groups, config=config)
+            results.append(result)
+            _say(
+                self.show_progress,
+                f"  step {result.step}: judged reward {result.metrics.get('reward', 0):.3f}, "
+                f"trainable groups {result.metrics.get('groups/trainable', 0):.0f}, "
+                f"dropped by the judge "
+                f"{result.metrics.get('groups/dropped_before_training', 0):.0f}",
+            )
+        return results
+
+    async def win_rate(self, first: list[Trajectory], last: list[Trajectory]) -> float:
+        """How often the judge prefers the last answer to the first (both orders; a tie is half)."""
+        options = {**self.judge_options, "reverse_order_check": True}
+        both_ran = [
+            (a, b) for a, b in zip(first, last, strict=True) if a.messages() and b.messages()
+        ]
+        pairs = await asyncio.gather(
+            *(
+                ruler(
+                    [a.messages(), b.messages()],
+                    self.judge,
+                    self.rubric,
+                    a.tools,
+                    usage=self.usage,
+                    **options,
+                )
+                for a, b in both_ran
+            )
+        )
+        wins = [
+            1.0 if after.score > before.score else 0.5 if after.score == before.score else 0.0
+            for before, after in pairs
+        ]
+        return sum(wins) / len(wins) if wins else 0.5
+
+
 def _judge_warnings(results: list[TrainResult], judge: Model) -> list[str]:
     """Say so when the judge could not tell the runs apart: then nothing trains."""
     submitted = sum(r.metrics.get("groups/submitted", 0) for r in results)
@@ -253,30 +330,6 @@ def _judge_warnings(results: list[TrainResult], judge: Model) -> list[str]:
     if dropped:
         warnings.append(f"{dropped:.0f} groups were dropped: the judge failed to score them.")
     return warnings
-
-
-async def _win_rate(
-    first: list[Trajectory],
-    last: list[Trajectory],
-    judge: Model,
-    rubric: str,
-    usage: JudgeUsage,
-    judge_options: dict[str, Any],
-) -> float:
-    """How often the judge prefers the last answer to the first (both orders; a tie is half)."""
-    options = {**judge_options, "reverse_order_check": True}
-    both_ran = [(a, b) for a, b in zip(first, last, strict=True) if a.messages() and b.messages()]
-    pairs = await asyncio.gather(
-        *(
-            ruler([a.messages(), b.messages()], judge, rubric, a.tools, usage=usage, **options)
-            for a, b in both_ran
-        )
-    )
-    wins = [
-        1.0 if after.score > before.score else 0.5 if after.score == before.score else 0.0
-        for before, after in pairs
-    ]
-    return sum(wins) / len(wins) if wins else 0.5
 
 
 def _final_text(trajectory: Trajectory) -> str:
