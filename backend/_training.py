@@ -28,10 +28,16 @@ from typing import Any
 
 import torch
 
-from art_backend._checkpoints import ModelStore, fault_point
+from art_backend._checkpoints import (
+    STEP_TRAJECTORIES,
+    ModelStore,
+    fault_point,
+    write_trajectory_rows,
+)
 from art_backend._engine import Engine
 from art_backend._errors import BackendError, InvalidRequestError
 from art_backend._grpo import advantages_from_rewards, loss_preset
+from art_backend._loading import unmatched_target_modules
 from art_backend._records import CompletionRecords
 from art_backend._review_store import ReviewState, read_review_state, remove_all_pending
 from art_backend._rows import (
@@ -42,7 +48,13 @@ from art_backend._rows import (
     sft_sequence,
     turns_from_record,
 )
-from art_backend._trainer import TRAINER_STATE, LoraTrainer, OptimizerSettings
+from art_backend._trainer import (
+    TRAINER_STATE,
+    LoraTrainer,
+    OptimizerSettings,
+    TrainerStateError,
+    read_trainer_state,
+)
 from art_backend._training_schemas import (
     DeleteCheckpointsRequest,
     GroupPayload,
@@ -141,6 +153,7 @@ class TrainingService:
                 f"{request.base_model!r}. Start a backend for that model or change base_model.",
                 param="base_model",
             )
+        _check_target_modules(self.engine.adaptable_modules, request.lora.target_modules)
         key = (request.project, request.name)
         async with self._step_lock:
             if key in self.models:
@@ -149,13 +162,26 @@ class TrainingService:
 
     def _register_blocking(self, request: RegisterRequest) -> dict[str, Any]:
         store = ModelStore(self.art_path, request.project, request.name)
+        saved = store.read_model_config()
+        if saved is not None and saved.get("base_model") not in self.base_names:
+            raise InvalidRequestError(
+                f"Model {request.project}/{request.name} under {self.art_path} was trained on "
+                f"base model {saved.get('base_model')!r}; this backend serves "
+                f"{self.base_names[0]!r}. Register it under another name, or start a backend "
+                "for its base model.",
+                param="base_model",
+            )
         repairs = []
         if removed := store.remove_stale_temporaries():
             repairs.append(f"removed {removed} incomplete checkpoint folder(s) left by a crash")
         repairs += store.repair_history()
+        repairs += store.repair_trajectories()
         if held := remove_all_pending(store.dir):
             repairs.append(f"forgot {held} step(s) held for review by a server that stopped")
-        saved = store.read_model_config()
+        latest = store.latest_step()
+        resumed = latest is not None
+        # The fork's source is checked before anything is written for the new model.
+        fork = self._fork_source(request) if latest is None and request.fork_from else None
         lora = request.lora.model_dump()
         if saved is not None and saved["lora"] != lora:
             logger.warning("%s: keeping the saved LoRA settings %s", request.name, saved["lora"])
@@ -166,14 +192,16 @@ class TrainingService:
         trainer = LoraTrainer(
             self.engine, f"train_{next(self._adapter_numbers)}", lora, seed=request.seed
         )
-        latest = store.latest_step()
-        resumed = latest is not None
-        if latest is None and request.fork_from is not None:
-            latest = self._copy_fork(request, store)
-        if latest is None:
-            store.write_checkpoint(0, trainer.save, {"kind": "initial"})
-            latest = 0
-        trainer.load(store.checkpoint_dir(latest))
+        try:
+            if fork is not None:
+                latest = self._copy_fork(*fork, store)
+            if latest is None:
+                store.write_checkpoint(0, trainer.save, {"kind": "initial"})
+                latest = 0
+            trainer.load(store.checkpoint_dir(latest))
+        except BaseException:
+            trainer.close()  # its adapter must not stay in the engine's model
+            raise
         model = RegisteredModel(store, trainer, latest, request.base_model, lora)
         # Steps the server already serves (found at startup) count toward the served window.
         model.served = sorted(
@@ -187,22 +215,48 @@ class TrainingService:
             logger.warning("%s: %s", request.name, repair)
         return {**model.info(), "resumed": resumed, "repairs": repairs}
 
-    def _copy_fork(self, request: RegisterRequest, store: ModelStore) -> int:
+    def _fork_source(self, request: RegisterRequest) -> tuple[ModelStore, int]:
+        """The checkpoint `fork_from` names, checked: inside --path, same base model, plain files,
+        a trainer state that loads without unpickling. Every refusal is a 400 on `fork_from`."""
         fork = request.fork_from
         assert fork is not None
-        source = ModelStore(self.art_path, fork.project, fork.name)
-        steps = source.checkpoint_steps()
-        step = fork.step if fork.step is not None else (steps[-1] if steps else None)
-        if step is None or step not in steps:
-            raise InvalidRequestError(
-                f"Cannot fork from {fork.project}/{fork.name} step {fork.step}: "
-                f"available checkpoints {steps or 'none'}.",
-                param="fork_from",
+        where = f"{fork.project}/{fork.name}"
+        try:
+            source = ModelStore(self.art_path, fork.project, fork.name)
+            steps = source.checkpoint_steps()
+            step = fork.step if fork.step is not None else (steps[-1] if steps else None)
+            if step is None or step not in steps:
+                raise InvalidRequestError(
+                    f"Cannot fork from {where} step {fork.step}: "
+                    f"available checkpoints {steps or 'none'}."
+                )
+            config = source.read_model_config() or {}
+            if config.get("base_model", request.base_model) not in self.base_names:
+                raise InvalidRequestError(
+                    f"Cannot fork from {where}: it was trained on base model "
+                    f"{config['base_model']!r}, and this backend serves {self.base_names[0]!r}."
+                )
+            source.checkpoint_files(step)  # refuses a checkpoint holding symbolic links
+            state_path = source.checkpoint_dir(step) / TRAINER_STATE
+            if state_path.is_file():
+                read_trainer_state(state_path)
+        except (InvalidRequestError, TrainerStateError) as error:
+            message = (
+                error.message
+                if error.message.startswith("Cannot")
+                else (f"Cannot fork from {where}: {error.message}")
             )
+            raise InvalidRequestError(message, param="fork_from") from error
+        return source, step
+
+    def _copy_fork(self, source: ModelStore, step: int, store: ModelStore) -> int:
+        def copy(tmp: Path) -> None:
+            for relative in source.checkpoint_files(step):
+                (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source.checkpoint_dir(step) / relative, tmp / relative)
+
         store.write_checkpoint(
-            step,
-            lambda tmp: shutil.copytree(source.checkpoint_dir(step), tmp, dirs_exist_ok=True),
-            {"kind": "fork", "source": f"{fork.project}/{fork.name}@{step}"},
+            step, copy, {"kind": "fork", "source": f"{source.project}/{source.name}@{step}"}
         )
         return step
 
@@ -267,9 +321,17 @@ class TrainingService:
     def validate_train(self, project: str, name: str, request: TrainRequest) -> RegisteredModel:
         """Checks that need no model work: a bad request fails before it is queued."""
         model = self.get(project, name)
-        _loss_config(request.config)  # raises on an inconsistent preset override
+        loss_config = _loss_config(request.config)  # raises on an inconsistent preset override
         if not request.groups:
             raise InvalidRequestError("No trajectory groups to train on.", param="groups")
+        rewards = [t.reward for group in request.groups for t in group.trajectories]
+        group_ids = [index for index, g in enumerate(request.groups) for _ in g.trajectories]
+        advantages, _ = advantages_from_rewards(
+            torch.tensor(rewards, dtype=torch.float64),
+            torch.tensor(group_ids, dtype=torch.long),
+            scale_rewards=loss_config.scale_rewards,
+        )
+        _check_advantages(advantages, loss_config.scale_rewards)
         return model
 
     async def train(
@@ -287,6 +349,7 @@ class TrainingService:
         for key, value in request.client_metrics.items():
             if math.isfinite(value):
                 metrics[key] = metrics.get(key, 0.0) + value
+        metrics = _finite_metrics(metrics)  # sums of huge group metrics overflow to inf
         rewards = torch.tensor([t.advantage for t in trajectories], dtype=torch.float64)
         group_ids = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
         advantages, trainable = (
@@ -294,6 +357,7 @@ class TrainingService:
             if trajectories
             else (rewards, rewards.bool())
         )
+        _check_advantages(advantages, loss_config.scale_rewards)  # reviewers' overrides too
         # Each trajectory's advantage goes back to the client (its Langfuse export shows it).
         advantage_of = {
             turns.trajectory_id: float(advantage)
@@ -344,20 +408,24 @@ class TrainingService:
             micro_batch_tokens=config.micro_batch_tokens,
             gradient_checkpointing=config.gradient_checkpointing,
         )
-        step_metrics = await self._in_trainer_thread(
-            model.trainer.grpo_step, rows, loss_config, settings, beta=config.beta
-        )
+        try:
+            step_metrics = await self._in_trainer_thread(
+                model.trainer.grpo_step, rows, loss_config, settings, beta=config.beta
+            )
+        except FloatingPointError as error:  # the trainer skipped the step: nothing changed
+            largest = float(advantages.abs().max()) if advantages.numel() else 0.0
+            raise InvalidRequestError(
+                f"This step's gradient is not finite ({error}); nothing was trained. The "
+                f"largest advantage is {largest:g}: rescale the rewards, or use "
+                'scale_rewards "group" (the default) or "batch".',
+                param="groups",
+            ) from error
         metrics.update(step_metrics)
         metrics["trained"] = 1.0
         metrics["learning_rate"] = config.learning_rate
         metrics["step_seconds"] = time.perf_counter() - started
-        sampled_at = model.step
-        await self._commit_step(model, "train", metrics)
-        await self._in_trainer_thread(
-            model.store.write_trajectories,
-            "train",
-            sampled_at,
-            trajectory_rows(request.groups, annotations),
+        await self._commit_step(
+            model, "train", metrics, trajectories=trajectory_rows(request.groups, annotations)
         )
         return {
             "step": model.step,
@@ -437,19 +505,42 @@ class TrainingService:
         metrics.update(_reward_metrics(rewards))
         return metrics, warnings, kept, annotations
 
-    async def _commit_step(self, model: RegisteredModel, kind: str, metrics: dict[str, float]):
-        """Checkpoint N+1 atomically, serve it, then record it in history."""
+    async def _commit_step(
+        self,
+        model: RegisteredModel,
+        kind: str,
+        metrics: dict[str, float],
+        trajectories: list[dict[str, Any]] | None = None,
+    ):
+        """Checkpoint N+1 atomically, serve it, log its trajectories, then record it in history.
+
+        The trajectories it trained on ride in the checkpoint too: a crash before the history
+        row is written is repaired from the checkpoint, trajectories included (`repair_history`).
+        """
         new_step = model.step + 1
+
+        def write_files(folder: Path) -> None:
+            model.trainer.save(folder)
+            if trajectories is not None:
+                write_trajectory_rows(folder / STEP_TRAJECTORIES, trajectories)
+
         await self._in_trainer_thread(
             model.store.write_checkpoint,
             new_step,
-            model.trainer.save,
+            write_files,
             {"kind": kind, "metrics": metrics, "written_at": time.time()},
         )
         model.step = new_step
-        # Optimizer state (2x the adapter) is needed only to resume: keep it in the newest step.
-        await self._in_trainer_thread(model.store.prune_file, TRAINER_STATE, keep_step=new_step)
+        # Optimizer state (2x the adapter) is needed only to resume, the trajectories copy only
+        # to repair the newest step: both stay in the newest checkpoint alone.
+        for extra in (TRAINER_STATE, STEP_TRAJECTORIES):
+            await self._in_trainer_thread(model.store.prune_file, extra, keep_step=new_step)
         await self._in_trainer_thread(self._serve_step, model, new_step)
+        fault_point("before_trajectories")
+        if trajectories is not None:  # the rollouts of step N trained into N+1
+            await self._in_trainer_thread(
+                model.store.write_trajectories, "train", new_step - 1, trajectories
+            )
         fault_point("before_history")
         model.store.append_history({"type": kind, "step": new_step, "metrics": metrics})
         self.steps_total += 1
@@ -468,7 +559,9 @@ class TrainingService:
             try:
                 sequences.append(sft_sequence(tokenizer, example.messages, example.tools))
             except ValueError as error:
-                raise InvalidRequestError(f"trajectories[{index}]: {error}") from error
+                raise InvalidRequestError(
+                    f"trajectories[{index}]: {error}", param=f"trajectories[{index}]"
+                ) from error
         max_length = config.max_length or self.engine.context_length
         settings = OptimizerSettings(
             learning_rate=config.learning_rate,
@@ -514,17 +607,22 @@ class TrainingService:
         rewards = [t.reward for g in request.groups for t in g.trajectories]
         metrics = _reward_metrics(rewards)
         per_metric: dict[str, list[float]] = {}
+        non_finite = 0  # a trajectory's inf or NaN metric: left out of its mean, counted
         for group in request.groups:
             for trajectory in group.trajectories:
                 for key, value in trajectory.metrics.items():
-                    per_metric.setdefault(key, []).append(value)
-        metrics.update({key: statistics.fmean(values) for key, values in per_metric.items()})
+                    if math.isfinite(value):
+                        per_metric.setdefault(key, []).append(value)
+                    else:
+                        non_finite += 1
+        metrics.update({key: _mean_and_std(values)[0] for key, values in per_metric.items()})
         metrics["exceptions"] = float(sum(len(g.exceptions) for g in request.groups))
         metrics["trajectories"] = float(len(rewards))
         for group in request.groups:
             for key, value in group.metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
-        metrics = {key: value for key, value in metrics.items() if math.isfinite(value)}
+        metrics["dropped/non_finite_metrics"] = float(non_finite)
+        metrics = _finite_metrics(metrics)
         model.store.append_history(
             {"type": "log", "split": request.split, "step": model.step, "metrics": metrics}
         )
@@ -594,10 +692,50 @@ def _loss_config(config: TrainSettings):
 def _reward_metrics(rewards: list[float]) -> dict[str, float]:
     if not rewards:
         return {"reward": 0.0, "reward_std": 0.0}
-    return {
-        "reward": statistics.fmean(rewards),
-        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-    }
+    mean, std = _mean_and_std(rewards)
+    return {"reward": mean, "reward_std": std}
+
+
+def _mean_and_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population std of finite values, without overflow near the float limits.
+
+    Computed on values / (their largest magnitude): `fmean([1e308, 1e308, 0])` raises
+    OverflowError, the mean of [1, 1, 0] cannot, and neither result can exceed that magnitude.
+    """
+    scale = max(abs(value) for value in values) or 1.0
+    unit = [value / scale for value in values]
+    std = statistics.pstdev(unit) * scale if len(unit) > 1 else 0.0
+    return statistics.fmean(unit) * scale, std
+
+
+def _finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The finite metrics, with `dropped/non_finite_metrics` counting the others (inf, NaN)."""
+    finite = {key: value for key, value in metrics.items() if math.isfinite(value)}
+    dropped = len(metrics) - len(finite)
+    finite["dropped/non_finite_metrics"] = finite.get("dropped/non_finite_metrics", 0.0) + dropped
+    return finite
+
+
+def _check_target_modules(module_names: list[str], targets: list[str]) -> None:
+    """400 before anything is saved when lora.target_modules names no module of the model."""
+    if unmatched := unmatched_target_modules(module_names, targets):
+        known = sorted({name.rsplit(".", 1)[-1] for name in module_names})
+        raise InvalidRequestError(
+            f"lora.target_modules names {unmatched}, which match no module of the base model; "
+            f"its adaptable modules are {', '.join(known)}.",
+            param="lora.target_modules",
+        )
+
+
+def _check_advantages(advantages: torch.Tensor, scale_rewards: str) -> None:
+    """400 when advantages leave float32, the dtype the trainer computes the loss in."""
+    if bool(torch.isfinite(advantages.float()).all()):
+        return
+    raise InvalidRequestError(
+        f"These rewards give advantages too large to train on (scale_rewards={scale_rewards!r} "
+        'keeps their magnitude). Rescale the rewards, or use scale_rewards "group" or "batch".',
+        param="groups",
+    )
 
 
 def _apply_review(
