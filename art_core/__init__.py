@@ -15,6 +15,8 @@ from art_core._errors import (
     ArtError,
     BackendCrashedError,
     BackendRequestError,
+    GeneratorContextError,
+    GeneratorError,
     InvalidTrajectoryError,
     JudgeContextError,
     JudgeError,
@@ -27,6 +29,7 @@ from art_core._errors import (
     NotTrainableError,
     ScenarioGenerationError,
     TooManyExceptionsError,
+    UnknownFieldError,
 )
 from art_core._gather import GatheredGroups, gather_trajectories, gather_trajectory_groups
 from art_core._langfuse import LangfuseExporter, flush_langfuse, langfuse_stats
@@ -54,6 +57,8 @@ __all__ = [
     "BackendRequestError",
     "DatasetBatch",
     "GatheredGroups",
+    "GeneratorContextError",
+    "GeneratorError",
     "History",
     "InvalidTrajectoryError",
     "JudgeContextError",
@@ -85,6 +90,7 @@ __all__ = [
     "TrainableModel",
     "Trajectory",
     "TrajectoryGroup",
+    "UnknownFieldError",
     "autorl",
     "flush_langfuse",
     "gather_trajectories",

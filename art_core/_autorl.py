@@ -24,9 +24,10 @@ from typing import Any
 from art_core._config import TrainConfig, TrainResult
 from art_core._gather import gather_trajectory_groups
 from art_core._model import Model, TrainableModel
-from art_core._ruler import ruler, ruler_score_group
+from art_core._ruler import RULER_OPTIONS, ruler, ruler_score_group
 from art_core._ruler_prompt import DEFAULT_RUBRIC
 from art_core._scenarios import Scenario, generate_scenarios, split_scenarios
+from art_core._strict import check_names
 from art_core._structured import JudgeUsage, resolve_model
 from art_core._trajectory import Trajectory, TrajectoryGroup
 from art_core._utils import iterate_dataset
@@ -84,6 +85,9 @@ async def autorl(
     its exceptions are kept on their groups (up to 10 percent of a step's rollouts).
     """
     started = time.monotonic()
+    # Checked now, not at the first judgement after generation and rollouts have been paid for.
+    known_judge_options = [name for name in RULER_OPTIONS if name != "usage"]
+    check_names("autorl(judge_options=...)", judge_options or {}, known_judge_options)
     judge_model = resolve_model(judge)
     usage = JudgeUsage()
     judge_options = {"sampling": {"temperature": 0.0}, **(judge_options or {})}

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from art_core._strict import StrictModel
+
 DEFAULT_TARGET_MODULES = [
     "q_proj",
     "k_proj",
@@ -17,9 +19,10 @@ DEFAULT_TARGET_MODULES = [
 ]
 
 
-class _Config(BaseModel):
-    # A misspelt option is an error here, not silently ignored by the backend.
-    model_config = ConfigDict(extra="forbid")
+class _Config(StrictModel):
+    # A misspelt option is an error here, not silently ignored by the backend; so is a value
+    # assigned after construction (`config.learning_rate = -1`).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class LoRAConfig(_Config):
@@ -67,6 +70,8 @@ class TrainSFTConfig(_Config):
 
 class TrainResult(BaseModel):
     """What a training step did: the model's step after it, and the step's metrics."""
+
+    # Read from the server, not written by a user: a newer server's extra fields are ignored.
 
     step: int
     metrics: dict[str, float] = Field(default_factory=dict)

@@ -7,6 +7,19 @@ class ArtError(Exception):
     """Base class of every error art_core raises on purpose."""
 
 
+class UnknownFieldError(ArtError, TypeError):
+    """A keyword, field or attribute art_core does not have (usually a typo): never ignored.
+
+    The message names the unknown name(s), the closest known one and all known ones; a
+    `TypeError`, as Python raises for an unexpected keyword argument.
+    """
+
+    def __init__(self, message: str, *, unknown: list[str], known: list[str]) -> None:
+        super().__init__(message)
+        self.unknown = unknown
+        self.known = known
+
+
 class BackendRequestError(ArtError):
     """The backend refused a request (an HTTP 4xx/5xx); the message is the backend's."""
 
@@ -69,6 +82,14 @@ class JudgeResponseError(JudgeError):
 
 class ScenarioGenerationError(ArtError):
     """Scenario generation could not produce the requested number of valid, distinct scenarios."""
+
+
+class GeneratorError(ScenarioGenerationError):
+    """The scenario generator failed: unreachable after retries, or it refused the request."""
+
+
+class GeneratorContextError(GeneratorError):
+    """The generator's context window cannot hold the prompt plus the answer of one scenario."""
 
 
 class LangfuseNotInstalledError(ArtError):

@@ -74,6 +74,8 @@ class LocalBackend(RemoteBackend):
             "--exit-with-parent", str(os.getpid()),
             *self.extra_args,
         ]  # fmt: skip
+        # The key goes through the environment, never the command line: `ps` shows any
+        # process's command line to every local user; /proc/<pid>/environ only to this one.
         env = {**os.environ, "ART_API_KEY": self._api_key or ""}
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps writing after we return
         try:
@@ -114,6 +116,15 @@ class LocalBackend(RemoteBackend):
     def _exit_message(self, what: str) -> str:
         assert self.process is not None
         tail = _tail(self.log_path, 15)
+        # The server says why it refused to start on one line: that is the cause, and starting
+        # again would fail the same way, so it leads the message and no restart is advised.
+        last = (tail.strip().splitlines() or [""])[-1]
+        if last.startswith("art-server: error:"):
+            return (
+                f"The backend process {what} (exit code {self.process.returncode}): "
+                f"{last.removeprefix('art-server: error:').strip()}\n"
+                f"Its log is {self.log_path}; last lines:\n{tail}"
+            )
         return (
             f"The backend process {what} (exit code {self.process.returncode}). "
             f"Its log is {self.log_path}; last lines:\n{tail}\n"

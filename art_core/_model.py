@@ -9,20 +9,30 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, TypeVar
 
 from openai import AsyncOpenAI
 from openai.types.chat.chat_completion import Choice
 
 from art_core._backend import Backend, new_rollout_id
 from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
-from art_core._errors import ModelNotRegisteredError, NotTrainableError
+from art_core._errors import InvalidTrajectoryError, ModelNotRegisteredError, NotTrainableError
 from art_core._langfuse import ExportJob, LangfuseExporter, resolve_exporter, take_unreported
+from art_core._strict import StrictModel, check_names
 from art_core._trajectory import History, Trajectory, TrajectoryGroup
 from art_core.names import check_name
 
 logger = logging.getLogger("art_core.model")
+
+ConfigT = TypeVar("ConfigT", bound=StrictModel)
+
+# ART's `model.train(..., _config=art.dev.TrainConfig(...))` carries its experimental options.
+_TRAIN_HINTS = {
+    "_config": "ART's `_config` (its dev options) has no counterpart here: the options this "
+    "trainer has are the TrainConfig fields above, passed as keywords or in "
+    "config=art.TrainConfig(...).",
+}
 
 
 class Model:
@@ -43,10 +53,10 @@ class Model:
         base_url: str | None = None,
         api_key: str | None = None,
         inference_model_name: str | None = None,
-        price: TokenPrice | None = None,
+        price: TokenPrice | Mapping[str, float] | None = None,
     ) -> None:
         self.name = name
-        self.price = price
+        self.price = None if price is None else _as_config(TokenPrice, price)
         self.project = check_name(project, "project name")
         self.base_url = base_url
         self.api_key = api_key
@@ -132,11 +142,11 @@ class TrainableModel(Model):
         *,
         project: str = "default",
         base_model: str,
-        lora: LoRAConfig | None = None,
+        lora: LoRAConfig | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(check_name(name, "model name"), project=project)
         self.base_model = base_model
-        self.lora_config = lora or LoRAConfig()
+        self.lora_config = LoRAConfig() if lora is None else _as_config(LoRAConfig, lora)
         self._step: int | None = None
         self._open_rollouts = 0
         # Counts the client makes between steps (calls no rollout could claim); sent with the
@@ -189,20 +199,30 @@ class TrainableModel(Model):
     async def train(
         self,
         groups: list[TrajectoryGroup],
-        config: TrainConfig | None = None,
+        config: TrainConfig | Mapping[str, Any] | None = None,
         *,
         langfuse: bool | LangfuseExporter | None = None,
         **config_overrides: Any,
     ) -> TrainResult:
         """One GRPO step on these groups; the backend then serves `<name>@<step + 1>`.
 
-        `langfuse`: None exports the groups when the LANGFUSE_* variables are set, True asks
-        for it (a named error without the extra or the settings), False turns it off, an
-        `art.LangfuseExporter` sends to that one. The export runs in the background.
+        `config_overrides` are TrainConfig fields (`learning_rate=1e-4`) over `config`; an
+        unknown one raises `UnknownFieldError`. `langfuse`: None exports the groups when the
+        LANGFUSE_* variables are set, True asks for it (a named error without the extra or the
+        settings), False turns it off, an `art.LangfuseExporter` sends to that one. The export
+        runs in the background.
         """
-        config = (config or TrainConfig()).model_copy(update=config_overrides)
-        TrainConfig.model_validate(config.model_dump())
+        config = _config_with(
+            TrainConfig,
+            config,
+            config_overrides,
+            owner="model.train()",
+            keywords=["config", "langfuse"],
+            hints=_TRAIN_HINTS,
+        )
         # A gathered list keeps its `dropped` count (groups a judge dropped) for the metrics.
+        if isinstance(groups, TrajectoryGroup):
+            groups = [groups]
         groups = groups if isinstance(groups, list) else list(groups)
         exporter = resolve_exporter(langfuse)
         # Traces sent (or dropped) since the last step are this step's langfuse/ metrics.
@@ -222,10 +242,26 @@ class TrainableModel(Model):
         return result
 
     async def train_sft(
-        self, trajectories: list[Trajectory], config: TrainSFTConfig | None = None
+        self,
+        trajectories: list[Trajectory],
+        config: TrainSFTConfig | Mapping[str, Any] | None = None,
+        **config_overrides: Any,
     ) -> TrainResult:
-        """Supervised steps on the trajectories' assistant turns (a warm start before RL)."""
-        result = await self.backend.train_sft(self, list(trajectories), config or TrainSFTConfig())
+        """Supervised steps on the trajectories' assistant turns (a warm start before RL).
+
+        `config_overrides` are TrainSFTConfig fields (`epochs=2`) over `config`.
+        """
+        config = _config_with(
+            TrainSFTConfig, config, config_overrides, owner="model.train_sft()", keywords=["config"]
+        )
+        trajectories = list(trajectories)
+        for index, trajectory in enumerate(trajectories):
+            if not isinstance(trajectory, Trajectory):
+                raise InvalidTrajectoryError(
+                    f"trajectories[{index}] is a {type(trajectory).__name__}, not an "
+                    "art.Trajectory (for groups: [t for g in groups for t in g])"
+                )
+        result = await self.backend.train_sft(self, trajectories, config)
         self._step = result.step
         return result
 
@@ -297,7 +333,26 @@ class TrainableModel(Model):
 
 
 class RolloutCapture:
-    """The scope of one zero-change rollout: its URL, and afterwards its trajectory."""
+    """The scope of one zero-change rollout: its URL, and afterwards its trajectory.
+
+    Set `reward`, and fill `metrics` and `metadata`, inside the block; any other attribute
+    (`r.rewrd = 1`) raises `UnknownFieldError` rather than being silently dropped.
+    """
+
+    _ATTRIBUTES = frozenset(
+        {
+            "trainable_model",
+            "id",
+            "model",
+            "base_url",
+            "api_key",
+            "_backend",
+            "_trajectory",
+            "reward",
+            "metrics",
+            "metadata",
+        }
+    )
 
     def __init__(self, model: TrainableModel) -> None:
         self.trainable_model = model
@@ -310,6 +365,14 @@ class RolloutCapture:
         self.reward = 0.0
         self.metrics: dict[str, float | int | bool] = {}
         self.metadata: dict[str, Any] = {}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self._ATTRIBUTES:
+            # The message lists what a rollout sets; the rest are read-only in spirit.
+            check_names(
+                "RolloutCapture", [name], ["reward", "metrics", "metadata"], noun="attribute"
+            )
+        super().__setattr__(name, value)
 
     @property
     def trajectory(self) -> Trajectory:
@@ -345,6 +408,39 @@ class RolloutCapture:
             f"art: rollout {self.id} ended by {type(error).__name__} after "
             f"{len(records)} recorded call(s); not trained (its calls are kept on the exception)."
         )
+
+
+def _config_with(
+    config_class: type[ConfigT],
+    config: ConfigT | Mapping[str, Any] | None,
+    overrides: Mapping[str, Any],
+    *,
+    owner: str,
+    keywords: list[str],
+    hints: Mapping[str, str] | None = None,
+) -> ConfigT:
+    """`config` with keyword `overrides` on top, validated as a whole (a typo names itself)."""
+    check_names(owner, overrides, [*config_class.model_fields, *keywords], hints=hints)
+    if config is None:
+        base: dict[str, Any] = {}
+    elif isinstance(config, config_class):
+        base = config.model_dump(exclude_unset=True)
+    elif isinstance(config, Mapping):
+        base = dict(config)
+    else:
+        raise TypeError(
+            f"{owner}: config must be an art.{config_class.__name__} (or a dict of its "
+            f"fields), got {type(config).__name__}"
+        )
+    # Constructed, not model_copy(update=...): an update skips validation entirely.
+    return config_class(**{**base, **overrides})
+
+
+def _as_config(config_class: type[ConfigT], value: ConfigT | Mapping[str, Any]) -> ConfigT:
+    """`value`, or a dict of its fields constructed as `config_class` (typos named)."""
+    return (
+        config_class(**value) if isinstance(value, Mapping) else config_class.model_validate(value)
+    )
 
 
 def _running_loop_id() -> int:

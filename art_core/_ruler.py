@@ -11,11 +11,10 @@ retries, cost and cache in `_structured.py`.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from typing import Any
-
-from pydantic import BaseModel
 
 from art_core._cache import ResponseCache, resolve_cache
 from art_core._errors import JudgeContextError, JudgeError
@@ -29,13 +28,14 @@ from art_core._ruler_prompt import (
     build_judge_prompt,
     distinct_runs,
 )
+from art_core._strict import StrictModel, check_names
 from art_core._structured import JudgeUsage, resolve_model, structured_completion
 from art_core._trajectory import Trajectory, TrajectoryGroup
 
 logger = logging.getLogger("art_core.ruler")
 
 
-class RulerScore(BaseModel):
+class RulerScore(StrictModel):
     """One run's score in [0, 1] and the judge's explanation.
 
     `position_gap`: with `reverse_order_check`, how much the score moved when the runs were
@@ -159,6 +159,14 @@ async def _judge(
     )
 
 
+# The keywords `ruler_score_group` passes through to `ruler` (the rest it fills in itself).
+RULER_OPTIONS = [
+    name
+    for name, parameter in inspect.signature(ruler).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+]
+
+
 def validate_scores(parsed: Any, count: int) -> tuple[list[RulerScore] | None, list[str]]:
     """Exactly run_1..run_count, each with a score from 0 to 100 (returned / 100); every
     problem named. A judge that ignores the schema may write a decimal: accepted in range."""
@@ -227,6 +235,9 @@ async def ruler_score_group(
     as `after_each`, the group is dropped and counted in the step's
     `groups/dropped_before_training`.
     """
+    # Checked before anything else: a misspelt option is an error even for an empty group, and
+    # it is never mistaken for a judge failure that `swallow_exceptions` would drop.
+    check_names("ruler_score_group()", options, [*RULER_OPTIONS, "rubric", "swallow_exceptions"])
     if not group.trajectories:
         return group
     tools = next((t.tools for t in group.trajectories if t.tools), None)

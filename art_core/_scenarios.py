@@ -7,6 +7,13 @@
 The generator answers under a JSON schema; each scenario is validated (a real task, difficulty in
 range), duplicates (same normalized text) are dropped, and the generator is asked again for what is
 still missing, shown what it already wrote, until `n` are valid or the attempts run out.
+
+Fitting the context. A batch of k scenarios asks for k * 250 + 50 completion tokens. When the
+generator answers that prompt plus answer exceed its context window, the sizes in its answer
+(context and prompt tokens, as OpenAI, vLLM and our backend word them) say what room is left:
+the batch is asked again with as many scenarios as fit (fewer of the already-written tasks shown
+if even one does not), and later batches are sized to fit from the start. When not one
+scenario fits, `GeneratorContextError` says so with the numbers.
 """
 
 from __future__ import annotations
@@ -17,19 +24,42 @@ import json
 import math
 import re
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
 from art_core._cache import ResponseCache, resolve_cache
-from art_core._errors import JudgeResponseError, ScenarioGenerationError
+from art_core._errors import (
+    GeneratorContextError,
+    GeneratorError,
+    JudgeContextError,
+    JudgeError,
+    JudgeResponseError,
+    ScenarioGenerationError,
+)
 from art_core._model import Model
 from art_core._structured import JudgeUsage, resolve_model, structured_completion
 
 MIN_TASK_CHARS = 12
 MAX_TASK_CHARS = 400
 MAX_EXPECTED_CHARS = 200
+# Completion tokens asked per scenario (a task of up to 400 characters, an expected answer of up
+# to 200, the JSON around them) and for the list around them: generous for common tokenizers.
+TOKENS_PER_SCENARIO = 250
+ANSWER_OVERHEAD_TOKENS = 50
+SHOWN_EXISTING = 30  # already-written tasks shown to the generator, so it writes different ones
+
+# The sizes in a context-overflow answer. Context: "maximum context length is 2048" (OpenAI,
+# vLLM, ours), "context of 2048" (ours). Prompt: "The prompt has 1500 tokens" (ours), "(1500 in
+# the messages, ...)" (OpenAI, vLLM), "your request has 1500 input tokens" (vLLM),
+# "your messages resulted in 1500 tokens" (OpenAI).
+_CONTEXT_TOKENS = re.compile(r"context (?:length |window )?(?:is|of) (\d+)", re.IGNORECASE)
+_PROMPT_TOKENS = re.compile(
+    r"prompt has (\d+)|(\d+) in the messages|request has (\d+) input|messages resulted in (\d+)",
+    re.IGNORECASE,
+)
 
 
 class Scenario(BaseModel):
@@ -74,7 +104,7 @@ async def generate_scenarios(
     batch_size: int = 4,
     concurrency: int = 4,
     max_requests: int | None = None,
-    cache: bool | str | ResponseCache | None = True,
+    cache: bool | str | Path | ResponseCache | None = True,
     sampling: dict[str, Any] | None = None,
     timeout: float = 600.0,
     usage: JudgeUsage | None = None,
@@ -84,8 +114,10 @@ async def generate_scenarios(
     `tools` (OpenAI function specs) are shown so tasks use them. With `cache` (the default), a
     re-run with the same arguments returns the same scenarios without requests; pass
     `cache=False` for fresh ones. Batches of `batch_size` are asked `concurrency` at a time, each
-    leaning to one difficulty level for variety. Raises `ScenarioGenerationError` when
-    `max_requests` (default: enough for three tries per batch) do not give `n`.
+    leaning to one difficulty level for variety; batches shrink to fit the generator's context
+    (see the module doc). Raises `ScenarioGenerationError` when `max_requests` (default: enough
+    for three tries per batch) do not give `n`, its subclass `GeneratorContextError` when not one
+    scenario fits the generator's context, and `GeneratorError` when the generator fails.
     """
     low, high = difficulty
     if not 1 <= low <= high <= 10:
@@ -98,52 +130,102 @@ async def generate_scenarios(
         raise ValueError("description is empty: describe the agent's job in a sentence or more")
     model = resolve_model(generator)
     usage = usage if usage is not None else JudgeUsage()
-    max_requests = max_requests or 3 * math.ceil(n / batch_size) + 2
     scenarios: list[Scenario] = []
     seen: set[str] = set()
     rejected: dict[str, int] = {"duplicate": 0, "invalid": 0, "unusable answer": 0}
     examples_of_invalid: list[str] = []
     levels = high - low + 1
     requests_made = 0
+    room = _ContextRoom()
+    fitted_batch_size = batch_size  # lowered when the generator's context holds fewer
 
-    async def one_batch(count: int, focus: int) -> list[Any] | None:
-        prompt = _prompt(description, count, tools, low, high, custom_instructions, scenarios)
+    def prompt_for(count: int, focus: int, shown: int) -> str:
+        existing = scenarios[-shown:] if shown else []
+        prompt = _prompt(description, count, tools, low, high, custom_instructions, existing)
         if levels > 1 and count < levels:
             prompt += f"\n\nThis time, make most of them difficulty {focus}."
-        try:
-            return await structured_completion(
-                model,
-                [{"role": "user", "content": prompt}],
-                schema_name="scenarios",
-                schema=scenario_schema(count, low, high),
-                validate=_as_list,
-                correction=lambda problems: (
-                    f"Your answer cannot be used: {'; '.join(problems)}. "
-                    'Answer again with only the JSON object {"scenarios": [...]}.'
-                ),
-                usage=usage,
-                cache=resolve_cache(cache),
-                max_tokens=count * 250 + 50,
-                sampling=sampling,
-                timeout=timeout,
-            )
-        except JudgeResponseError:
-            rejected["unusable answer"] += 1
-            return None
+        return prompt
 
-    while len(scenarios) < n and requests_made < max_requests:
+    async def one_batch(count: int, focus: int) -> list[Any] | None:
+        nonlocal fitted_batch_size
+        shown = SHOWN_EXISTING
+        for _ in range(8):  # each pass learns the room or shows fewer tasks: a few suffice
+            prompt = prompt_for(count, focus, shown)
+            room_for = room.scenarios_after(prompt)
+            if room_for is not None and room_for < 1:
+                if shown and scenarios:
+                    shown //= 2  # a shorter prompt: fewer of the written tasks shown
+                    continue
+                raise _context_error(model, room, prompt, tools)
+            fitted = count if room_for is None else min(count, room_for)
+            fitted_batch_size = min(fitted_batch_size, fitted)
+            prompt = prompt_for(fitted, focus, shown)
+            call_usage = JudgeUsage()
+            try:
+                return await structured_completion(
+                    model,
+                    [{"role": "user", "content": prompt}],
+                    schema_name="scenarios",
+                    schema=scenario_schema(fitted, low, high),
+                    validate=_as_list,
+                    correction=lambda problems: (
+                        f"Your answer cannot be used: {'; '.join(problems)}. "
+                        'Answer again with only the JSON object {"scenarios": [...]}.'
+                    ),
+                    usage=call_usage,
+                    cache=resolve_cache(cache),
+                    max_tokens=fitted * TOKENS_PER_SCENARIO + ANSWER_OVERHEAD_TOKENS,
+                    sampling=sampling,
+                    timeout=timeout,
+                )
+            except JudgeResponseError:
+                rejected["unusable answer"] += 1
+                return None
+            except JudgeContextError as error:
+                if call_usage.reasks:
+                    # The first answer fitted; the re-ask (it plus a correction) did not.
+                    rejected["unusable answer"] += 1
+                    return None
+                sizes = context_sizes(str(error))
+                if sizes is None:
+                    raise GeneratorContextError(
+                        f"The scenario generator {model.get_inference_name()} refused the prompt "
+                        f"as too long for its context, without saying the sizes: {error}. Use a "
+                        "generator with a longer context, a shorter description, or fewer tools."
+                    ) from error
+                room.learn(*sizes, len(prompt))
+            except JudgeError as error:
+                raise GeneratorError(
+                    f"The scenario generator failed: {error}. Check the generator model "
+                    "(its URL, key and name), or pass another one (generator=..., "
+                    "--generator on the command line)."
+                ) from error
+            finally:
+                usage.add(call_usage)
+        raise _context_error(model, room, prompt, tools)
+
+    while len(scenarios) < n:
+        # Default: enough requests for three tries per batch (of the size that fits).
+        limit = max_requests or 3 * math.ceil(n / fitted_batch_size) + 2
+        if requests_made >= limit:
+            break
         # Up to `concurrency` batches at once (a local backend answers them in one batch).
         missing = n - len(scenarios)
-        batches = min(concurrency, math.ceil(missing / batch_size), max_requests - requests_made)
-        counts = [missing // batches + (k < missing % batches) for k in range(batches)]
+        batches = min(concurrency, math.ceil(missing / fitted_batch_size), limit - requests_made)
+        asked = min(missing, batches * fitted_batch_size)  # never more than a batch each
+        counts = [asked // batches + (k < asked % batches) for k in range(batches)]
         answers = await asyncio.gather(
             *(
                 one_batch(count, low + (requests_made + k) % levels)
                 for k, count in enumerate(counts)
-            )
+            ),
+            return_exceptions=True,  # let every batch finish before a failure ends the call
         )
         requests_made += batches
-        for item in (item for batch in answers if batch for item in batch):
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        for item in (item for batch in answers if batch for item in batch):  # type: ignore[union-attr]
             try:
                 scenario = Scenario.model_validate(item)
                 problem = _problem(scenario, low, high)
@@ -168,6 +250,60 @@ async def generate_scenarios(
         f"{requests_made} requests (rejected: {details or 'none'}). "
         + (f"Invalid ones: {'; '.join(examples_of_invalid)}. " if examples_of_invalid else "")
         + "Use a stronger generator, a more specific description, or raise max_requests."
+    )
+
+
+def context_sizes(message: str) -> tuple[int, int] | None:
+    """(context tokens, prompt tokens) from a context-overflow error message, if it says both."""
+    context = _CONTEXT_TOKENS.search(message)
+    prompt = _PROMPT_TOKENS.search(message)
+    if context is None or prompt is None:
+        return None
+    return int(context.group(1)), int(next(group for group in prompt.groups() if group))
+
+
+@dataclass
+class _ContextRoom:
+    """What the generator told of its context window, to size the next prompts' answers."""
+
+    context: int | None = None
+    tokens_per_char: float = 0.0  # of our prompt, chat template included: an overestimate
+    measured: tuple[int, int] = (0, 0)  # (characters, tokens) of the last prompt refused
+
+    def learn(self, context: int, prompt_tokens: int, prompt_chars: int) -> None:
+        self.context = context
+        self.tokens_per_char = max(self.tokens_per_char, prompt_tokens / max(prompt_chars, 1))
+        self.measured = (prompt_chars, prompt_tokens)
+
+    def prompt_tokens(self, prompt: str) -> int:
+        """The generator's count for the prompt it refused; for others an estimate from the
+        learned ratio, with a margin (tokenizers differ by text)."""
+        if len(prompt) == self.measured[0]:
+            return self.measured[1]
+        return math.ceil(len(prompt) * self.tokens_per_char * 1.05) + 8
+
+    def scenarios_after(self, prompt: str) -> int | None:
+        """How many scenarios' answers fit after `prompt`; None while the context is unknown."""
+        if self.context is None:
+            return None
+        left = self.context - self.prompt_tokens(prompt) - ANSWER_OVERHEAD_TOKENS
+        return left // TOKENS_PER_SCENARIO
+
+
+def _context_error(
+    model: Model, room: _ContextRoom, prompt: str, tools: list[dict[str, Any]] | None
+) -> GeneratorContextError:
+    counted = "" if len(prompt) == room.measured[0] else "about "
+    tools_part = ""
+    if tools:
+        tools_part = f" and the {len(tools)} tool" + ("s" if len(tools) > 1 else "")
+    return GeneratorContextError(
+        f"The scenario generator {model.get_inference_name()} has a context of {room.context} "
+        f"tokens; the prompt (the description{tools_part}) takes {counted}"
+        f"{room.prompt_tokens(prompt)}, and one scenario needs "
+        f"{TOKENS_PER_SCENARIO + ANSWER_OVERHEAD_TOKENS} more. Use a generator with a longer "
+        "context (generator=..., --generator on the command line), a shorter description"
+        + (", or fewer tools (allowed_tools, --tools)." if tools else ".")
     )
 
 
@@ -227,7 +363,7 @@ def _prompt(
         custom=custom,
     )
     if existing:
-        shown = "\n".join(f"- {s.task[:120]}" for s in existing[-30:])
+        shown = "\n".join(f"- {s.task[:120]}" for s in existing)
         prompt += f"\n\nThese tasks already exist; write different ones:\n{shown}"
     return prompt
 

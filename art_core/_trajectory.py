@@ -13,19 +13,31 @@ import math
 import traceback
 import uuid
 from collections.abc import Awaitable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from art_core._errors import InvalidTrajectoryError
+from art_core._strict import StrictModel
 
 MessageOrChoice = Any  # a message dict, or an `openai.types.chat.chat_completion.Choice`
 
 
-class History(BaseModel):
+# `messages=` is what an OpenAI user writes; it is refused rather than taken as an alias: ART has
+# no such field either (`messages()` is the method that reads the conversation back), and the
+# name hides that the Choice objects, not plain dicts, are what trains.
+_MESSAGES_HINT = (
+    "Pass the conversation as messages_and_choices=[...]: message dicts for context and the "
+    "`Choice` objects of your completions (`response.choices[0]`) for the turns to train; "
+    "`.messages()` reads it back as plain messages."
+)
+
+
+class History(StrictModel):
     """One more conversation of a trajectory (a sub-agent, a parallel branch), same reward."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    unknown_field_hints: ClassVar[dict[str, str]] = {"messages": _MESSAGES_HINT}
 
     messages_and_choices: list[MessageOrChoice] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
@@ -38,7 +50,9 @@ class History(BaseModel):
 class Trajectory(History):
     """One run of the agent on one scenario: its conversation(s), reward, metrics and logs."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, validate_assignment=True)
+    model_config = ConfigDict(
+        extra="forbid", arbitrary_types_allowed=True, validate_assignment=True
+    )
 
     id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     additional_histories: list[History] = Field(default_factory=list)
@@ -66,7 +80,7 @@ class Trajectory(History):
         ]
 
 
-class RolloutException(BaseModel):
+class RolloutException(StrictModel):
     """A rollout that raised: kept on its group, counted in the step's metrics."""
 
     type: str

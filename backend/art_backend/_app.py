@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Coroutine
 from contextlib import asynccontextmanager
@@ -16,9 +15,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from art_backend._auth import ApiKeyMiddleware
 from art_backend._errors import BackendError, InvalidNameError, InvalidRequestError
+from art_backend._host_guard import HostGuardMiddleware
+from art_backend._limits import DEFAULT_MAX_BODY_MB, MIB, BodySizeLimitMiddleware, parse_json_object
+from art_backend._openapi import describe_api
 from art_backend.review._app import create_review_app
 from art_backend.serving._chat import ChatService
 from art_backend.serving._records import validate_rollout_id
@@ -34,6 +37,7 @@ from art_core.names import is_adapter_name
 logger = logging.getLogger("art_backend.app")
 
 DISCONNECT_POLL_SECONDS = 0.5
+PARSE_ON_LOOP_MAX_BYTES = 256 * 1024  # larger chat bodies are parsed on a worker thread
 
 
 def create_app(
@@ -42,8 +46,13 @@ def create_app(
     api_key: str | None = None,
     art_path: Path | None = None,
     training: TrainingService | None = None,
+    allowed_hosts: list[str] | None = None,
+    max_body_mb: float = DEFAULT_MAX_BODY_MB,
 ) -> FastAPI:
-    """Build the FastAPI app around a started engine's chat service."""
+    """Build the FastAPI app around a started engine's chat service.
+
+    `allowed_hosts`: host names a browser may reach it by besides localhost and IP addresses.
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -57,6 +66,9 @@ def create_app(
 
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=int(max_body_mb * MIB))
+    # Added last, so it runs first: a page on another site is refused before anything else.
+    app.add_middleware(HostGuardMiddleware, allowed_hosts=allowed_hosts or [])
     _register_error_handlers(app)
 
     # ----------------------------------------------------------------------------- completions
@@ -66,15 +78,12 @@ def create_app(
         rollout_id = rollout_id or raw.headers.get("x-rollout-id")
         if rollout_id is not None:
             validate_rollout_id(rollout_id)
-        try:
-            payload = await raw.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise InvalidRequestError(
-                f"The request body is not valid JSON: {error}", param=None
-            ) from error
-        if not isinstance(payload, dict):
-            raise InvalidRequestError("The request body must be a JSON object.")
-        request = ChatCompletionRequest.model_validate(payload)
+        body = await raw.body()
+        if len(body) > PARSE_ON_LOOP_MAX_BYTES:
+            # Parsing and validating megabytes takes long enough to stall every other client.
+            request = await asyncio.to_thread(_parse_chat_request, body)
+        else:
+            request = _parse_chat_request(body)
         if request.stream:
             lines = await service.stream(request, rollout_id)
             return StreamingResponse(lines, media_type="text/event-stream")
@@ -146,14 +155,21 @@ def create_app(
                 "'.', '_' or '-' in the name.",
                 param="name",
             )
-        path = Path(body.path).resolve()
         root = (art_path or Path(".art")).resolve()
+        try:
+            # A NUL byte or an over-long name raises here rather than naming a missing folder.
+            path = Path(body.path).resolve()
+            found = path.is_relative_to(root) and (path / "adapter_config.json").is_file()
+        except (ValueError, OSError) as error:
+            raise InvalidRequestError(
+                f"Adapter path {body.path!r} is not a usable path: {error}.", param="path"
+            ) from error
         if not path.is_relative_to(root):
             raise InvalidNameError(
                 f"Adapter path {body.path!r} is outside the server's --path {str(root)!r}.",
                 param="path",
             )
-        if not (path / "adapter_config.json").is_file():
+        if not found:
             raise InvalidRequestError(
                 f"No PEFT adapter at {body.path!r} (adapter_config.json missing).", param="path"
             )
@@ -177,6 +193,7 @@ def create_app(
     async def metrics():
         return PlainTextResponse(_prometheus_metrics(service))
 
+    app.openapi = lambda: describe_api(app, keyed=bool(api_key))  # type: ignore[method-assign]
     return app
 
 
@@ -192,6 +209,10 @@ async def _unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> 
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
+
+def _parse_chat_request(body: bytes) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(parse_json_object(body))
 
 
 def _without_tokens(record: dict[str, Any]) -> dict[str, Any]:
@@ -220,14 +241,17 @@ def _prometheus_metrics(service: ChatService) -> str:
         "art_batch_size_max": ("gauge", engine_metrics.max_batch_size_seen),
         "art_running_rows": ("gauge", service.engine.running_rows),
         "art_queue_depth": ("gauge", service.engine.queue_depth),
+        "art_requests_preparing": ("gauge", service.preparing),
         "art_tokens_per_second": (
             "gauge",
             engine_metrics.generated_tokens_total / busy if busy else 0.0,
         ),
         "art_busy_seconds_total": ("counter", busy),
         "art_records": ("gauge", len(service.records)),
+        "art_records_bytes": ("gauge", service.records.bytes),
         "art_records_total": ("counter", service.records.recorded),
         "art_record_evictions_total": ("counter", service.records.evictions),
+        "art_record_evictions_by_bytes_total": ("counter", service.records.byte_evictions),
         "art_records_discarded_total": ("counter", service.records.discarded),
         "art_adapters_loaded": ("gauge", len(service.engine.adapters)),
         "art_process_resident_bytes": ("gauge", psutil.Process().memory_info().rss),
@@ -256,6 +280,16 @@ def _location(loc: tuple[Any, ...]) -> str | None:
     return text or None
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app takes at this request's path."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
+
+
 def _register_error_handlers(app: FastAPI) -> None:
     from pydantic import ValidationError
 
@@ -281,9 +315,14 @@ def _register_error_handlers(app: FastAPI) -> None:
     app.exception_handler(ValidationError)(validation_error)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, error: StarletteHTTPException):
+    async def http_error(request: Request, error: StarletteHTTPException):
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-        return _error(error.status_code, kind, str(error.detail))
+        response = _error(error.status_code, kind, str(error.detail))
+        response.headers.update(error.headers or {})
+        if error.status_code == 405:
+            # Routing names the methods of the first route on the path; `Allow` must list all.
+            response.headers["Allow"] = ", ".join(_allowed_methods(request))
+        return response
 
     @app.exception_handler(Exception)
     async def unexpected_error(_: Request, error: Exception):

@@ -5,7 +5,12 @@ cannot, so under /review the key may also be given once, by the login form (POST
 /review/login, shown instead of any review page when the key is missing) or by a link
 `/review/?key=KEY` (convenient, but the key then shows in browser history and access logs).
 Either sets an HttpOnly cookie scoped to /review that holds a token derived from the key, never
-the key itself; SameSite=Lax, so another site cannot post a flag with it.
+the key itself. SameSite=Lax, not Strict: the review page's GETs only read, so a link from
+elsewhere (a chat, an issue) may open it logged in, while a POST from another site carries no
+cookie. SameSite is not enough on its own (a page on another port of the same host is the same
+"site"), so the forms of a cookie session also carry a CSRF token derived from the key
+(`csrf_token`, checked by the review app), and `HostGuardMiddleware` refuses any POST a browser
+labels as cross-origin.
 """
 
 from __future__ import annotations
@@ -25,9 +30,17 @@ SESSION_COOKIE = "art_review_session"
 MAX_LOGIN_BODY = 16 * 1024
 
 
+CSRF_STATE = "review_csrf_token"  # request.state's key: set when the request rides on the cookie
+
+
 def session_token(api_key: str) -> str:
     """The review cookie's value: derived from the key, so the cookie never holds the key."""
     return hmac.new(api_key.encode(), b"art-review-session", hashlib.sha256).hexdigest()
+
+
+def csrf_token(api_key: str) -> str:
+    """The token a cookie session's review forms carry: only a page the server sent knows it."""
+    return hmac.new(api_key.encode(), b"art-review-csrf", hashlib.sha256).hexdigest()
 
 
 class ApiKeyMiddleware:
@@ -41,6 +54,7 @@ class ApiKeyMiddleware:
         self.app = app
         self.api_key = api_key
         self.token = session_token(api_key)
+        self.csrf = csrf_token(api_key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] == "/health":
@@ -94,6 +108,9 @@ class ApiKeyMiddleware:
             return _login_page(target, "That is not the server's API key.")
         cookie = cookie_parser(headers.get("cookie", "")).get(SESSION_COOKIE, "")
         if cookie and hmac.compare_digest(cookie.encode(), self.token.encode()):
+            # The browser sends the cookie with any request to this site, whoever asked for it:
+            # the review app then takes a POST only with the token its own pages carry.
+            scope.setdefault("state", {})[CSRF_STATE] = self.csrf
             return None
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
         keys = [value for name, value in query if name == "key"]

@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 import art_core as art
-from art_core._scenarios import scenario_schema
+from art_core._scenarios import (
+    GeneratorContextError,
+    GeneratorError,
+    _prompt,
+    context_sizes,
+    scenario_schema,
+)
 from art_core._structured import JudgeUsage, structured_completion
 from tests.support.scripted_judge import Reply, ScriptedJudge
 
@@ -171,3 +177,108 @@ async def test_batches_are_asked_concurrently_each_leaning_to_a_difficulty(
     prompts = [scripted_judge.user_prompt(i) for i in range(4)]
     assert all("Write 2 new tasks" in p for p in prompts)
     assert {p.rsplit("difficulty ", 1)[1] for p in prompts} == {"1.", "2.", "3.", "4."}
+
+
+# ------------------------------------------------------------- fitting the generator's context
+
+
+async def test_batches_shrink_to_fit_a_small_context_on_our_backend(
+    remote_backend: art.RemoteBackend, tiny_model_dir: Path
+):
+    """The tiny model's context is 2048 tokens: with this description a batch of 2 scenarios
+    (550 completion tokens) does not fit, a batch of 1 does."""
+    from transformers import AutoTokenizer
+
+    description = DESCRIPTION + " It knows the price of every repair and when each shop opens." * 24
+    prompt = _prompt(description, 2, None, 1, 5, None, [])
+    prompt_tokens = len(AutoTokenizer.from_pretrained(tiny_model_dir)(prompt)["input_ids"])
+    assert prompt_tokens + 2 * 250 + 50 > 2048  # unfitted, the first batch would be refused
+    generator = art.Model(name="tiny")
+    await generator.register(remote_backend)
+    usage = JudgeUsage()
+    try:
+        scenarios = await art.generate_scenarios(
+            description,
+            2,
+            generator,
+            batch_size=2,
+            max_requests=2,
+            cache=False,
+            sampling={"temperature": 1.0, "seed": 5},
+            usage=usage,
+        )
+    except art.ScenarioGenerationError as error:
+        # A random model may repeat itself; what matters here is that the fitted batches ran.
+        assert not isinstance(error, GeneratorError), error
+        assert "Got " in str(error)
+    else:
+        assert len(scenarios) == 2
+    assert usage.requests >= 1 and usage.completion_tokens <= usage.requests * (250 + 50)
+
+
+async def test_a_prompt_too_long_for_the_generator_is_a_generator_error(
+    remote_backend: art.RemoteBackend,
+):
+    generator = art.Model(name="tiny")
+    await generator.register(remote_backend)
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{k}", "description": "Does a thing. " * 8}}
+        for k in range(20)
+    ]
+    with pytest.raises(GeneratorContextError) as caught:
+        await art.generate_scenarios(DESCRIPTION, 2, generator, tools=tools, cache=False)
+    message = str(caught.value)
+    assert "scenario generator tiny has a context of 2048 tokens" in message
+    assert "the 20 tools" in message and "--tools" in message
+    assert isinstance(caught.value, art.ScenarioGenerationError)
+    assert not isinstance(caught.value, art.JudgeError)
+
+
+def test_the_sizes_are_read_from_every_providers_wording():
+    assert context_sizes(
+        "This model's maximum context length is 2048 tokens. The prompt has 1500 tokens and "
+        "max_completion_tokens is 1050, 2550 in all."
+    ) == (2048, 1500)
+    assert context_sizes(  # vLLM, OpenAI
+        "This model's maximum context length is 4096 tokens. However, you requested 5000 "
+        "tokens (3950 in the messages, 1050 in the completion)."
+    ) == (4096, 3950)
+    assert context_sizes(  # recent vLLM
+        "'max_tokens' or 'max_completion_tokens' is too large: 1050. This model's maximum "
+        "context length is 2048 tokens and your request has 1500 input tokens (1050 > 548)."
+    ) == (2048, 1500)
+    assert context_sizes("prompt is too long") is None
+
+
+async def test_a_context_refusal_shrinks_the_batch_then_later_batches_fit_from_the_start(
+    scripted_judge: ScriptedJudge, judge_model: art.Model
+):
+    def answer(body: dict) -> Reply:
+        asked = body["max_completion_tokens"]
+        prompt_chars = len(body["messages"][-1]["content"])
+        if prompt_chars // 2 + asked > 1400:  # a 1400-token context, 2 characters a token
+            return Reply(
+                status=400,
+                message=f"This model's maximum context length is 1400 tokens. The prompt has "
+                f"{prompt_chars // 2} tokens and max_completion_tokens is {asked}.",
+            )
+        count = body["response_format"]["json_schema"]["schema"]["properties"]["scenarios"]
+        return Reply(
+            batch(
+                *(
+                    f"Distinct question {len(scripted_judge.requests)}-{k} about bikes"
+                    for k in range(count["minItems"])
+                )
+            )
+        )
+
+    scripted_judge.default = answer
+    scenarios = await art.generate_scenarios(
+        DESCRIPTION, 6, judge_model, batch_size=4, concurrency=1, cache=False
+    )
+    assert len(scenarios) == 6
+    asked = [r["max_completion_tokens"] for r in scripted_judge.requests]
+    assert asked[0] == 4 * 250 + 50  # refused
+    assert all(tokens < asked[0] for tokens in asked[1:])  # then only what fits
+    refused = [r for r in asked if r == asked[0]]
+    assert len(refused) == 1

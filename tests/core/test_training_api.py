@@ -53,7 +53,9 @@ async def test_training_changes_the_served_policy(model: art.TrainableModel):
             model=model.get_inference_name(step), messages=prompt, max_tokens=6,  # type: ignore[arg-type]
             temperature=0.0, logprobs=True,
         )  # fmt: skip
-        return [entry.logprob for entry in response.choices[0].logprobs.content]
+        choice_logprobs = response.choices[0].logprobs
+        assert choice_logprobs is not None and choice_logprobs.content is not None
+        return [entry.logprob for entry in choice_logprobs.content]
 
     before = await logprobs(0)
     groups = varied_group(await groups_for(model, QUESTIONS))
@@ -140,7 +142,9 @@ async def test_unregistered_and_untrainable_models_fail_clearly(tiny_model_dir: 
 
 
 def test_misspelt_train_option_is_an_error():
-    with pytest.raises(ValidationError, match="learning_rat"):
+    # More cases, and the keyword form `model.train(groups, learning_rat=...)`, in
+    # test_unknown_fields.py.
+    with pytest.raises(art.UnknownFieldError, match="did you mean 'learning_rate'"):
         art.TrainConfig(learning_rat=1e-5)  # type: ignore[call-arg]
 
 
@@ -267,9 +271,9 @@ async def test_fork_starts_from_the_source_checkpoint(
     async def answer(m: art.TrainableModel) -> str | None:
         response = await m.openai_client().chat.completions.create(
             model=m.get_inference_name(),
-            messages=prompt,
+            messages=prompt,  # type: ignore[arg-type]
             max_tokens=6,
-            temperature=0.0,  # type: ignore[arg-type]
+            temperature=0.0,
         )
         return response.choices[0].message.content
 

@@ -20,6 +20,7 @@ from tests.support.servers import free_port
 INVENTORY_SERVER_PATH = (
     Path(__file__).resolve().parents[2] / "examples" / "mcp_servers" / "inventory_server.py"
 )
+TOY_SERVER_PATH = Path(__file__).with_name("toy_server.py")
 STARTUP_TIMEOUT_SECONDS = 30.0
 
 
@@ -35,9 +36,7 @@ def wait_until_listening(process: subprocess.Popen[bytes], port: int, log_path: 
         except OSError:
             time.sleep(0.05)
     process.kill()
-    raise RuntimeError(
-        f"the inventory server did not start on port {port}:\n{log_path.read_text()}"
-    )
+    raise RuntimeError(f"the MCP server did not start on port {port}:\n{log_path.read_text()}")
 
 
 @pytest.fixture
@@ -63,6 +62,29 @@ def inventory_http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
     try:
         wait_until_listening(process, port, log_path)
         yield f"http://127.0.0.1:{port}{HTTP_PATH}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def toy_http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The toy server (tests/mcp/toy_server.py) over streamable HTTP in a subprocess: its URL."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("toy-http") / "server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, str(TOY_SERVER_PATH), "--http", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until_listening(process, port, log_path)
+        yield f"http://127.0.0.1:{port}/mcp"
     finally:
         process.terminate()
         try:

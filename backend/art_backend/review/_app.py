@@ -4,20 +4,26 @@ Mounted at `/review` by `art-server` (behind its API key) and served alone by `a
 GET pages read the store; two POST routes append decisions (flag, override, withdraw, approve)
 to the model's `review/decisions.jsonl`. Errors are HTML pages (JSON for `Accept:
 application/json`) with the status: 404 naming what exists, 400 naming the field.
+
+Who may post: the app is served behind `HostGuardMiddleware` (a browser's cross-origin POST is
+refused before it gets here) and, with a key, `ApiKeyMiddleware`; a request that rides on the
+key login's cookie must also carry the CSRF token the pages put in every form (403 otherwise).
 """
 
 from __future__ import annotations
 
+import hmac
 import math
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from art_backend._auth import CSRF_STATE
 from art_backend._errors import BackendError, InvalidRequestError
 from art_backend.review._browse import (
     PENDING,
@@ -30,7 +36,7 @@ from art_backend.review._browse import (
     open_model,
 )
 from art_backend.review._filters import TrajectoryFilter
-from art_backend.review._html import PREFIX, Urls
+from art_backend.review._html import CSRF_FIELD, PREFIX, Reviewer, Urls
 from art_backend.review._pages import (
     SEARCH_LIMIT,
     error_page,
@@ -65,8 +71,9 @@ def create_review_app(root: Path) -> FastAPI:
     """The review pages over the store at `root` (a server's --path), to mount at /review."""
     app = FastAPI(title="review", docs_url=None, redoc_url=None, openapi_url=None)
 
-    def who(request: Request) -> str:
-        return request.cookies.get(WHO_COOKIE, "")
+    def reviewer(request: Request) -> Reviewer:
+        token = getattr(request.state, CSRF_STATE, "")
+        return Reviewer(request.cookies.get(WHO_COOKIE, ""), token)
 
     @app.get("/", response_class=HTMLResponse)
     def models() -> str:
@@ -96,7 +103,7 @@ def create_review_app(root: Path) -> FastAPI:
             review_state(decisions).approved,
             decisions,
             all_metrics="metrics" in query,
-            who=who(request),
+            reviewer=reviewer(request),
         )
 
     @app.get("/{project}/{name}/search", response_class=HTMLResponse)
@@ -107,17 +114,25 @@ def create_review_app(root: Path) -> FastAPI:
         state = load_state(store)
         steps = list_steps(store)
         results: list[tuple[str, str, Any]] = []
+        damaged: list[str] = []  # steps whose file is damaged: searched as far as readable
         for entry in steps:
             if wanted.split and entry.split != wanted.split:
                 continue
             view = load_step(store, entry.split, str(entry.step), state)
+            if view.damage:
+                damaged.append(f"{entry.split} step {entry.step}")
             for group in wanted.apply(view.groups):
                 results += [(entry.split, str(entry.step), t) for t in group.trajectories]
             if len(results) > SEARCH_LIMIT:
                 break
         splits = sorted({entry.split for entry in steps})
         return search_page(
-            store, results[:SEARCH_LIMIT], query, splits, truncated=len(results) > SEARCH_LIMIT
+            store,
+            results[:SEARCH_LIMIT],
+            query,
+            splits,
+            truncated=len(results) > SEARCH_LIMIT,
+            damaged=damaged,
         )
 
     @app.get("/{project}/{name}/steps/{split}/{step}", response_class=HTMLResponse)
@@ -128,13 +143,13 @@ def create_review_app(root: Path) -> FastAPI:
         state = load_state(store)
         view = load_step(store, split, step, state)
         shown = wanted.apply(view.groups) if wanted.active else view.groups
-        return step_page(store, view, shown, query, state.approved, who(request))
+        return step_page(store, view, shown, query, state.approved, reviewer(request))
 
     @app.get("/{project}/{name}/steps/{split}/{step}/groups/{group}", response_class=HTMLResponse)
     def group(project: str, name: str, split: str, step: str, group: str, request: Request) -> str:
         store = open_model(root, project, name)
         view = load_step(store, split, step, load_state(store))
-        return group_page(store, view, view.group(group), who(request))
+        return group_page(store, view, view.group(group), reviewer(request))
 
     @app.get(
         "/{project}/{name}/steps/{split}/{step}/trajectories/{trajectory_id:path}",
@@ -145,7 +160,7 @@ def create_review_app(root: Path) -> FastAPI:
     ) -> str:
         store = open_model(root, project, name)
         view = load_step(store, split, step, load_state(store))
-        return trajectory_page(store, view, view.trajectory(trajectory_id), who(request))
+        return trajectory_page(store, view, view.trajectory(trajectory_id), reviewer(request))
 
     @app.post("/{project}/{name}/steps/{split}/{step}/decisions")
     async def decide(project: str, name: str, split: str, step: str, request: Request) -> Response:
@@ -254,29 +269,35 @@ def _not_held(store: ModelStore, pending_id: str) -> BackendError:
 
 
 class CrossSiteRequestError(BackendError):
-    """A form posted from another site (HTTP 403): a page elsewhere cannot flag or approve."""
+    """A form without the page's CSRF token (HTTP 403): a page elsewhere cannot flag or approve."""
 
     status_code = 403
     error_type = "permission_error"
 
 
 async def _form(request: Request) -> dict[str, str]:
-    """The posted form; refused when a browser says it comes from another site."""
-    # Browsers send Origin with every form POST; a page on another site (even without an API
-    # key on a loopback server) must not decide for the reviewer. Non-browser clients send none.
-    origin = request.headers.get("origin")
-    if origin is not None and urlsplit(origin).netloc != request.headers.get("host"):
-        raise CrossSiteRequestError(
-            f"This form was posted from {origin}, another site: review decisions are taken only "
-            "from the review page itself."
-        )
+    """The posted form; refused when it rides on the login cookie without the pages' token."""
     body = await request.body()
     if len(body) > MAX_FORM_BYTES:
         raise InvalidRequestError(f"The form is over {MAX_FORM_BYTES} bytes.")
     try:
-        return dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True))
+        form = dict(parse_qsl(body.decode("utf-8"), keep_blank_values=True))
     except UnicodeDecodeError as error:
         raise InvalidRequestError(f"The form is not valid UTF-8: {error}") from error
+    # Set by ApiKeyMiddleware when the cookie (not the Authorization header) let the request in:
+    # the browser would send that cookie with a form another page made it post, too.
+    expected = getattr(request.state, CSRF_STATE, None)
+    if expected is not None:
+        given = form.pop(CSRF_FIELD, "")
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise CrossSiteRequestError(
+                "This form does not carry the review page's token "
+                f"({'missing' if not given else 'wrong'} `{CSRF_FIELD}`): it was not posted from "
+                "the review page, or the page is older than the server's key. Reload the page "
+                "and post again; API clients send `Authorization: Bearer KEY` instead of the "
+                "cookie."
+            )
+    return form
 
 
 def _done(request: Request, row: dict[str, Any], target: str) -> Response:
@@ -292,16 +313,18 @@ def _done(request: Request, row: dict[str, Any], target: str) -> Response:
 
 
 def _register_error_pages(app: FastAPI) -> None:
-    def answer(request: Request, status: int, message: str, param: str | None) -> Response:
+    def answer(
+        request: Request, status: int, message: str, param: str | None, kind: str | None = None
+    ) -> Response:
         if "application/json" in request.headers.get("accept", ""):
-            kind = "not_found_error" if status == 404 else "invalid_request_error"
+            kind = kind or ("not_found_error" if status == 404 else "invalid_request_error")
             body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
             return JSONResponse(body, status_code=status)
         return HTMLResponse(error_page(status, message), status_code=status)
 
     @app.exception_handler(BackendError)
     async def backend_error(request: Request, error: BackendError) -> Response:
-        return answer(request, error.status_code, error.message, error.param)
+        return answer(request, error.status_code, error.message, error.param, error.error_type)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> Response:

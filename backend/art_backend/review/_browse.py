@@ -7,14 +7,13 @@ review page of a running `art-server` and of `art review` over a copied `.art` f
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from art_backend._errors import BackendError
-from art_backend.store._checkpoints import ModelStore, read_trajectories
+from art_backend.store._checkpoints import ModelStore, read_trajectory_file
 from art_backend.store._review_decisions import (
     PENDING,
     PendingStep,
@@ -25,8 +24,6 @@ from art_backend.store._review_decisions import (
     review_state,
 )
 from art_core.names import is_name, is_split
-
-STEP_FILE_PATTERN = re.compile(r"^(\d{4,9})\.jsonl\.gz$")
 
 
 class ReviewNotFoundError(BackendError):
@@ -57,7 +54,10 @@ def list_models(root: Path) -> list[ModelSummary]:
         project, name = model_dir.parent.parent.name, model_dir.name
         if not model_dir.is_dir() or not (is_name(project) and is_name(name)):
             continue
-        store = ModelStore(root, project, name)
+        try:
+            store = ModelStore(root, project, name)
+        except BackendError:  # a name with '..', or a folder that links outside the root
+            continue
         train_rows = [row for row in store.read_history() if row.get("type") == "train"]
         summaries.append(
             ModelSummary(
@@ -77,7 +77,7 @@ def open_model(root: Path, project: str, name: str) -> ModelStore:
     """The store of one model, or a 404 that lists the models there are."""
     valid = is_name(project) and is_name(name)
     if valid and (root / project / "models" / name).is_dir():
-        return ModelStore(root, project, name)
+        return ModelStore(root, project, name)  # a folder linking outside the root: a 400
     known = [f"{m.project}/{m.name}" for m in list_models(root)]
     raise ReviewNotFoundError(
         f"No model {project}/{name} under {root}: "
@@ -112,21 +112,14 @@ def list_steps(store: ModelStore) -> list[StepEntry]:
         for row in history
         if row.get("type") == "log"
     }
-    entries = []
-    folder = store.dir / "trajectories"
-    for split_dir in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if not is_split(split_dir.name):
-            continue
-        for path in sorted(split_dir.iterdir()):
-            if match := STEP_FILE_PATTERN.match(path.name):
-                step = int(match.group(1))
-                metrics = (
-                    train_metrics.get(step, {})
-                    if split_dir.name == "train"
-                    else log_metrics.get((split_dir.name, step), {})
-                )
-                entries.append(StepEntry(split_dir.name, step, metrics))
-    return entries
+    return [
+        StepEntry(
+            split,
+            step,
+            train_metrics.get(step, {}) if split == "train" else log_metrics.get((split, step), {}),
+        )
+        for split, step, _ in store.trajectory_files()
+    ]
 
 
 @dataclass
@@ -191,6 +184,7 @@ class StepView:
     metrics: dict[str, float] = field(default_factory=dict)
     pending: PendingStep | None = None
     pending_state: str = ""  # holding, approved, expired
+    damage: str = ""  # what could not be read from a damaged trajectories file (shown)
 
     @property
     def label(self) -> str:
@@ -241,15 +235,24 @@ def load_step(store: ModelStore, split: str, step: str, state: ReviewState) -> S
             f"No {split!r} step {step!r} for {store.project}/{store.name}: "
             + (f"its {split} steps are {steps}." if steps else f"it has no {split!r} steps.")
         )
-    rows = read_trajectories(store.dir / "trajectories" / split / f"{entry.step:04d}.jsonl.gz")
-    return StepView(split, str(entry.step), build_groups(rows, state), metrics=entry.metrics)
+    # A damaged file (a crash while it was written) shows what is readable, and says so.
+    content = read_trajectory_file(store.trajectories_path(split, entry.step))
+    return StepView(
+        split,
+        str(entry.step),
+        build_groups(content.rows, state),
+        metrics=entry.metrics,
+        damage=content.note(),
+    )
 
 
 def build_groups(rows: list[dict[str, Any]], state: ReviewState) -> list[GroupView]:
     """Rows -> groups (by their `group` index), each sorted by reward, decisions attached."""
     by_index: dict[int, GroupView] = {}
     for row in rows:
-        index = int(row.get("group", 0))
+        index = row.get("group", 0)
+        if not isinstance(index, int):  # not a row the trainer wrote: shown under group 0
+            index = 0
         group = by_index.setdefault(index, GroupView(index, [], []))
         if "exception" in row:
             group.exceptions.append(str(row["exception"]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import dataclass
 from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -16,6 +17,25 @@ from urllib.parse import quote, urlencode
 from art_backend.review._browse import PENDING, TrajectoryView, message_text
 
 PREFIX = "/review"
+CSRF_FIELD = "csrf_token"
+
+
+@dataclass(frozen=True)
+class Reviewer:
+    """Who fills the forms: the name they last gave and, in a key login session, the CSRF token."""
+
+    who: str = ""
+    csrf_token: str = ""
+
+    def fields(self) -> str:
+        """The inputs every decision form ends with: the token (hidden) and the reviewer's name."""
+        token = (
+            f'<input type="hidden" name="{CSRF_FIELD}" value="{e(self.csrf_token)}">'
+            if self.csrf_token
+            else ""
+        )
+        return f'{token}<input name="who" placeholder="your name" value="{e(self.who)}" size="9">'
+
 
 STYLE = """
 *{box-sizing:border-box}body{font:14px/1.45 system-ui,-apple-system,sans-serif;margin:0;color:#1f2328;background:#f6f7f9}
@@ -172,7 +192,7 @@ def trajectory_card(
     urls: Urls,
     split: str,
     step: str,
-    who: str,
+    reviewer: Reviewer,
     *,
     rank: int | None = None,
 ) -> str:
@@ -204,7 +224,7 @@ def trajectory_card(
     if trajectory.row.get("metadata"):
         metadata = json.dumps(trajectory.row["metadata"], indent=2, ensure_ascii=False, default=str)
         parts.append(f"<details><summary>metadata</summary><pre>{e(metadata)}</pre></details>")
-    parts.append(trajectory_forms(trajectory, urls, split, step, who))
+    parts.append(trajectory_forms(trajectory, urls, split, step, reviewer))
     parts.append("</div>")
     return "".join(parts)
 
@@ -240,37 +260,37 @@ def logs(lines: list[Any]) -> str:
 
 
 def trajectory_forms(
-    trajectory: TrajectoryView, urls: Urls, split: str, step: str, who: str
+    trajectory: TrajectoryView, urls: Urls, split: str, step: str, reviewer: Reviewer
 ) -> str:
     action = e(urls.decisions(split, step))
     hidden = (
         f'<input type="hidden" name="trajectory_id" value="{e(trajectory.id)}">'
         f'<input type="hidden" name="next" value="{e(urls.trajectory(split, step, trajectory.id))}">'
     )
-    who_input = f'<input name="who" placeholder="your name" value="{e(who)}" size="9">'
+    fields = reviewer.fields()
     forms = [
         f'<form class="inline flag-trajectory" method="post" action="{action}">{hidden}'
         '<input type="hidden" name="action" value="flag_trajectory">'
-        f'<input name="reason" placeholder="why should the trainer skip it?" required>{who_input}'
+        f'<input name="reason" placeholder="why should the trainer skip it?" required>{fields}'
         "<button>Flag trajectory</button></form>",
         f'<form class="inline override-reward" method="post" action="{action}">{hidden}'
         '<input type="hidden" name="action" value="override_reward">'
         '<input name="reward" placeholder="reward" size="6" required>'
-        f'<input name="reason" placeholder="why this reward?" required>{who_input}'
+        f'<input name="reason" placeholder="why this reward?" required>{fields}'
         "<button>Override reward</button></form>",
     ]
     if trajectory.flag or trajectory.override:
         forms.append(
             f'<form class="inline withdraw-trajectory" method="post" action="{action}">{hidden}'
             '<input type="hidden" name="action" value="withdraw_trajectory">'
-            f'<input name="reason" placeholder="why withdraw?" required>{who_input}'
+            f'<input name="reason" placeholder="why withdraw?" required>{fields}'
             "<button>Withdraw flag/override</button></form>"
         )
     return '<details class="forms" open><summary>review</summary>' + "".join(forms) + "</details>"
 
 
 def group_forms(
-    group_index: int, flagged: bool, urls: Urls, split: str, step: str, who: str
+    group_index: int, flagged: bool, urls: Urls, split: str, step: str, reviewer: Reviewer
 ) -> str:
     action = e(urls.decisions(split, step))
     kind, label, placeholder = (
@@ -284,8 +304,7 @@ def group_forms(
         f'<input type="hidden" name="group" value="{group_index}">'
         f'<input type="hidden" name="next" value="{e(urls.group(split, step, group_index))}">'
         f'<input name="reason" placeholder="{placeholder}" required>'
-        f'<input name="who" placeholder="your name" value="{e(who)}" size="9">'
-        f"<button>{label}</button></form>"
+        f"{reviewer.fields()}<button>{label}</button></form>"
     )
 
 

@@ -21,6 +21,7 @@ from art_backend.review._browse import (
 )
 from art_backend.review._html import (
     PREFIX,
+    Reviewer,
     Urls,
     badges,
     e,
@@ -92,10 +93,10 @@ def model_page(
     decisions: list[dict[str, Any]],
     *,
     all_metrics: bool,
-    who: str,
+    reviewer: Reviewer,
 ) -> str:
     urls = Urls(store.project, store.name)
-    parts = [_pending_boxes(urls, pending, approved, who)]
+    parts = [_pending_boxes(urls, pending, approved, reviewer)]
 
     train_rows = [row for row in history if row.get("type") == "train"]
     val_splits = sorted({row.get("split", "") for row in history if row.get("type") == "log"})
@@ -169,7 +170,9 @@ def model_page(
     return page(f"{store.project}/{store.name}", _crumbs(store), "".join(parts))
 
 
-def _pending_boxes(urls: Urls, pending: list[PendingStep], approved: set[str], who: str) -> str:
+def _pending_boxes(
+    urls: Urls, pending: list[PendingStep], approved: set[str], reviewer: Reviewer
+) -> str:
     boxes = []
     now = time.time()
     for held in pending:
@@ -183,18 +186,18 @@ def _pending_boxes(urls: Urls, pending: list[PendingStep], approved: set[str], w
             f'<div class="box pending" data-pending="{e(held.id)}"><b>Pending step</b> (sampled at '
             f"step {held.step}): {held.groups} groups, {held.trajectories} trajectories · {e(state)} · "
             f'<a href="{e(urls.step(PENDING, held.id))}">review it</a>'
-            f"{_approve_form(urls, held, approved, who)}</div>"
+            f"{_approve_form(urls, held, approved, reviewer)}</div>"
         )
     return "".join(boxes)
 
 
-def _approve_form(urls: Urls, held: PendingStep, approved: set[str], who: str) -> str:
+def _approve_form(urls: Urls, held: PendingStep, approved: set[str], reviewer: Reviewer) -> str:
     if held.id in approved or time.time() >= held.expires_at:
         return ""
     return (
         f'<form class="inline approve" method="post" action="{e(urls.approve(held.id))}">'
         f'<input type="hidden" name="next" value="{e(urls.model)}">'
-        f'<input name="who" placeholder="your name" value="{e(who)}" size="9">'
+        f"{reviewer.fields()}"
         '<button>Approve now</button> <span class="muted">flags and overrides made until then '
         "are applied</span></form>"
     )
@@ -244,10 +247,14 @@ def step_page(
     shown: list[GroupView],
     query: dict[str, str],
     approved: set[str],
-    who: str,
+    reviewer: Reviewer,
 ) -> str:
     urls = Urls(store.project, store.name)
     parts = []
+    if view.damage:
+        parts.append(
+            f'<div class="box error" role="alert">{e(view.damage)}; shown: what is readable.</div>'
+        )
     if view.pending is not None:
         state = {
             "holding": "Held for review: flag what the trainer should skip, then approve (or let the hold expire).",
@@ -256,7 +263,7 @@ def step_page(
         }[view.pending_state]
         parts.append(
             f'<div class="box pending"><span class="badge hold">{e(view.pending_state)}</span> '
-            f"{e(state)}{_approve_form(urls, view.pending, approved, who)}</div>"
+            f"{e(state)}{_approve_form(urls, view.pending, approved, reviewer)}</div>"
         )
     else:
         trained = (
@@ -313,7 +320,7 @@ def step_page(
     return page(f"{store.project}/{store.name} · {view.label}", crumbs, "".join(parts))
 
 
-def group_page(store: ModelStore, view: StepView, group: GroupView, who: str) -> str:
+def group_page(store: ModelStore, view: StepView, group: GroupView, reviewer: Reviewer) -> str:
     urls = Urls(store.project, store.name)
     parts = []
     if group.flag:
@@ -322,11 +329,13 @@ def group_page(store: ModelStore, view: StepView, group: GroupView, who: str) ->
             f'<div class="box flagged">Group flagged{by} at {e(when(group.flag["at"]))}: '
             f"{e(group.flag.get('reason'))}</div>"
         )
-    parts.append(group_forms(group.index, group.flag is not None, urls, view.split, view.step, who))
+    parts.append(
+        group_forms(group.index, group.flag is not None, urls, view.split, view.step, reviewer)
+    )
     for exception in group.exceptions:
         parts.append(f'<div class="box error"><b>exception</b><pre>{e(exception)}</pre></div>')
     cards = "".join(
-        trajectory_card(t, urls, view.split, view.step, who, rank=rank)
+        trajectory_card(t, urls, view.split, view.step, reviewer, rank=rank)
         for rank, t in enumerate(group.trajectories, start=1)
     )
     parts.append(
@@ -339,9 +348,11 @@ def group_page(store: ModelStore, view: StepView, group: GroupView, who: str) ->
     return page(f"Group {group.index} · {view.label}", crumbs, "".join(parts))
 
 
-def trajectory_page(store: ModelStore, view: StepView, trajectory: TrajectoryView, who: str) -> str:
+def trajectory_page(
+    store: ModelStore, view: StepView, trajectory: TrajectoryView, reviewer: Reviewer
+) -> str:
     urls = Urls(store.project, store.name)
-    card = trajectory_card(trajectory, urls, view.split, view.step, who)
+    card = trajectory_card(trajectory, urls, view.split, view.step, reviewer)
     crumbs = _crumbs(
         store,
         (view.label, urls.step(view.split, view.step)),
@@ -357,9 +368,15 @@ def search_page(
     query: dict[str, str],
     splits: list[str],
     truncated: bool,
+    damaged: list[str] | None = None,
 ) -> str:
     urls = Urls(store.project, store.name)
     parts = [filter_form(urls.search(), query, with_split=True, splits=splits)]
+    if damaged:
+        parts.append(
+            '<div class="box error" role="alert">Damaged trajectories files (a crash while they '
+            f"were written?): {e(', '.join(damaged))}. Searched as far as they are readable.</div>"
+        )
     note = f" (the first {SEARCH_LIMIT}: narrow the filters)" if truncated else ""
     parts.append(f"<p>{len(results)} trajectories match{note}.</p>")
     rows = []

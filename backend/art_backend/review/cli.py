@@ -1,6 +1,6 @@
 """`art review`: the review page alone, over a `.art` folder, without loading any model.
 
-    art review --path .art --port 8080 [--host 127.0.0.1] [--api-key KEY]
+    art review --path .art --port 8080 [--host 127.0.0.1] [--api-key KEY] [--allowed-hosts NAMES]
 
 Reads what `art-server` wrote (history, trajectories, held steps) and appends reviewers'
 decisions next to them; a running `art-server` on the same folder honours them.
@@ -18,17 +18,25 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 
-def build_review_server(art_path: Path, *, api_key: str | None = None) -> FastAPI:
-    """An app that serves only /review (and /health) over `art_path`."""
+def build_review_server(
+    art_path: Path, *, api_key: str | None = None, allowed_hosts: list[str] | None = None
+) -> FastAPI:
+    """An app that serves only /review (and /health) over `art_path`.
+
+    `allowed_hosts`: host names a browser may reach it by besides localhost and IP addresses.
+    """
     from fastapi import FastAPI
     from fastapi.responses import RedirectResponse
 
     from art_backend._auth import ApiKeyMiddleware
+    from art_backend._host_guard import HostGuardMiddleware
     from art_backend.review._app import create_review_app
 
     app = FastAPI(title="art review", docs_url=None, redoc_url=None, openapi_url=None)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    # Added last, so it runs first: a page on another site is refused before anything else.
+    app.add_middleware(HostGuardMiddleware, allowed_hosts=allowed_hosts or [])
 
     @app.get("/")
     def root():
@@ -48,7 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", default=".art", type=Path, help="the folder art-server wrote")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--api-key", default=os.environ.get("ART_API_KEY"))
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("ART_API_KEY"),
+        help="require this key (prefer ART_API_KEY: a command line is visible to every local user)",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        default="",
+        metavar="NAMES",
+        help="host names (comma-separated) a browser may reach the page by, besides localhost "
+        "and IP addresses; '*' allows any name (unsafe: DNS rebinding)",
+    )
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     if not args.path.is_dir():
@@ -58,13 +77,15 @@ def main(argv: list[str] | None = None) -> int:
             "used as its --path (default .art).\n",
         )
 
-    import uvicorn
+    from art_backend._host_guard import parse_allowed_hosts
+    from art_backend._log_redaction import run_uvicorn
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    app = build_review_server(args.path, api_key=args.api_key)
+    allowed_hosts = [*parse_allowed_hosts(args.host), *parse_allowed_hosts(args.allowed_hosts)]
+    app = build_review_server(args.path, api_key=args.api_key, allowed_hosts=allowed_hosts)
     login = " (log in with the API key)" if args.api_key else ""
     print(f"art review: http://{args.host}:{args.port}/review/ over {args.path}{login}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    run_uvicorn(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 

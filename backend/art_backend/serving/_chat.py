@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from art_backend._errors import (
     BackendError,
@@ -34,6 +36,8 @@ from art_backend.serving._tool_calls import (
     template_supports_tools,
 )
 
+_Result = TypeVar("_Result")
+
 
 class ChatService:
     """Serves chat completions for one engine: the base model and its adapters."""
@@ -51,6 +55,16 @@ class ChatService:
         self.records = records
         self.grammar_compiler = grammar_compiler
         self.supports_tools = template_supports_tools(engine.tokenizer.chat_template)
+        # No token is longer than this, so a prompt of more characters than context x this
+        # cannot fit, whatever it tokenizes to: refused before the template and tokenizer run.
+        self.longest_token_chars = max(map(len, engine.tokenizer.get_vocab()), default=1)
+        # Tokenizing, compiling grammars and storing records (a dump and a size estimate, as
+        # long as the request) run here, off the event loop; the tokenizer and llguidance
+        # release the GIL for their heavy part. A few threads: the engine needs the cores more.
+        self._workers = ThreadPoolExecutor(
+            max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="art-prepare"
+        )
+        self.preparing = 0  # requests being tokenized or compiled now (art_requests_preparing)
 
     # ------------------------------------------------------------------------------- model names
 
@@ -77,6 +91,7 @@ class ChatService:
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
         tool_choice = request.tool_choice or ("auto" if tools else "none")
         use_tools = bool(tools) and tool_choice != "none"
+        self._check_prompt_characters(request, tools if use_tools else None)
         prompt_ids = self._prompt_ids(request, tools if use_tools else None)
 
         context = self.engine.context_length
@@ -130,6 +145,24 @@ class ChatService:
         )
         return generation, use_tools
 
+    def _check_prompt_characters(
+        self, request: ChatCompletionRequest, tools: list[dict] | None
+    ) -> None:
+        context = self.engine.context_length
+        limit = context * self.longest_token_chars
+        message_chars = sum(_message_characters(message) for message in request.messages)
+        tool_chars = _string_value_characters(tools) if tools else 0
+        if message_chars + tool_chars <= limit:
+            return
+        param = "messages" if message_chars > limit else "tools"
+        raise ContextLengthError(
+            f"The {'messages and tools' if tool_chars else 'messages'} hold "
+            f"{message_chars + tool_chars:,} characters, more than this model's context of "
+            f"{context} tokens can hold: no token is longer than {self.longest_token_chars} "
+            f"characters, so at most {limit:,} fit. Shorten the {param}.",
+            param=param,
+        )
+
     def _prompt_ids(self, request: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
         messages = [message.model_dump(exclude_none=True) for message in request.messages]
         prepared = prepare_messages(messages, tools, supports_tools=self.supports_tools)
@@ -173,7 +206,7 @@ class ChatService:
     ) -> dict[str, Any]:
         """Run a non-streaming request to the end and return the OpenAI response body."""
         started_at = time.time()
-        generation, use_tools = self.prepare(request)
+        generation, use_tools = await self._prepare_off_loop(request)
         generation.stream_tokens = False
         events = self.engine.submit(generation)
         finished: dict[int, FinishEvent] = {}
@@ -189,7 +222,7 @@ class ChatService:
         body = self._completion_body(
             _new_id(), int(time.time()), request, generation, finished, use_tools
         )
-        self._record(body, request, rollout_id, started_at)
+        await self._off_loop(self._record, body, request, rollout_id, started_at)
         return body
 
     def _completion_body(
@@ -224,9 +257,23 @@ class ChatService:
         self, request: ChatCompletionRequest, rollout_id: str | None
     ) -> AsyncIterator[str]:
         """Prepare eagerly (so bad input fails before streaming), then yield SSE lines."""
-        generation, use_tools = self.prepare(request)
+        generation, use_tools = await self._prepare_off_loop(request)
         events = self.engine.submit(generation)
         return self._stream_events(request, rollout_id, generation, use_tools, events)
+
+    async def _prepare_off_loop(
+        self, request: ChatCompletionRequest
+    ) -> tuple[GenerationRequest, bool]:
+        # Submitting stays on the loop, after this returns: a request cancelled while it is
+        # prepared never reaches the engine (the thread finishes, its result is dropped).
+        self.preparing += 1
+        try:
+            return await self._off_loop(self.prepare, request)
+        finally:
+            self.preparing -= 1
+
+    async def _off_loop(self, work: Callable[..., _Result], *args: Any) -> _Result:
+        return await asyncio.get_running_loop().run_in_executor(self._workers, work, *args)
 
     async def _stream_events(
         self,
@@ -310,7 +357,7 @@ class ChatService:
                 body = self._completion_body(
                     completion_id, created, request, generation, finished, use_tools
                 )
-                self._record(body, request, rollout_id, started_at)
+                await self._off_loop(self._record, body, request, rollout_id, started_at)
             if request.stream_options and request.stream_options.include_usage:
                 yield chunk([], usage=_usage(generation, finished.values()))
             yield "data: [DONE]\n\n"
@@ -395,6 +442,30 @@ class ChatService:
                 "usage": body["usage"],
             }
         )
+
+
+def _message_characters(message: Any) -> int:
+    """Characters of a message that any chat template renders: its text, name and tool calls."""
+    content = message.content
+    if isinstance(content, list):
+        content = [part.get("text") for part in content]
+    calls = [(call.function.name, call.function.arguments) for call in message.tool_calls or []]
+    return _string_value_characters([content, message.name, calls])
+
+
+def _string_value_characters(value: Any) -> int:
+    """Characters in the string values (not the keys) of a JSON-like value."""
+    total = 0
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            total += len(node)
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return total
 
 
 def _finish_reason(event: FinishEvent, message: dict[str, Any]) -> str:

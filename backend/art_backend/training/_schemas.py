@@ -9,15 +9,22 @@ has its range, so a bad config is a 400 that names the field before anything tra
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+# torch.manual_seed takes 64 bits: the registration seed has the chat API's range.
+from art_backend.serving._schemas import SEED_RANGE
 
 # The settings are the client's own models: one definition of every field, range and default.
 from art_core._config import LoRAConfig as LoraSettings
 from art_core._config import TrainConfig as TrainSettings
 from art_core._config import TrainSFTConfig as SFTSettings
 from art_core.names import check_name, check_split
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+# Content parts an SFT message may hold, as serving reads them: part type -> key of its text.
+TEXT_PARTS = {"text": "text", "refusal": "refusal"}
 
 
 class _Strict(BaseModel):
@@ -33,6 +40,17 @@ class ForkFrom(_Strict):
     name: str
     step: int | None = Field(None, ge=0)  # None: the source's latest step
 
+    # The source is a folder of this server's --path: its names pass the same rule.
+    @field_validator("project")
+    @classmethod
+    def _project(cls, value: str) -> str:
+        return _check_name(value, "project name")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _check_name(value, "model name")
+
 
 class RegisterRequest(_Strict):
     project: str
@@ -40,7 +58,7 @@ class RegisterRequest(_Strict):
     base_model: str
     lora: LoraSettings = LoraSettings()
     fork_from: ForkFrom | None = None
-    seed: int = 0
+    seed: int = Field(0, ge=SEED_RANGE[0], le=SEED_RANGE[1])
 
     @field_validator("project")
     @classmethod
@@ -98,8 +116,34 @@ class TrainRequest(_Strict):
     client_metrics: dict[str, float] = Field(default_factory=dict)
 
 
+def _sft_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message the template can render: a known role, content as one string."""
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise ValueError(f"unknown role {role!r}: use one of {', '.join(CHAT_ROLES)}")
+    content = message.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            text = part.get(TEXT_PARTS[kind]) if kind in TEXT_PARTS else None
+            if not isinstance(text, str):
+                raise ValueError(
+                    'content parts must be text parts, {"type": "text", "text": "..."}; '
+                    f"got {part!r}"
+                )
+            texts.append(text)
+        # Joined as serving joins them, so SFT trains on the tokens serving would render.
+        return {**message, "content": "\n".join(texts)}
+    if content is None and role != "assistant":
+        raise ValueError(f"a {role} message needs `content`")
+    if content is not None and not isinstance(content, str):
+        raise ValueError("content must be a string or a list of text parts")
+    return message
+
+
 class SFTExample(_Strict):
-    messages: list[dict[str, Any]]
+    messages: list[Annotated[dict[str, Any], AfterValidator(_sft_message)]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
 
 

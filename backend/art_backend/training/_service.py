@@ -30,11 +30,23 @@ import torch
 
 from art_backend._errors import BackendError, InvalidRequestError
 from art_backend.serving._engine import TrainableEngine
+from art_backend.serving._loading import unmatched_target_modules
 from art_backend.serving._records import CompletionRecords
-from art_backend.store._checkpoints import ModelStore, fault_point
+from art_backend.store._checkpoints import (
+    STEP_TRAJECTORIES,
+    ModelStore,
+    fault_point,
+    write_trajectory_rows,
+)
 from art_backend.store._review_decisions import ReviewState, read_review_state, remove_all_pending
-from art_backend.training._grpo import advantages_from_rewards, loss_preset
+from art_backend.training._grpo import (
+    LossConfig,
+    ScaleRewards,
+    advantages_from_rewards,
+    loss_preset,
+)
 from art_backend.training._rows import (
+    Rows,
     Sequence,
     TrajectoryTurns,
     build_sequences,
@@ -53,7 +65,13 @@ from art_backend.training._schemas import (
     TrajectoryPayload,
     trajectory_rows,
 )
-from art_backend.training._trainer import TRAINER_STATE, LoraTrainer, OptimizerSettings
+from art_backend.training._trainer import (
+    TRAINER_STATE,
+    LoraTrainer,
+    OptimizerSettings,
+    TrainerStateError,
+    read_trainer_state,
+)
 
 logger = logging.getLogger("art_backend.training")
 
@@ -94,6 +112,80 @@ class RegisteredModel:
             "inference_name": self.inference_name(),
             "checkpoints": self.store.checkpoint_steps(),
             "lora": self.lora,
+        }
+
+
+@dataclass
+class RecordedTrajectory:
+    """One trajectory that may train: its recorded turns, in call order, and its reward."""
+
+    trajectory_id: str
+    group_id: int
+    reward: float
+    turns: list[Any]
+
+
+@dataclass
+class PreparedStep:
+    """A train request read against the records, before any model work.
+
+    `advantages` and `trainable` (one each per trajectory) exist after `set_advantages`.
+    """
+
+    trajectories: list[RecordedTrajectory]
+    metrics: dict[str, float]
+    warnings: list[str]
+    annotations: dict[tuple[int, str], dict[str, Any]]  # (group index, trajectory id) -> notes
+    advantages: list[float] = field(default_factory=list)
+    trainable: list[bool] = field(default_factory=list)
+
+    def set_advantages(self, scale_rewards: ScaleRewards) -> None:
+        """One advantage per trajectory from its group (GRPO); a group whose rewards are all
+        equal teaches nothing and is counted in `groups/zero_variance`."""
+        rewards = torch.tensor([t.reward for t in self.trajectories], dtype=torch.float64)
+        group_ids = torch.tensor([t.group_id for t in self.trajectories], dtype=torch.long)
+        advantages, trainable = (
+            advantages_from_rewards(rewards, group_ids, scale_rewards=scale_rewards)
+            if self.trajectories
+            else (rewards, rewards.bool())
+        )
+        _check_advantages(advantages, scale_rewards)  # reviewers' overrides too
+        self.advantages = advantages.tolist()
+        self.trainable = trainable.tolist()
+        for trajectory, advantage in zip(self.trajectories, self.advantages, strict=True):
+            note = self.annotations.setdefault((trajectory.group_id, trajectory.trajectory_id), {})
+            note["advantage"] = advantage
+        trainable_groups = {
+            t.group_id for t, ok in zip(self.trajectories, self.trainable, strict=True) if ok
+        }
+        groups = {t.group_id for t in self.trajectories}
+        self.metrics["groups/zero_variance"] = float(len(groups - trainable_groups))
+        self.metrics["groups/trainable"] = float(len(trainable_groups))
+
+    def sequences(self) -> list[Sequence]:
+        """The token sequences of the trainable trajectories, each with its advantage."""
+        sequences: list[Sequence] = []
+        for trajectory, advantage, ok in zip(
+            self.trajectories, self.advantages, self.trainable, strict=True
+        ):
+            if ok:
+                sequences += build_sequences(
+                    TrajectoryTurns(
+                        trajectory.trajectory_id, trajectory.group_id, advantage, trajectory.turns
+                    )
+                )
+        return sequences
+
+    def answer(self, step: int) -> dict[str, Any]:
+        """The route's answer; each trajectory's advantage goes back (its Langfuse export)."""
+        return {
+            "step": step,
+            "metrics": self.metrics,
+            "warnings": self.warnings,
+            "advantages": {
+                t.trajectory_id: float(a)
+                for t, a in zip(self.trajectories, self.advantages, strict=True)
+            },
         }
 
 
@@ -141,6 +233,7 @@ class TrainingService:
                 f"{request.base_model!r}. Start a backend for that model or change base_model.",
                 param="base_model",
             )
+        _check_target_modules(self.engine.adaptable_modules, request.lora.target_modules)
         key = (request.project, request.name)
         async with self._step_lock:
             if key in self.models:
@@ -149,13 +242,26 @@ class TrainingService:
 
     def _register_blocking(self, request: RegisterRequest) -> dict[str, Any]:
         store = ModelStore(self.art_path, request.project, request.name)
+        saved = store.read_model_config()
+        if saved is not None and saved.get("base_model") not in self.base_names:
+            raise InvalidRequestError(
+                f"Model {request.project}/{request.name} under {self.art_path} was trained on "
+                f"base model {saved.get('base_model')!r}; this backend serves "
+                f"{self.base_names[0]!r}. Register it under another name, or start a backend "
+                "for its base model.",
+                param="base_model",
+            )
         repairs = []
         if removed := store.remove_stale_temporaries():
             repairs.append(f"removed {removed} incomplete checkpoint folder(s) left by a crash")
         repairs += store.repair_history()
+        repairs += store.repair_trajectories()
         if held := remove_all_pending(store.dir):
             repairs.append(f"forgot {held} step(s) held for review by a server that stopped")
-        saved = store.read_model_config()
+        latest = store.latest_step()
+        resumed = latest is not None
+        # The fork's source is checked before anything is written for the new model.
+        fork = self._fork_source(request) if latest is None and request.fork_from else None
         lora = request.lora.model_dump()
         if saved is not None and saved["lora"] != lora:
             logger.warning("%s: keeping the saved LoRA settings %s", request.name, saved["lora"])
@@ -166,14 +272,16 @@ class TrainingService:
         trainer = LoraTrainer(
             self.engine, f"train_{next(self._adapter_numbers)}", lora, seed=request.seed
         )
-        latest = store.latest_step()
-        resumed = latest is not None
-        if latest is None and request.fork_from is not None:
-            latest = self._copy_fork(request, store)
-        if latest is None:
-            store.write_checkpoint(0, trainer.save, {"kind": "initial"})
-            latest = 0
-        trainer.load(store.checkpoint_dir(latest))
+        try:
+            if fork is not None:
+                latest = self._copy_fork(*fork, store)
+            if latest is None:
+                store.write_checkpoint(0, trainer.save, {"kind": "initial"})
+                latest = 0
+            trainer.load(store.checkpoint_dir(latest))
+        except BaseException:
+            trainer.close()  # its adapter must not stay in the engine's model
+            raise
         model = RegisteredModel(store, trainer, latest, request.base_model, lora)
         # Steps the server already serves (found at startup) count toward the served window.
         model.served = sorted(
@@ -187,22 +295,48 @@ class TrainingService:
             logger.warning("%s: %s", request.name, repair)
         return {**model.info(), "resumed": resumed, "repairs": repairs}
 
-    def _copy_fork(self, request: RegisterRequest, store: ModelStore) -> int:
+    def _fork_source(self, request: RegisterRequest) -> tuple[ModelStore, int]:
+        """The checkpoint `fork_from` names, checked: inside --path, same base model, plain files,
+        a trainer state that loads without unpickling. Every refusal is a 400 on `fork_from`."""
         fork = request.fork_from
         assert fork is not None
-        source = ModelStore(self.art_path, fork.project, fork.name)
-        steps = source.checkpoint_steps()
-        step = fork.step if fork.step is not None else (steps[-1] if steps else None)
-        if step is None or step not in steps:
-            raise InvalidRequestError(
-                f"Cannot fork from {fork.project}/{fork.name} step {fork.step}: "
-                f"available checkpoints {steps or 'none'}.",
-                param="fork_from",
+        where = f"{fork.project}/{fork.name}"
+        try:
+            source = ModelStore(self.art_path, fork.project, fork.name)
+            steps = source.checkpoint_steps()
+            step = fork.step if fork.step is not None else (steps[-1] if steps else None)
+            if step is None or step not in steps:
+                raise InvalidRequestError(
+                    f"Cannot fork from {where} step {fork.step}: "
+                    f"available checkpoints {steps or 'none'}."
+                )
+            config = source.read_model_config() or {}
+            if config.get("base_model", request.base_model) not in self.base_names:
+                raise InvalidRequestError(
+                    f"Cannot fork from {where}: it was trained on base model "
+                    f"{config['base_model']!r}, and this backend serves {self.base_names[0]!r}."
+                )
+            source.checkpoint_files(step)  # refuses a checkpoint holding symbolic links
+            state_path = source.checkpoint_dir(step) / TRAINER_STATE
+            if state_path.is_file():
+                read_trainer_state(state_path)
+        except (InvalidRequestError, TrainerStateError) as error:
+            message = (
+                error.message
+                if error.message.startswith("Cannot")
+                else (f"Cannot fork from {where}: {error.message}")
             )
+            raise InvalidRequestError(message, param="fork_from") from error
+        return source, step
+
+    def _copy_fork(self, source: ModelStore, step: int, store: ModelStore) -> int:
+        def copy(tmp: Path) -> None:
+            for relative in source.checkpoint_files(step):
+                (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source.checkpoint_dir(step) / relative, tmp / relative)
+
         store.write_checkpoint(
-            step,
-            lambda tmp: shutil.copytree(source.checkpoint_dir(step), tmp, dirs_exist_ok=True),
-            {"kind": "fork", "source": f"{fork.project}/{fork.name}@{step}"},
+            step, copy, {"kind": "fork", "source": f"{source.project}/{source.name}@{step}"}
         )
         return step
 
@@ -267,133 +401,121 @@ class TrainingService:
     def validate_train(self, project: str, name: str, request: TrainRequest) -> RegisteredModel:
         """Checks that need no model work: a bad request fails before it is queued."""
         model = self.get(project, name)
-        _loss_config(request.config)  # raises on an inconsistent preset override
+        loss_config = _loss_config(request.config)  # raises on an inconsistent preset override
         if not request.groups:
             raise InvalidRequestError("No trajectory groups to train on.", param="groups")
+        rewards = [t.reward for group in request.groups for t in group.trajectories]
+        group_ids = [index for index, g in enumerate(request.groups) for _ in g.trajectories]
+        advantages, _ = advantages_from_rewards(
+            torch.tensor(rewards, dtype=torch.float64),
+            torch.tensor(group_ids, dtype=torch.long),
+            scale_rewards=loss_config.scale_rewards,
+        )
+        _check_advantages(advantages, loss_config.scale_rewards)
         return model
 
     async def train(
         self, model: RegisteredModel, request: TrainRequest, progress: asyncio.Queue
     ) -> dict[str, Any]:
-        """One GRPO step; returns {"step", "metrics", "warnings", "advantages"}."""
-        started = time.perf_counter()
-        config = request.config
-        loss_config = _loss_config(config)
-        # Reviewers' flags and reward overrides in force now (read after any review hold).
-        review = read_review_state(model.store.dir)
-        metrics, warnings, trajectories, annotations = self._prepare_trajectories(
-            request.groups, review
-        )
-        for key, value in request.client_metrics.items():
-            if math.isfinite(value):
-                metrics[key] = metrics.get(key, 0.0) + value
-        rewards = torch.tensor([t.advantage for t in trajectories], dtype=torch.float64)
-        group_ids = torch.tensor([t.group_id for t in trajectories], dtype=torch.long)
-        advantages, trainable = (
-            advantages_from_rewards(rewards, group_ids, scale_rewards=loss_config.scale_rewards)
-            if trajectories
-            else (rewards, rewards.bool())
-        )
-        # Each trajectory's advantage goes back to the client (its Langfuse export shows it).
-        advantage_of = {
-            turns.trajectory_id: float(advantage)
-            for turns, advantage in zip(trajectories, advantages.tolist(), strict=True)
-        }
-        trainable_groups = {int(g) for g, ok in zip(group_ids, trainable, strict=True) if ok}
-        for turns, advantage in zip(trajectories, advantages.tolist(), strict=True):
-            key = (turns.group_id, turns.trajectory_id)
-            annotations.setdefault(key, {})["advantage"] = advantage
-        metrics["groups/zero_variance"] = float(len(set(group_ids.tolist()) - trainable_groups))
-        metrics["groups/trainable"] = float(len(trainable_groups))
+        """One GRPO step; returns {"step", "metrics", "warnings", "advantages"}.
 
-        sequences: list[Sequence] = []
-        for turns, advantage, ok in zip(trajectories, advantages.tolist(), trainable, strict=True):
-            if ok:
-                with_advantage = TrajectoryTurns(
-                    turns.trajectory_id, turns.group_id, advantage, turns.turns
-                )
-                sequences += build_sequences(with_advantage)
+        recorded turns, reviewers' decisions applied (`_prepare`) -> one advantage per
+        trajectory from its group (`PreparedStep.set_advantages`) -> token rows (`_pack`) ->
+        one optimizer step (`_optimizer_step`) -> checkpoint N+1 (`_commit_step`).
+        """
+        started = time.perf_counter()
+        loss_config = _loss_config(request.config)
+        # Reviewers' flags and reward overrides in force now (read after any review hold).
+        step = self._prepare(request, read_review_state(model.store.dir))
+        step.set_advantages(loss_config.scale_rewards)
+        rows = self._pack(step, request.config)
+        await progress.put({"type": "progress", "stage": "rows", "rows": rows.num_rows})
+        if rows.num_rows == 0:
+            reason = _why_nothing_trained(step.metrics)
+            step.warnings.append(
+                f"Nothing trained this step: {reason}. The step stays {model.step}."
+            )
+            step.metrics.update(trained=0.0, step_seconds=time.perf_counter() - started)
+            model.store.append_history(
+                {
+                    "type": "train_skipped",
+                    "step": model.step,
+                    "metrics": step.metrics,
+                    "reason": reason,
+                }
+            )
+            return step.answer(model.step)
+        step.metrics.update(await self._optimizer_step(model, rows, loss_config, request, step))
+        step.metrics.update(
+            trained=1.0,
+            learning_rate=request.config.learning_rate,
+            step_seconds=time.perf_counter() - started,
+        )
+        await self._commit_step(
+            model,
+            "train",
+            step.metrics,
+            trajectories=trajectory_rows(request.groups, step.annotations),
+        )
+        return step.answer(model.step)
+
+    def _pack(self, step: PreparedStep, config: TrainSettings) -> Rows:
+        """The trainable trajectories as padded token rows; what does not fit is counted."""
         max_length = config.max_length or self.engine.context_length
         rows, drops = pack_rows(
-            sequences, max_length=max_length, mask_truncated=config.mask_truncated
+            step.sequences(), max_length=max_length, mask_truncated=config.mask_truncated
         )
         for reason, count in drops.items():
-            metrics[f"dropped/{reason}"] = metrics.get(f"dropped/{reason}", 0.0) + count
-        metrics["rows"] = float(rows.num_rows)
-        await progress.put({"type": "progress", "stage": "rows", "rows": rows.num_rows})
+            step.metrics[f"dropped/{reason}"] = step.metrics.get(f"dropped/{reason}", 0.0) + count
+        step.metrics["rows"] = float(rows.num_rows)
+        return rows
 
-        if rows.num_rows == 0:
-            reason = _why_nothing_trained(metrics)
-            warnings.append(f"Nothing trained this step: {reason}. The step stays {model.step}.")
-            metrics["trained"] = 0.0
-            metrics["step_seconds"] = time.perf_counter() - started
-            model.store.append_history(
-                {"type": "train_skipped", "step": model.step, "metrics": metrics, "reason": reason}
+    async def _optimizer_step(
+        self,
+        model: RegisteredModel,
+        rows: Rows,
+        loss_config: LossConfig,
+        request: TrainRequest,
+        step: PreparedStep,
+    ) -> dict[str, float]:
+        """The GRPO loss over the rows and one optimizer step, on the trainer's thread."""
+        settings = OptimizerSettings.from_config(request.config)
+        try:
+            return await self._in_trainer_thread(
+                model.trainer.grpo_step, rows, loss_config, settings, beta=request.config.beta
             )
-            return {
-                "step": model.step,
-                "metrics": metrics,
-                "warnings": warnings,
-                "advantages": advantage_of,
-            }
+        except FloatingPointError as error:  # the trainer skipped the step: nothing changed
+            largest = max((abs(a) for a in step.advantages), default=0.0)
+            raise InvalidRequestError(
+                f"This step's gradient is not finite ({error}); nothing was trained. The "
+                f"largest advantage is {largest:g}: rescale the rewards, or use "
+                'scale_rewards "group" (the default) or "batch".',
+                param="groups",
+            ) from error
 
-        settings = OptimizerSettings(
-            learning_rate=config.learning_rate,
-            max_grad_norm=config.max_grad_norm,
-            weight_decay=config.weight_decay,
-            micro_batch_tokens=config.micro_batch_tokens,
-            gradient_checkpointing=config.gradient_checkpointing,
-        )
-        step_metrics = await self._in_trainer_thread(
-            model.trainer.grpo_step, rows, loss_config, settings, beta=config.beta
-        )
-        metrics.update(step_metrics)
-        metrics["trained"] = 1.0
-        metrics["learning_rate"] = config.learning_rate
-        metrics["step_seconds"] = time.perf_counter() - started
-        sampled_at = model.step
-        await self._commit_step(model, "train", metrics)
-        await self._in_trainer_thread(
-            model.store.write_trajectories,
-            "train",
-            sampled_at,
-            trajectory_rows(request.groups, annotations),
-        )
-        return {
-            "step": model.step,
-            "metrics": metrics,
-            "warnings": warnings,
-            "advantages": advantage_of,
-        }
-
-    def _prepare_trajectories(
-        self, groups: list[GroupPayload], review: ReviewState
-    ) -> tuple[
-        dict[str, float], list[str], list[TrajectoryTurns], dict[tuple[int, str], dict[str, Any]]
-    ]:
+    def _prepare(self, request: TrainRequest, review: ReviewState) -> PreparedStep:
         """Recorded turns of every trajectory in groups that can train; the rest counted.
 
         Reviewers' decisions apply first: a flagged group or trajectory is left out, an
         overridden reward replaces the submitted one (each counted under `review/...` and noted
-        in the returned annotations, keyed by (group index, trajectory id)). The reward rides in
-        `TrajectoryTurns.advantage` until advantages are computed.
+        in the annotations, keyed by (group index, trajectory id)).
         """
         counts: Counter[str] = Counter()
         warnings: list[str] = []
         rewards: list[float] = []
-        kept: list[TrajectoryTurns] = []
+        kept: list[RecordedTrajectory] = []
         annotations: dict[tuple[int, str], dict[str, Any]] = {}
-        for group_id, group in enumerate(groups):
+        for group_id, group in enumerate(request.groups):
             counts["groups/submitted"] += 1
             counts["exceptions"] += len(group.exceptions)
-            for key, value in group.metrics.items():
+            for name, value in group.metrics.items():
                 if math.isfinite(value):
-                    counts[key] += value  # type: ignore[assignment]
+                    counts[name] += value  # type: ignore[assignment]
             for trajectory in group.trajectories:
                 # A rollout's own count of what it could not keep (e.g. unused n > 1 choices).
-                for key, value in trajectory.metrics.items():
-                    if key.startswith("dropped/") and math.isfinite(value):
-                        counts[key] += value  # type: ignore[assignment]
+                for name, value in trajectory.metrics.items():
+                    if name.startswith("dropped/") and math.isfinite(value):
+                        counts[name] += value  # type: ignore[assignment]
             members, applied = _apply_review(group, review)
             for trajectory_id, note in applied.items():
                 annotations[(group_id, trajectory_id)] = note
@@ -420,36 +542,63 @@ class TrainingService:
                         turns.append(choices[ref.choice_index])
                 if not turns:
                     counts["dropped/no_trainable_turns"] += 1
-                kept.append(TrajectoryTurns(trajectory.id, group_id, reward, turns))
+                kept.append(RecordedTrajectory(trajectory.id, group_id, reward, turns))
         if counts["dropped/unknown_completion"]:
             warnings.append(
                 f"{counts['dropped/unknown_completion']} turn(s) reference completions this "
                 "backend has no record of (served elsewhere, or evicted after an hour): not trained."
             )
-        metrics = {key: float(value) for key, value in counts.items()}
-        for key in (
+        metrics = {name: float(value) for name, value in counts.items()}
+        for name in (
             "dropped/unknown_completion",
             "dropped/no_trainable_turns",
             "groups/too_small",
             *REVIEW_METRICS,
         ):
-            metrics.setdefault(key, 0.0)
+            metrics.setdefault(name, 0.0)
         metrics.update(_reward_metrics(rewards))
-        return metrics, warnings, kept, annotations
+        for name, value in request.client_metrics.items():
+            if math.isfinite(value):
+                metrics[name] = metrics.get(name, 0.0) + value
+        # Sums of huge group metrics overflow to inf: those are dropped and counted.
+        return PreparedStep(kept, _finite_metrics(metrics), warnings, annotations)
 
-    async def _commit_step(self, model: RegisteredModel, kind: str, metrics: dict[str, float]):
-        """Checkpoint N+1 atomically, serve it, then record it in history."""
+    async def _commit_step(
+        self,
+        model: RegisteredModel,
+        kind: str,
+        metrics: dict[str, float],
+        trajectories: list[dict[str, Any]] | None = None,
+    ):
+        """Checkpoint N+1 atomically, serve it, log its trajectories, then record it in history.
+
+        The trajectories it trained on ride in the checkpoint too: a crash before the history
+        row is written is repaired from the checkpoint, trajectories included (`repair_history`).
+        """
         new_step = model.step + 1
+
+        def write_files(folder: Path) -> None:
+            model.trainer.save(folder)
+            if trajectories is not None:
+                write_trajectory_rows(folder / STEP_TRAJECTORIES, trajectories)
+
         await self._in_trainer_thread(
             model.store.write_checkpoint,
             new_step,
-            model.trainer.save,
+            write_files,
             {"kind": kind, "metrics": metrics, "written_at": time.time()},
         )
         model.step = new_step
-        # Optimizer state (2x the adapter) is needed only to resume: keep it in the newest step.
-        await self._in_trainer_thread(model.store.prune_file, TRAINER_STATE, keep_step=new_step)
+        # Optimizer state (2x the adapter) is needed only to resume, the trajectories copy only
+        # to repair the newest step: both stay in the newest checkpoint alone.
+        for extra in (TRAINER_STATE, STEP_TRAJECTORIES):
+            await self._in_trainer_thread(model.store.prune_file, extra, keep_step=new_step)
         await self._in_trainer_thread(self._serve_step, model, new_step)
+        fault_point("before_trajectories")
+        if trajectories is not None:  # the rollouts of step N trained into N+1
+            await self._in_trainer_thread(
+                model.store.write_trajectories, "train", new_step - 1, trajectories
+            )
         fault_point("before_history")
         model.store.append_history({"type": kind, "step": new_step, "metrics": metrics})
         self.steps_total += 1
@@ -468,15 +617,11 @@ class TrainingService:
             try:
                 sequences.append(sft_sequence(tokenizer, example.messages, example.tools))
             except ValueError as error:
-                raise InvalidRequestError(f"trajectories[{index}]: {error}") from error
+                raise InvalidRequestError(
+                    f"trajectories[{index}]: {error}", param=f"trajectories[{index}]"
+                ) from error
         max_length = config.max_length or self.engine.context_length
-        settings = OptimizerSettings(
-            learning_rate=config.learning_rate,
-            max_grad_norm=config.max_grad_norm,
-            weight_decay=config.weight_decay,
-            micro_batch_tokens=config.micro_batch_tokens,
-            gradient_checkpointing=config.gradient_checkpointing,
-        )
+        settings = OptimizerSettings.from_config(config)
         losses: list[float] = []
         dropped = 0
         batches = [
@@ -514,17 +659,22 @@ class TrainingService:
         rewards = [t.reward for g in request.groups for t in g.trajectories]
         metrics = _reward_metrics(rewards)
         per_metric: dict[str, list[float]] = {}
+        non_finite = 0  # a trajectory's inf or NaN metric: left out of its mean, counted
         for group in request.groups:
             for trajectory in group.trajectories:
                 for key, value in trajectory.metrics.items():
-                    per_metric.setdefault(key, []).append(value)
-        metrics.update({key: statistics.fmean(values) for key, values in per_metric.items()})
+                    if math.isfinite(value):
+                        per_metric.setdefault(key, []).append(value)
+                    else:
+                        non_finite += 1
+        metrics.update({key: _mean_and_std(values)[0] for key, values in per_metric.items()})
         metrics["exceptions"] = float(sum(len(g.exceptions) for g in request.groups))
         metrics["trajectories"] = float(len(rewards))
         for group in request.groups:
             for key, value in group.metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
-        metrics = {key: value for key, value in metrics.items() if math.isfinite(value)}
+        metrics["dropped/non_finite_metrics"] = float(non_finite)
+        metrics = _finite_metrics(metrics)
         model.store.append_history(
             {"type": "log", "split": request.split, "step": model.step, "metrics": metrics}
         )
@@ -594,10 +744,50 @@ def _loss_config(config: TrainSettings):
 def _reward_metrics(rewards: list[float]) -> dict[str, float]:
     if not rewards:
         return {"reward": 0.0, "reward_std": 0.0}
-    return {
-        "reward": statistics.fmean(rewards),
-        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-    }
+    mean, std = _mean_and_std(rewards)
+    return {"reward": mean, "reward_std": std}
+
+
+def _mean_and_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population std of finite values, without overflow near the float limits.
+
+    Computed on values / (their largest magnitude): `fmean([1e308, 1e308, 0])` raises
+    OverflowError, the mean of [1, 1, 0] cannot, and neither result can exceed that magnitude.
+    """
+    scale = max(abs(value) for value in values) or 1.0
+    unit = [value / scale for value in values]
+    std = statistics.pstdev(unit) * scale if len(unit) > 1 else 0.0
+    return statistics.fmean(unit) * scale, std
+
+
+def _finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The finite metrics, with `dropped/non_finite_metrics` counting the others (inf, NaN)."""
+    finite = {key: value for key, value in metrics.items() if math.isfinite(value)}
+    dropped = len(metrics) - len(finite)
+    finite["dropped/non_finite_metrics"] = finite.get("dropped/non_finite_metrics", 0.0) + dropped
+    return finite
+
+
+def _check_target_modules(module_names: list[str], targets: list[str]) -> None:
+    """400 before anything is saved when lora.target_modules names no module of the model."""
+    if unmatched := unmatched_target_modules(module_names, targets):
+        known = sorted({name.rsplit(".", 1)[-1] for name in module_names})
+        raise InvalidRequestError(
+            f"lora.target_modules names {unmatched}, which match no module of the base model; "
+            f"its adaptable modules are {', '.join(known)}.",
+            param="lora.target_modules",
+        )
+
+
+def _check_advantages(advantages: torch.Tensor, scale_rewards: str) -> None:
+    """400 when advantages leave float32, the dtype the trainer computes the loss in."""
+    if bool(torch.isfinite(advantages.float()).all()):
+        return
+    raise InvalidRequestError(
+        f"These rewards give advantages too large to train on (scale_rewards={scale_rewards!r} "
+        'keeps their magnitude). Rescale the rewards, or use scale_rewards "group" or "batch".',
+        param="groups",
+    )
 
 
 def _apply_review(

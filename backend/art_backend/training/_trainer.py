@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import pickle
 import random
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from art_backend._errors import BackendError
 from art_backend.serving._engine import TrainableEngine
 from art_backend.training._grpo import LossConfig, loss_denominator, policy_loss
 from art_backend.training._rows import Rows, micro_batches, token_logprobs_and_entropy
@@ -37,6 +39,17 @@ class OptimizerSettings:
     weight_decay: float = 0.0
     micro_batch_tokens: int = 2048  # rows x padded length per forward pass: bounds memory
     gradient_checkpointing: bool = False
+
+    @classmethod
+    def from_config(cls, config: Any) -> OptimizerSettings:
+        """The optimizer part of a `TrainConfig` or `TrainSFTConfig` (both carry these fields)."""
+        return cls(
+            learning_rate=config.learning_rate,
+            max_grad_norm=config.max_grad_norm,
+            weight_decay=config.weight_decay,
+            micro_batch_tokens=config.micro_batch_tokens,
+            gradient_checkpointing=config.gradient_checkpointing,
+        )
 
 
 @dataclass
@@ -240,6 +253,7 @@ class LoraTrainer:
             config = model.peft_config[self.adapter_name]
         save_file(weights, folder / ADAPTER_WEIGHTS)
         config.save_pretrained(str(folder))
+        # Tensors, numbers and plain containers only: loadable with `weights_only=True`.
         torch.save(
             {
                 "optimizer": self.optimizer.state_dict(),
@@ -251,31 +265,104 @@ class LoraTrainer:
         )
 
     def load(self, folder: Path) -> None:
-        """Restore adapter weights and, when present, optimizer/scheduler/RNG state."""
+        """Restore adapter weights and, when present, optimizer/scheduler/RNG state.
+
+        Nothing is unpickled: the weights are safetensors and the state loads with
+        `weights_only=True`; a state file that holds anything else raises TrainerStateError.
+        """
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        weights = load_file(str(folder / ADAPTER_WEIGHTS))
-        with self.engine.exclusive() as model:
-            result = set_peft_model_state_dict(model, weights, adapter_name=self.adapter_name)
+        try:
+            weights = load_file(str(folder / ADAPTER_WEIGHTS))
+            with self.engine.exclusive() as model:
+                result = set_peft_model_state_dict(model, weights, adapter_name=self.adapter_name)
+        except Exception as error:  # a size mismatch (another base model), a torn file
+            raise CheckpointLoadError(
+                f"The adapter weights of checkpoint {folder} do not load onto this base model "
+                f"({_short(error)}). Was it trained on another base model? "
+                "Serve that base model, or register under another name."
+            ) from error
         missing = [
             key for key in getattr(result, "missing_keys", []) if f".{self.adapter_name}." in key
         ]
         if missing:
-            raise ValueError(f"checkpoint {folder} lacks adapter weights: {missing[:3]}")
+            raise CheckpointLoadError(
+                f"Checkpoint {folder} lacks adapter weights {missing[:3]}: its LoRA settings "
+                "differ from the model's saved ones (model.json)."
+            )
         state_path = folder / TRAINER_STATE
-        if state_path.is_file():
-            state = torch.load(state_path, weights_only=False)
+        if not state_path.is_file():
+            return
+        state = read_trainer_state(state_path)
+        try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
-            self.optimizer_steps = state["optimizer_steps"]
-            torch.set_rng_state(state["rng"]["torch"])
             random.setstate(state["rng"]["python"])
+            torch.set_rng_state(state["rng"]["torch"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise TrainerStateError(_state_message(state_path, error)) from error
+        self.optimizer_steps = state["optimizer_steps"]
 
     def close(self) -> None:
         """Remove this trainer's adapter from the engine's model."""
         with self.engine.exclusive() as model:
             model.delete_adapter(self.adapter_name)
+
+
+class CheckpointLoadError(BackendError):
+    """A checkpoint on disk that cannot be loaded onto this model (HTTP 409); says why."""
+
+    status_code = 409
+    error_type = "invalid_request_error"
+
+
+class TrainerStateError(CheckpointLoadError):
+    """A checkpoint's trainer state that cannot be read safely or does not fit (HTTP 409)."""
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """The optimizer/scheduler/RNG state of `path`, loaded without running any pickled code."""
+    try:
+        # weights_only: tensors, numbers and plain containers; any other object is refused
+        # before it is built, so a planted pickle never runs.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        # torch's message advises `weights_only=False`, the very hole closed here: keep only
+        # the line that says what was refused (e.g. "unsupported GLOBAL posix.system").
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        refused = [line for line in lines if "weights_only" not in line.lower()]
+        reason = pickle.UnpicklingError(" ".join(refused) or "a non-tensor object")
+        raise TrainerStateError(_state_message(path, reason)) from None
+    except Exception as error:  # a torn zip, a truncated file: the file is unusable
+        raise TrainerStateError(_state_message(path, error)) from error
+    shape_ok = (
+        isinstance(state, dict)
+        and isinstance(state.get("optimizer"), dict)
+        and isinstance(state.get("scheduler"), dict)
+        and isinstance(state.get("optimizer_steps"), int)
+        and isinstance(state.get("rng"), dict)
+        and isinstance(state["rng"].get("torch"), torch.Tensor)
+        and isinstance(state["rng"].get("python"), tuple)
+    )
+    if not shape_ok:
+        raise TrainerStateError(_state_message(path, ValueError("unexpected contents")))
+    return state
+
+
+def _short(error: Exception, limit: int = 300) -> str:
+    """`Type: message` on one line, cut to `limit` characters."""
+    text = " ".join(str(error).split())
+    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _state_message(path: Path, error: Exception) -> str:
+    return (
+        f"The trainer state {path} cannot be used ({_short(error)}): it holds something other than plain tensors and numbers (written by another "
+        "program, or tampered with), or is damaged. The adapter weights beside it are fine: "
+        "delete the file to resume from them with a fresh optimizer."
+    )
 
 
 def _first_trained_column(batch: Rows) -> int:

@@ -11,19 +11,23 @@ Command line: `art mcp-train <URL> | --stdio "<command>" --model ... --steps ...
 
 from art_mcp._agent import COMPLETE_TASK, rollout
 from art_mcp._content import result_text
-from art_mcp._errors import McpServerError
+from art_mcp._context import check_context
+from art_mcp._errors import McpConfigError, McpContextError, McpServerError
 from art_mcp._server import McpServer, McpSession, ToolOutcome
 from art_mcp._tools import McpTool, ToolNames
 from art_mcp._train import describe_server, generate_scenarios, train
 
 __all__ = [
     "COMPLETE_TASK",
+    "McpConfigError",
+    "McpContextError",
     "McpServer",
     "McpServerError",
     "McpSession",
     "McpTool",
     "ToolNames",
     "ToolOutcome",
+    "check_context",
     "describe_server",
     "generate_scenarios",
     "result_text",

@@ -1,5 +1,5 @@
 """The errors of art_mcp: an MCP server that cannot serve (not a tool that reports an error,
-which is an observation the agent sees)."""
+which is an observation the agent sees), and a setup that cannot work."""
 
 from __future__ import annotations
 
@@ -7,8 +7,17 @@ import art_core as art
 
 
 class McpServerError(art.ArtError):
-    """The MCP server is unreachable, crashed, or broke the protocol: the rollout cannot go on.
+    """The MCP server is unreachable, crashed, hung or broke the protocol: the rollout cannot go on.
 
     A rollout that raises it is kept on its group as an exception; the training run goes on and
     the failure rate is in the step's metrics (`mcp/failed_rollouts`).
     """
+
+
+class McpConfigError(art.ArtError, ValueError):
+    """An option names what the server does not have (e.g. `allowed_tools`, a tool name)."""
+
+
+class McpContextError(art.ArtError):
+    """The agent's first request (system prompt and tool schemas) does not fit the model's
+    context with room to answer: offer fewer tools (`allowed_tools`) or use a longer context."""

@@ -7,7 +7,9 @@ are isolated (a stateful server sees one session per run; a crash ends one rollo
 cost of a connection per rollout (a new process per rollout over stdio). `pool_size=N` keeps up
 to N sessions open and lends one to a rollout at a time: much cheaper per rollout (see
 benchmarks/mcp_rollouts.py), with state carried across the rollouts a session serves. A session
-that failed is closed and replaced, never lent again.
+that failed is closed and replaced, never lent again: a rollout waiting for a session wakes
+whenever one is given back or a slot frees (a crashed session's too), and either gets a session
+or fails with `McpServerError` (counted as `mcp/failed_rollouts` by `art_mcp.train`).
 
 Each session lives in a task of its own: the SDK's streams belong to the task that opened them,
 so a rollout may call tools from any task (LangGraph branches, a timeout wrapper) safely.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import tempfile
@@ -26,11 +29,15 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from art_mcp._content import DEFAULT_MAX_RESULT_CHARS, result_text
-from art_mcp._errors import McpServerError
+from art_mcp._errors import McpConfigError, McpServerError
 from art_mcp._tools import McpTool, ToolNames, tools_from_listing
 
 T = TypeVar("T")
 logger = logging.getLogger("art_mcp")
+
+# Over HTTP one server message (a tool result) is read whole up to this size, then cut to
+# `max_result_chars` for the agent; the SDK's own default (1 MiB) failed the session instead.
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 # Error codes of a server that answered: the tool call was wrong, the server is fine.
 _TIMEOUT_CODE = -32001
@@ -49,7 +56,14 @@ class ToolOutcome:
 
 
 class McpServer:
-    """An MCP server to train against. Build it with `from_url`, `from_command` or `from_object`."""
+    """An MCP server to train against. Build it with `from_url`, `from_command` or `from_object`.
+
+    Every operation is bounded: the handshake by `connect_timeout`, a tool call by
+    `call_timeout` (a timeout the agent sees), everything else (list_tools, resources, prompts)
+    by `request_timeout`; a server that does not answer in time fails the rollout with
+    `McpServerError`. A tool result is cut to `max_result_chars` for the agent; over HTTP a
+    message is read whole up to `max_message_bytes` first.
+    """
 
     def __init__(
         self,
@@ -58,6 +72,8 @@ class McpServer:
         label: str,
         call_timeout: float = 30.0,
         connect_timeout: float = 30.0,
+        request_timeout: float = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         pool_size: int = 0,
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
         headers: dict[str, str] | None = None,
@@ -65,17 +81,27 @@ class McpServer:
     ) -> None:
         if pool_size < 0:
             raise ValueError(f"pool_size must be >= 0 (0: a session per rollout), got {pool_size}")
+        for option, seconds in (
+            ("call_timeout", call_timeout),
+            ("connect_timeout", connect_timeout),
+            ("request_timeout", request_timeout),
+        ):
+            if not seconds > 0:
+                raise ValueError(f"{option} must be a positive number of seconds, got {seconds}")
         self._target = target
         self.label = label
         self.call_timeout = call_timeout
         self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.max_message_bytes = max_message_bytes
         self.pool_size = pool_size
         self.max_result_chars = max_result_chars
         self._headers = dict(headers or {})
         # Only these tools (MCP names) are offered to the agent: a small model's context is short.
         self.allowed_tools = list(allowed_tools) if allowed_tools is not None else None
-        self._pool: asyncio.Queue[McpSession] | None = None
-        self._pool_open = 0
+        self._idle: list[McpSession] = []  # pooled sessions not lent right now
+        self._pool_open = 0  # pooled sessions open or opening, lent or idle
+        self._pool_changed: asyncio.Condition | None = None
         self._pool_loop: asyncio.AbstractEventLoop | None = None
         # One HTTP client per server and event loop: a client per session costs a TLS context.
         self._http: tuple[asyncio.AbstractEventLoop, Any] | None = None
@@ -146,41 +172,59 @@ class McpServer:
 
     async def _borrow(self) -> McpSession:
         loop = asyncio.get_running_loop()
-        if self._pool is None or self._pool_loop is not loop:
+        if self._pool_changed is None or self._pool_loop is not loop:
             # Sessions belong to the loop that opened them: a new loop starts a new pool.
-            self._pool, self._pool_loop, self._pool_open = asyncio.Queue(), loop, 0
-        while not self._pool.empty():
-            session = self._pool.get_nowait()
-            if not session.broken:
-                return session
-            self._pool_open -= 1  # died while idle (its server exited): replace it
-            await session.close()
-        if self._pool_open < self.pool_size:
-            self._pool_open += 1  # reserve the slot, then connect without blocking others
-            try:
-                return await McpSession.open(self)
-            except BaseException:
-                self._pool_open -= 1
-                raise
-        session = await self._pool.get()
-        if session.broken:
-            self._pool_open -= 1
-            await session.close()
-            return await self._borrow()
-        return session
+            self._idle, self._pool_open = [], 0
+            self._pool_changed, self._pool_loop = asyncio.Condition(), loop
+        dead: list[McpSession] = []
+        try:
+            async with self._pool_changed:
+                while True:
+                    while self._idle:
+                        session = self._idle.pop()
+                        if not session.broken:
+                            return session
+                        self._pool_open -= 1  # died while idle (its server exited): replace it
+                        dead.append(session)
+                    if self._pool_open < self.pool_size:
+                        self._pool_open += 1  # reserve the slot, then connect outside the lock
+                        break
+                    # Woken by every session given back and every slot freed (a crash too).
+                    await self._pool_changed.wait()
+        finally:
+            for session in dead:
+                await session.close()
+        try:
+            return await McpSession.open(self)
+        except BaseException:
+            await self._release_slot()
+            raise
 
     async def _give_back(self, session: McpSession) -> None:
-        if session.broken or self._pool is None:
-            self._pool_open -= 1
+        if self._pool_changed is None or self._pool_loop is not asyncio.get_running_loop():
+            await session.close()  # lent by a pool of another loop, now gone
+            return
+        if session.broken:
             await session.close()
-        else:
-            self._pool.put_nowait(session)
+            await self._release_slot()
+            return
+        async with self._pool_changed:
+            self._idle.append(session)
+            self._pool_changed.notify()
+
+    async def _release_slot(self) -> None:
+        """A session of the pool is gone: a waiter may open a new one in its place."""
+        assert self._pool_changed is not None
+        async with self._pool_changed:
+            self._pool_open -= 1
+            self._pool_changed.notify()
 
     async def close(self) -> None:
         """Close the pooled sessions and the shared HTTP client (both are per event loop)."""
-        while self._pool is not None and not self._pool.empty():
+        idle, self._idle = self._idle, []
+        for session in idle:
             self._pool_open -= 1
-            await self._pool.get_nowait().close()
+            await session.close()
         if self._http is not None:
             http, self._http = self._http, None
             with contextlib.suppress(Exception):
@@ -205,11 +249,11 @@ class McpServer:
     async def _tool_listing(self, refresh: bool) -> tuple[list[McpTool], ToolNames]:
         if self._tools is None or refresh:
             async with self.session() as session:
-                listed = await session.request(lambda client: _all_tools(client))
+                listed = await session.request(_all_tools, what="list_tools")
             if self.allowed_tools is not None:
                 unknown = set(self.allowed_tools) - {tool.name for tool in listed}
                 if unknown:
-                    raise ValueError(
+                    raise McpConfigError(
                         f"allowed_tools names tools {sorted(unknown)} that {self.label} does not "
                         f"have; its tools are {sorted(tool.name for tool in listed)}"
                     )
@@ -228,12 +272,16 @@ class McpServer:
     async def list_resources(self) -> list[Any]:
         """The server's resources (SDK `Resource` objects: `.uri`, `.name`, `.description`)."""
         async with self.session() as session:
-            return await session.request(_list_or_empty("list_resources", "resources"))
+            return await session.request(
+                _list_or_empty("list_resources", "resources"), what="list_resources"
+            )
 
     async def read_resource(self, uri: str) -> str:
         """A resource's text contents (blobs as placeholders), joined."""
         async with self.session() as session:
-            result = await session.request(lambda client: client.read_resource(uri))
+            result = await session.request(
+                lambda client: client.read_resource(uri), what=f"read_resource {uri}"
+            )
         return "\n".join(
             getattr(c, "text", None) or f"[{c.mime_type}: binary]" for c in result.contents
         )
@@ -241,7 +289,9 @@ class McpServer:
     async def list_prompts(self) -> list[Any]:
         """The server's prompts (SDK `Prompt` objects: `.name`, `.description`, `.arguments`)."""
         async with self.session() as session:
-            return await session.request(_list_or_empty("list_prompts", "prompts"))
+            return await session.request(
+                _list_or_empty("list_prompts", "prompts"), what="list_prompts"
+            )
 
     def _client(self) -> Any:
         """A new `mcp.Client` for this server (one per session)."""
@@ -251,7 +301,10 @@ class McpServer:
         if isinstance(target, str):
             from mcp.client.streamable_http import streamable_http_client
 
-            target = _HttpTransport(target, self._http_client(), streamable_http_client)
+            connect = functools.partial(
+                streamable_http_client, max_sse_event_size=self.max_message_bytes
+            )
+            target = _HttpTransport(target, self._http_client(), connect)
         elif isinstance(target, mcp.StdioServerParameters):
             target = _StdioTransport(target)
         return mcp.Client(target, mode="legacy", cache=None)
@@ -329,8 +382,17 @@ class McpSession:
             if not future.done():
                 future.set_exception(failure)
 
-    async def request(self, fn: Callable[[Any], Awaitable[T]], timeout: float | None = None) -> T:
-        """Run `fn(client)` in the session's task; infrastructure failures are `McpServerError`."""
+    async def request(
+        self,
+        fn: Callable[[Any], Awaitable[T]],
+        timeout: float | None = None,
+        *,
+        what: str = "a request",
+        option: str = "request_timeout",
+    ) -> T:
+        """Run `fn(client)` in the session's task, within `timeout` (default: the server's
+        `request_timeout`); infrastructure failures and timeouts are `McpServerError`."""
+        timeout = self.server.request_timeout if timeout is None else timeout
         if self.broken:
             raise McpServerError(f"MCP server {self.server.label}: the session is closed.")
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
@@ -341,8 +403,8 @@ class McpSession:
         except TimeoutError:
             self.broken = True  # the owner is stuck on this job: never lend this session again
             raise McpServerError(
-                f"MCP server {self.server.label}: no answer within {timeout:.0f} s; the session "
-                "is abandoned."
+                f"MCP server {self.server.label}: no answer to {what} within {timeout:g} s "
+                f"({option}); the session is abandoned. Is the server hung?"
             ) from None
         finally:
             self._pending.discard(future)
@@ -360,6 +422,8 @@ class McpSession:
                     tool.name, arguments, read_timeout_seconds=server.call_timeout
                 ),
                 timeout=server.call_timeout + 10,  # the SDK's own timeout answers first
+                what=f"the call of {tool.name}",
+                option="call_timeout + 10",
             )
         except MCPError as error:
             seconds = time.perf_counter() - started
@@ -452,7 +516,12 @@ def _server_error(server: McpServer, error: BaseException, stderr: str | None) -
         if transport
         else "Check the server is running and the URL is its MCP endpoint (often .../mcp)."
     )
-    message = f"MCP server {server.label} failed: {reason}. {hint}"
+    if "byte limit" in reason:  # the SDK's SSE reader refused one message (a tool result)
+        hint = (
+            f"A message was over max_message_bytes ({server.max_message_bytes} bytes): raise "
+            "it, or make the tool return less."
+        )
+    message = f"MCP server {server.label} failed: {reason.rstrip('.')}. {hint}"
     if stderr:
         message += f"\nIts stderr ends with:\n{stderr}"
     return McpServerError(message)

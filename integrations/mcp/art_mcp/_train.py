@@ -13,6 +13,7 @@ from typing import Any
 
 import art_core as art
 from art_mcp._agent import rollout
+from art_mcp._context import check_context
 from art_mcp._errors import McpServerError
 from art_mcp._server import McpServer
 
@@ -70,7 +71,11 @@ async def train(
     **autorl_options: Any,
 ) -> art.AutoRLResult:
     """Generate scenarios for `server`, then train `model` on them with RULER rewards; the
-    report (if `report_dir`) is the demo's. `model` must be registered."""
+    report (if `report_dir`) is the demo's. `model` must be registered.
+
+    Raises `McpContextError` before anything else when the server's tools leave the model no
+    room to answer (see `check_context`)."""
+    await check_context(model, server, max_tokens=max_tokens)
     if scenarios is None:
         generator = generator or judge
         if show_progress:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -101,6 +102,14 @@ async def run(args: argparse.Namespace) -> art.AutoRLResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `art mcp-train`."""
-    asyncio.run(run(parse_args(argv)))
+    """Entry point of `art mcp-train`: 0 when trained; 1 with a one-line error when the run
+    cannot go on for a reason the user can fix (an `art.ArtError`: the server, the generator,
+    the context); 2 for a malformed command line (argparse's convention)."""
+    args = parse_args(argv)
+    try:
+        asyncio.run(run(args))
+    except art.ArtError as error:
+        # The message says what to do; a traceback would bury it. Bugs still show theirs.
+        print(f"art mcp-train: error: {error}", file=sys.stderr)
+        return 1
     return 0

@@ -1,7 +1,8 @@
 """The review page in a real browser (headless Debian chromium driven by Playwright).
 
 A person opens a held step, opens a group, flags a trajectory with a reason and approves the
-step; the trainer's step then leaves that trajectory out and counts it.
+step; the trainer's step then leaves that trajectory out and counts it. Behind a key, the login
+and the forms work, and a page on another origin cannot post them.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ import asyncio
 import os
 import shutil
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 import art_core as art
 from art_backend.store._review_decisions import list_pending
 from tests.support.models import fresh_model
+from tests.support.review_data import MODEL, PROJECT, start_review_server, write_review_store
 from tests.support.rollouts import groups_for, varied_group
 from tests.support.servers import RunningServer
 
@@ -134,3 +137,57 @@ async def test_flag_a_trajectory_of_a_held_step_in_the_browser(
             await browser.close()
             if not training.done():
                 training.cancel()
+
+
+async def test_behind_a_key_the_forms_work_and_other_pages_cannot_post_them(tmp_path: Path):
+    """Log in, flag through the page's form (it carries the CSRF token); then a page on another
+    port of the same host (same site: the SameSite=Lax cookie goes along) posts the same form,
+    and a DNS-rebinding name opens nothing: both refused, the decision log unchanged."""
+    write_review_store(tmp_path)
+    server, thread, url = start_review_server(tmp_path, api_key="browser-key")
+    port = urlsplit(url).port
+    step0 = f"{url}/review/{PROJECT}/{MODEL}/steps/train/0"
+    log = tmp_path / PROJECT / "models" / MODEL / "review" / "decisions.jsonl"
+    evil_page = (
+        f'<form method="post" action="{step0}/decisions">'
+        '<input type="hidden" name="action" value="flag_trajectory">'
+        '<input type="hidden" name="trajectory_id" value="t0-b">'
+        '<input type="hidden" name="reason" value="forged"></form>'
+        "<script>document.forms[0].submit()</script>"
+    )
+    # evil.example resolves to this machine, as it does after DNS rebinding.
+    rules = "--host-resolver-rules=MAP evil.example 127.0.0.1"
+    async with async_api.async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=[*CHROMIUM_ARGS, rules]
+        )
+        try:
+            page = await browser.new_page()
+            page.set_default_timeout(30_000)
+            await page.goto(f"{step0}/groups/0")
+            await page.fill("input[name=key]", "browser-key")
+            await page.click("text=Log in")
+            card = page.locator('.card[data-trajectory="t0-a"]')
+            await card.locator("form.flag-trajectory input[name=reason]").fill("from the page")
+            await card.locator("form.flag-trajectory button").click()
+            await page.wait_for_selector(".badge.flag")
+            flagged = log.read_text()
+            assert "from the page" in flagged
+
+            # Served from 127.0.0.1 on another port: another origin, the same site.
+            await page.route(
+                "http://127.0.0.1:1/**",
+                lambda route: route.fulfill(body=evil_page, content_type="text/html"),
+            )
+            async with page.expect_response(f"{step0}/decisions") as posted:
+                await page.goto("http://127.0.0.1:1/innocent")
+            assert (await posted.value).status == 403
+            assert "another site" in await page.inner_text("body")
+
+            await page.goto(f"http://evil.example:{port}/review/")
+            assert "--allowed-hosts" in await page.inner_text("body")
+            assert log.read_text() == flagged
+        finally:
+            await browser.close()
+            server.should_exit = True
+            thread.join(10)

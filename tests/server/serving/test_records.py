@@ -7,7 +7,7 @@ import time
 import pytest
 
 from art_backend._errors import InvalidNameError
-from art_backend.serving._records import CompletionRecords, validate_rollout_id
+from art_backend.serving._records import CompletionRecords, estimated_bytes, validate_rollout_id
 
 
 def record(completion_id: str, rollout_id: str | None = None, age: float = 0.0) -> dict:
@@ -69,3 +69,48 @@ def test_a_discarded_rollout_is_released_and_late_records_for_it_are_counted_not
     assert records.get("late") is None and records.rollout("failed") == []
     assert records.discarded == 2 and records.evictions == 0
     assert [r["id"] for r in records.rollout("kept")] == ["b"]
+
+
+def big_record(completion_id: str, rollout_id: str | None = None, size: int = 10_000) -> dict:
+    return {**record(completion_id, rollout_id), "request": {"metadata": "m" * size}}
+
+
+def test_records_are_counted_in_bytes_and_released_when_handed_over():
+    records = CompletionRecords()
+    records.add(big_record("a", "r", size=100_000))
+    assert records.bytes >= 100_000 and records.bytes == estimated_bytes(records.get("a"))
+    records.pop_rollout("r")
+    assert records.bytes == 0
+
+
+def test_byte_cap_evicts_oldest_first_and_counts():
+    records = CompletionRecords(max_bytes=35_000)
+    for name in "abcd":
+        records.add(big_record(name, "r"))  # ~10 KB each: three fit
+    assert records.get("a") is None
+    assert [r["id"] for r in records.rollout("r")] == ["b", "c", "d"]
+    assert records.evictions == 1 and records.byte_evictions == 1
+    assert records.bytes <= 35_000
+
+
+def test_a_record_larger_than_the_whole_byte_cap_is_counted_and_evicts_no_other():
+    records = CompletionRecords(max_bytes=5_000)
+    records.add(big_record("small", size=100))
+    records.add(big_record("huge", size=50_000))
+    assert records.get("huge") is None and records.get("small") is not None
+    assert records.evictions == 1 and records.byte_evictions == 1
+    assert records.bytes == estimated_bytes(records.get("small"))
+
+
+def test_discarded_rollouts_release_their_bytes():
+    records = CompletionRecords()
+    records.add(big_record("a", "failed"))
+    records.add(big_record("b", "kept"))
+    records.discard_rollout("failed")
+    assert records.bytes == estimated_bytes(records.get("b"))
+
+
+def test_size_estimate_follows_string_length_and_container_contents():
+    assert estimated_bytes("x" * 1_000_000) >= 1_000_000
+    tokens = list(range(1_000, 3_000))
+    assert estimated_bytes({"token_ids": tokens}) >= 2_000 * 28  # an int object each

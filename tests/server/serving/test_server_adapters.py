@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import httpx
@@ -81,3 +82,55 @@ def test_missing_adapter_folder_is_a_400(adapter_server):
     )
     assert response.status_code == 400
     assert "adapter_config.json" in response.json()["error"]["message"]
+
+
+def _lora_config(**fields) -> str:
+    return json.dumps({"peft_type": "LORA", "r": 4, "target_modules": ["q_proj"], **fields})
+
+
+# (adapter_config.json text, words the 400's message must contain): each was a 500 once
+# (KeyError 'peft_type', JSONDecodeError, PEFT failing after it had wrapped the model's layers).
+BAD_ADAPTER_FOLDERS = [
+    ("{}", '"peft_type": null'),
+    ("not json", "is not JSON"),
+    ("[1, 2]", "JSON object"),
+    (json.dumps({"peft_type": "PREFIX_TUNING"}), "LoRA adapters only"),
+    (_lora_config(r="four"), '"r" must be a positive integer'),
+    (_lora_config(r=0), '"r" must be a positive integer'),
+    (_lora_config(lora_alpha="x"), '"lora_alpha" must be a number'),
+    (_lora_config(target_modules=["attention_of_another_model"]), "match no module"),
+    (_lora_config(target_modules="(unclosed"), "not a regular expression"),
+    (_lora_config(target_modules=7), "must be a list"),
+    (_lora_config(), "adapter_model.safetensors is missing"),
+]
+
+
+@pytest.mark.parametrize(
+    ("config_text", "words"), BAD_ADAPTER_FOLDERS, ids=[w for _, w in BAD_ADAPTER_FOLDERS]
+)
+def test_a_bad_adapter_folder_is_a_400_naming_path(adapter_server, config_text, words):
+    folder = adapter_server.art_path / "demo" / "models" / "bad" / "checkpoints" / "0001"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(config_text)
+    client = openai.OpenAI(base_url=f"{adapter_server.url}/v1", api_key="x", max_retries=0)
+    base_answer = greedy_ids(client, "tiny")
+    response = httpx.post(
+        f"{adapter_server.url}/v1/adapters", json={"name": "bad@1", "path": str(folder)}
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "path" and words in error["message"]
+    # Nothing was half-loaded: the served models and the base model's answers are unchanged.
+    assert "bad@1" not in [model.id for model in client.models.list()]
+    assert greedy_ids(client, "tiny") == base_answer
+
+
+def test_a_pickled_weights_file_is_never_read(adapter_server, tiny_model_dir):
+    folder = adapter_server.art_path / "demo" / "models" / "pickled" / "checkpoints" / "0001"
+    make_random_adapter(tiny_model_dir, folder, seed=4)
+    (folder / "adapter_model.safetensors").rename(folder / "adapter_model.bin")
+    response = httpx.post(
+        f"{adapter_server.url}/v1/adapters", json={"name": "pickled@1", "path": str(folder)}
+    )
+    assert response.status_code == 400
+    assert "only safetensors" in response.json()["error"]["message"]

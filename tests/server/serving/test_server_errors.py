@@ -9,6 +9,10 @@ import openai
 import pytest
 
 USER = [{"role": "user", "content": "hi"}]
+# A schema that is only a reference to itself compiles, then has no first token.
+SELF = {"$ref": "#"}
+# An object that requires itself compiles, then passes the lexer's limits at its first token.
+REQUIRES_ITSELF = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
 WEATHER = {
     "type": "function",
     "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}},
@@ -39,7 +43,7 @@ BAD_REQUESTS = [
     (body(n=0), 400, "n", "greater than or equal to 1"),
     (body(n=65), 400, "n", "less than or equal to 64"),
     (body(top_logprobs=21, logprobs=True), 400, "top_logprobs", "less than or equal to 20"),
-    (body(top_logprobs=2), 400, None, "logprobs"),
+    (body(top_logprobs=2), 400, "top_logprobs", "logprobs"),
     (body(presence_penalty=3), 400, "presence_penalty", "less than or equal to 2"),
     (body(frequency_penalty=-3), 400, "frequency_penalty", "greater than or equal to -2"),
     (body(logit_bias={"5": 200}), 400, "logit_bias", "[-100, 100]"),
@@ -49,8 +53,8 @@ BAD_REQUESTS = [
     (body(max_tokens=100_000), 400, "max_tokens", "100000"),
     (body(max_completion_tokens=100_000), 400, "max_completion_tokens", "2048"),
     (body(bogus_field=1), 400, "bogus_field", "Unrecognized request argument"),
-    (body(reasoning_effort="high"), 400, None, "reasoning_effort"),
-    (body(functions=[{"name": "f"}]), 400, None, "use `tools`"),
+    (body(reasoning_effort="high"), 400, "reasoning_effort", "reasoning_effort"),
+    (body(functions=[{"name": "f"}]), 400, "functions", "use `tools`"),
     (body(response_format={"type": "xml"}), 400, "response_format", "json_schema"),
     (
         body(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
@@ -84,11 +88,11 @@ BAD_REQUESTS = [
         "object",
     ),
     (body(tools=[{"type": "retrieval"}]), 400, "tools[0].type", "function"),
-    (body(tool_choice="required"), 400, None, "tool_choice needs `tools`"),
+    (body(tool_choice="required"), 400, "tool_choice", "tool_choice needs `tools`"),
     (
         body(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}),
         400,
-        None,
+        "tool_choice",
         "not in `tools`",
     ),
     (
@@ -102,18 +106,113 @@ BAD_REQUESTS = [
         "cannot be combined",
     ),
     (body(model="no-such-model"), 404, "model", "Served models: tiny"),
+    # Each of these was a 500 once.
+    (body(seed=2**64), 400, "seed", "less than or equal to 9223372036854775807"),
+    (body(seed=2**70), 400, "seed", "less than or equal to"),
+    (body(seed=-(2**63) - 1), 400, "seed", "greater than or equal to -9223372036854775808"),
+    (
+        body(response_format={"type": "json_schema", "json_schema": "a string"}),
+        400,
+        "response_format",
+        "json_schema must be an object",
+    ),
+    (
+        body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": SELF}}),
+        400,
+        "response_format",
+        "fails at its first token",
+    ),
+    (
+        body(
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": REQUIRES_ITSELF},
+            }
+        ),
+        400,
+        "response_format",
+        "fails at its first token",
+    ),
+    (
+        body(
+            tools=[{"type": "function", "function": {"name": "f", "parameters": SELF}}],
+            tool_choice="required",
+        ),
+        400,
+        "tools",
+        "tool 'f'",
+    ),
+    *[
+        (body(**{name: "x"}), 400, name, "unsupported parameter")
+        for name in ("audio", "prediction", "web_search_options", "verbosity", "function_call")
+    ],
+]
+
+# Values in OpenAI's ranges that once broke the sampler (a NaN from dividing by a denormal
+# temperature, every token removed by a top_p below float32's smallest number): now served.
+EDGE_VALUES = [
+    {"top_p": 5e-324},
+    {"temperature": 1e-320},
+    {"temperature": 5e-324, "top_p": 5e-324, "top_k": 1},
+    {"seed": -1},
+    {"seed": -(2**63)},
+    {"seed": 2**63 - 1, "n": 2},
 ]
 
 
+def assert_still_serving(server) -> None:
+    """A real completion succeeds: the bad request before it left the server healthy."""
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body(), timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
 @pytest.mark.parametrize(("payload", "status", "param", "words"), BAD_REQUESTS)
-def test_bad_request_gets_a_clear_error(server, payload, status, param, words):
-    response = httpx.post(f"{server.url}/v1/chat/completions", json=payload)
+def test_bad_request_gets_a_clear_error_naming_the_field(server, payload, status, param, words):
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=payload, timeout=60)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert words in error["message"]
-    if param is not None:
-        assert error["param"] == param
+    assert error["param"] == param
+    assert_still_serving(server)
+
+
+@pytest.mark.parametrize("fields", EDGE_VALUES, ids=[str(fields) for fields in EDGE_VALUES])
+def test_edge_values_in_range_are_served(server, fields):
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body(**fields), timeout=60)
+    assert response.status_code == 200, response.text
+    choices = response.json()["choices"]
+    assert len(choices) == fields.get("n", 1)
+    assert all(len(choice["token_ids"]) >= 1 for choice in choices)
+    assert_still_serving(server)
+
+
+def test_a_temperature_near_zero_draws_the_greedy_tokens(server):
+    near_zero = httpx.post(
+        f"{server.url}/v1/chat/completions", json=body(temperature=1e-320), timeout=60
+    )
+    greedy = httpx.post(f"{server.url}/v1/chat/completions", json=body(temperature=0), timeout=60)
+    assert near_zero.json()["choices"][0]["token_ids"] == greedy.json()["choices"][0]["token_ids"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("PUT", "/v1/chat/completions", {"POST"}),
+        ("GET", "/v1/adapters", {"POST"}),
+        ("POST", "/v1/models", {"GET"}),
+        ("PATCH", "/v1/rollouts/r1", {"GET", "DELETE"}),
+        ("DELETE", "/health", {"GET"}),
+    ],
+)
+def test_a_method_the_path_does_not_take_is_a_405_naming_the_allowed_ones(
+    server, method, path, allowed
+):
+    response = httpx.request(method, f"{server.url}{path}")
+    assert response.status_code == 405
+    assert {m.strip() for m in response.headers["allow"].split(",")} == allowed
+    assert response.json()["error"]["type"] == "invalid_request_error"
 
 
 @pytest.mark.parametrize(
@@ -147,17 +246,21 @@ def test_bad_rollout_header_is_rejected(server):
 
 
 @pytest.mark.parametrize(
-    ("payload", "words"),
+    ("payload", "param", "words"),
     [
-        ({"name": "../evil@1", "path": "x"}, "Invalid adapter name"),
-        ({"name": "agent", "path": "x"}, "Invalid adapter name"),
-        ({"name": "agent@1", "path": "/etc"}, "outside the server's --path"),
+        ({"name": "../evil@1", "path": "x"}, "name", "Invalid adapter name"),
+        ({"name": "agent", "path": "x"}, "name", "Invalid adapter name"),
+        ({"name": "agent@1", "path": "/etc"}, "path", "outside the server's --path"),
+        ({"name": "agent@1", "path": "x\x00y"}, "path", "null byte"),
+        ({"name": "agent@1", "path": "x" * 5000}, "path", ""),
     ],
 )
-def test_adapter_names_and_paths_are_validated(server, payload, words):
+def test_adapter_names_and_paths_are_validated(server, payload, param, words):
     response = httpx.post(f"{server.url}/v1/adapters", json=payload)
-    assert response.status_code == 400
+    assert response.status_code == 400, response.text
     assert words in response.json()["error"]["message"]
+    assert response.json()["error"]["param"] == param
+    assert_still_serving(server)
 
 
 def test_unknown_completion_id_is_a_404(server):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from art_backend.store._checkpoints import ModelStore, read_trajectories
+from art_backend._errors import InvalidNameError
+from art_backend.store._checkpoints import ModelStore, UnsafePathError, read_trajectories
 
 
 def write_files(folder: Path) -> None:
@@ -69,3 +70,45 @@ def test_trajectories_append_per_split_and_step(tmp_path: Path):
     path = store.write_trajectories("val", 0, [{"reward": 0.0}])
     assert path.name == "0000.jsonl.gz"
     assert [row["reward"] for row in read_trajectories(path)] == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("project", "name"), [("..", "m"), ("p", "../m"), ("/etc", "m"), ("p", "a/b"), ("p", "a..b")]
+)
+def test_a_name_that_breaks_the_name_rule_never_reaches_the_disk(
+    tmp_path: Path, project: str, name: str
+):
+    with pytest.raises(InvalidNameError):
+        ModelStore(tmp_path / "art", project, name)
+    assert not (tmp_path / "art").exists()
+
+
+def test_a_model_folder_linking_outside_the_root_is_refused(tmp_path: Path):
+    outside = tmp_path / "outside"
+    (outside / "checkpoints/0000").mkdir(parents=True)
+    (tmp_path / "art/p/models").mkdir(parents=True)
+    (tmp_path / "art/p/models/m").symlink_to(outside)
+    with pytest.raises(UnsafePathError, match="outside the server's --path"):
+        ModelStore(tmp_path / "art", "p", "m")
+
+
+def test_a_step_folder_linking_outside_is_not_a_checkpoint(tmp_path: Path):
+    store = ModelStore(tmp_path / "art", "p", "m")
+    outside = tmp_path / "outside" / "0007"
+    outside.mkdir(parents=True)
+    (outside / "step.json").write_text('{"step": 7}')
+    store.checkpoints_dir.mkdir(parents=True)
+    (store.checkpoints_dir / "0007").symlink_to(outside)
+    assert store.checkpoint_steps() == []
+    with pytest.raises(UnsafePathError):
+        store.checkpoint_dir(7)
+
+
+def test_a_checkpoint_holding_a_link_cannot_be_copied(tmp_path: Path):
+    store = ModelStore(tmp_path / "art", "p", "m")
+    store.write_checkpoint(0, write_files, {"kind": "initial"})
+    assert store.checkpoint_files(0) == [Path("adapter_config.json"), Path("step.json")]
+    (tmp_path / "secret").write_text("x")
+    (store.checkpoint_dir(0) / "extra").symlink_to(tmp_path / "secret")
+    with pytest.raises(UnsafePathError, match=r"symbolic link \(extra\)"):
+        store.checkpoint_files(0)

@@ -11,18 +11,22 @@ from pathlib import Path
 import pytest
 
 import art_core as art
+from art_backend.store._checkpoints import read_trajectories
 from tests.support.rollouts import groups_for, varied_group
 
 QUESTIONS = ["What is 1 + 1?", "What is 2 + 3?"]
+COMMITTED = ("before_trajectories", "before_history")  # points after step 2's checkpoint rename
 
 
 def adam_state(checkpoint: Path):
     import torch
 
-    return torch.load(checkpoint / "trainer_state.pt", weights_only=False)["optimizer"]
+    return torch.load(checkpoint / "trainer_state.pt", weights_only=True)["optimizer"]
 
 
-@pytest.mark.parametrize("pause_at", ["before_checkpoint", "before_rename", "before_history"])
+@pytest.mark.parametrize(
+    "pause_at", ["before_checkpoint", "before_rename", "before_trajectories", "before_history"]
+)
 async def test_sigkill_mid_step_resumes_from_the_last_complete_step(
     pause_at: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -44,9 +48,9 @@ async def test_sigkill_mid_step_resumes_from_the_last_complete_step(
     for _ in range(600):  # wait until the step reaches the pause point
         await asyncio.sleep(0.05)
         tmp_dirs = list((log / "checkpoints").glob(".tmp-*"))
-        if pause_at == "before_history" and (log / "checkpoints/0002").exists():
+        if pause_at in COMMITTED and (log / "checkpoints/0002").exists():
             break
-        if pause_at != "before_history" and tmp_dirs:
+        if pause_at not in COMMITTED and tmp_dirs:
             break
     await asyncio.sleep(0.3)
     assert second.process is not None
@@ -59,7 +63,7 @@ async def test_sigkill_mid_step_resumes_from_the_last_complete_step(
     monkeypatch.delenv("ART_FAULT_PAUSE")
     third = art.LocalBackend(path=tmp_path, dtype="float32")
     await model.register(third)
-    expected = 2 if pause_at == "before_history" else 1  # step 2 was complete on disk
+    expected = 2 if pause_at in COMMITTED else 1  # step 2 was complete on disk
     assert model.step == expected
     assert not list((log / "checkpoints").glob(".tmp-*"))
     history = [json.loads(line) for line in (log / "history.jsonl").read_text().splitlines()]
@@ -68,6 +72,12 @@ async def test_sigkill_mid_step_resumes_from_the_last_complete_step(
     )
     before = adam_state(log / f"checkpoints/{expected:04d}")
     assert before["state"]  # the optimizer state was saved and comes back with the adapter
+    # Every trained step's rollouts are logged once, also those of a step the crash interrupted.
+    for sampled_at in range(expected):
+        logged = read_trajectories(log / f"trajectories/train/{sampled_at:04d}.jsonl.gz")
+        assert (
+            len(logged) == len({row["id"] for row in logged}) == 4 * len(QUESTIONS)
+        )  # 4 rollouts a group
 
     result = await model.train(varied_group(await groups_for(model, QUESTIONS)))
     assert result.step == expected + 1

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+
 import httpx
 import pytest
 
@@ -95,3 +98,178 @@ def test_nothing_trainable_is_a_result_with_reasons(registered: str):
     events = [line for line in response.text.splitlines() if line]
     assert '"type": "result"' in events[-1]
     assert "groups/too_small" in events[-1] and '"step": 0' in events[-1]
+
+
+# ------------------------------------------------------------------- bad input that was a 500
+
+
+def assert_still_serving(server: RunningServer) -> None:
+    """A real completion succeeds: the request before it left the server healthy."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+def events_of(response: httpx.Response) -> list[dict]:
+    return [json.loads(line) for line in response.text.splitlines() if line]
+
+
+@pytest.fixture(scope="module")
+def edge_model(server: RunningServer) -> str:
+    """A model of its own, so the steps these tests train do not move r1's step."""
+    body = {"project": "routes", "name": "edges", "base_model": "tiny"}
+    response = httpx.post(f"{server.url}{MODELS}", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return f"{server.url}{MODELS}/routes/edges"
+
+
+def sampled_trajectory(server: RunningServer, trajectory_id: str, reward: float) -> dict:
+    """A trajectory with one real recorded turn, so a train step has tokens to train."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    completion = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+    turns = [{"completion_id": completion["id"]}]
+    return {"id": trajectory_id, "reward": reward, "histories": [{"turns": turns}]}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"lora": {"target_modules": ["no_such_module"]}}, "lora.target_modules", "q_proj"),
+        ({"seed": 2**70}, "seed", "less than or equal to 9223372036854775807"),
+        ({"seed": -(2**63) - 1}, "seed", "greater than or equal to"),
+    ],
+    ids=["target-modules-naming-nothing", "seed-2**70", "seed-below-int64"],
+)
+def test_bad_registration_is_a_400_that_saves_nothing(server: RunningServer, fields, param, words):
+    body = {"project": "routes", "name": "refused", "base_model": "tiny", **fields}
+    response = httpx.post(f"{server.url}{MODELS}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    assert words in response.json()["error"]["message"]
+    assert httpx.get(f"{server.url}{MODELS}/routes/refused").status_code == 404
+    assert not (server.art_path / "routes" / "models" / "refused").exists()
+    assert_still_serving(server)
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "words"),
+    [
+        (
+            [{"role": "robot", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+            "trajectories[0].messages[0]",
+            "unknown role 'robot'",
+        ),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "image_url", "image_url": {}}]},
+            ],
+            "trajectories[0].messages[1]",
+            "text parts",
+        ),
+        (
+            [{"role": "user"}, {"role": "assistant", "content": "yo"}],
+            "trajectories[0].messages[0]",
+            "needs `content`",
+        ),
+        ([], "trajectories[0].messages", "at least 1"),
+    ],
+    ids=["unknown-role", "image-part", "user-without-content", "no-messages"],
+)
+def test_bad_sft_examples_are_a_400_naming_the_message(
+    server: RunningServer, edge_model: str, messages, param, words
+):
+    response = httpx.post(
+        f"{edge_model}/sft", json={"trajectories": [{"messages": messages}]}, timeout=60
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    assert words in response.json()["error"]["message"]
+    assert_still_serving(server)
+
+
+def test_sft_trains_assistant_content_given_as_text_parts(server: RunningServer, edge_model: str):
+    step = httpx.get(edge_model).json()["step"]
+    parts = [{"type": "text", "text": "Paris"}, {"type": "text", "text": "is the capital."}]
+    messages = [{"role": "user", "content": "capital?"}, {"role": "assistant", "content": parts}]
+    response = httpx.post(
+        f"{edge_model}/sft", json={"trajectories": [{"messages": messages}]}, timeout=120
+    )
+    assert response.status_code == 200
+    result = events_of(response)[-1]
+    assert result["type"] == "result", result
+    assert result["step"] == step + 1
+    assert_still_serving(server)
+
+
+def test_rewards_near_the_float_limit_train_with_finite_statistics(
+    server: RunningServer, edge_model: str
+):
+    rewards = [1e308, 1e308, 0.0]
+    group = {
+        "trajectories": [sampled_trajectory(server, f"t{i}", r) for i, r in enumerate(rewards)]
+    }
+    response = httpx.post(f"{edge_model}/train", json={"groups": [group]}, timeout=120)
+    assert response.status_code == 200
+    result = events_of(response)[-1]
+    assert result["type"] == "result", result
+    assert result["metrics"]["trained"] == 1.0
+    assert result["metrics"]["reward"] == pytest.approx(1e308 / 3 * 2)
+    assert all(math.isfinite(value) for value in result["metrics"].values())
+    assert result["advantages"]["t2"] == pytest.approx(-2 / math.sqrt(3))
+    assert_still_serving(server)
+
+
+def test_rewards_too_large_to_train_unscaled_are_a_400(server: RunningServer, edge_model: str):
+    group = {"trajectories": [{"id": "a", "reward": 1e300}, {"id": "b", "reward": 0.0}]}
+    body = {"groups": [group], "config": {"scale_rewards": "none"}}
+    response = httpx.post(f"{edge_model}/train", json=body, timeout=60)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "groups"
+    assert "Rescale the rewards" in response.json()["error"]["message"]
+    assert_still_serving(server)
+
+
+def test_a_step_whose_gradient_overflows_is_refused_and_changes_nothing(
+    server: RunningServer, edge_model: str
+):
+    step = httpx.get(edge_model).json()["step"]
+    rewards = [1e30, 0.0]
+    group = {
+        "trajectories": [sampled_trajectory(server, f"g{i}", r) for i, r in enumerate(rewards)]
+    }
+    body = {"groups": [group], "config": {"scale_rewards": "none"}}
+    response = httpx.post(f"{edge_model}/train", json=body, timeout=120)
+    error = events_of(response)[-1]
+    assert error["type"] == "error" and error["status"] == 400, error
+    assert "gradient is not finite" in error["message"]
+    assert httpx.get(edge_model).json()["step"] == step
+    assert_still_serving(server)
+
+
+def test_log_keeps_statistics_finite_and_counts_what_it_drops(
+    server: RunningServer, edge_model: str
+):
+    groups = [
+        {
+            "trajectories": [
+                {"id": "a", "reward": 1e308, "metrics": {"size": 1e308}},
+                {"id": "b", "reward": 1e308, "metrics": {"size": 1e308}},
+                {"id": "c", "reward": 0.0, "metrics": {"size": "Infinity"}},
+            ],
+            "metrics": {"calls": 1e308},
+        },
+        {"trajectories": [], "metrics": {"calls": 1e308}},
+    ]
+    # JSON has no infinity; Python's json module writes and reads it as a bare `Infinity`.
+    content = json.dumps({"groups": groups}).replace('"Infinity"', "Infinity")
+    response = httpx.post(
+        f"{edge_model}/log", content=content, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 200, response.text
+    metrics = response.json()["metrics"]
+    assert metrics["reward"] == pytest.approx(1e308 / 3 * 2)
+    assert metrics["size"] == 1e308  # the infinite one left out of the mean...
+    assert "calls" not in metrics  # ...and the sum that overflowed left out of the row,
+    assert metrics["dropped/non_finite_metrics"] == 2  # both counted
+    assert_still_serving(server)

@@ -1,0 +1,243 @@
+"""Size limits: one request must not freeze the event loop or fill the server's memory.
+
+Checked before the expensive work, cheapest first; each refusal says which limit and what to do:
+
+| limit                          | where                                   | answer                    |
+|--------------------------------|-----------------------------------------|---------------------------|
+| body bytes (`--max-body-mb`)   | `BodySizeLimitMiddleware`, as they come | 413                       |
+| JSON nesting depth             | `check_json_depth`, after parsing        | 400 naming the field      |
+| prompt characters vs context   | `ChatService.prepare`, before templating | 400 `messages` / `tools`  |
+| schema properties and nodes    | `check_schema_sizes`, before compiling   | 400 naming the schema     |
+
+What passes them (tokenizing, compiling a grammar) runs on worker threads, off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from art_backend._errors import InvalidGrammarError, InvalidRequestError
+
+MIB = 1024 * 1024
+# 32 MiB holds a full 128k-token context as JSON several times over; what is larger is a mistake
+# or an attack, and would cost seconds of parsing before any other check could refuse it.
+DEFAULT_MAX_BODY_MB = 32
+# Real requests nest a few levels (messages, content parts, schemas of nested objects). Deeper
+# JSON fails somewhere: Python's parser stops near 1,000 levels, and serializers earlier on a
+# deep call stack (a stored record read back through GET /v1/chat/completions/{id}).
+MAX_JSON_DEPTH = 128
+# OpenAI's limit for structured outputs, and where compiling stays about a second: llguidance
+# takes ~1.5 s for 5,000 optional properties in one object (quadratic), ~0.6 s for 70,000 nodes.
+MAX_SCHEMA_PROPERTIES = 5_000
+MAX_SCHEMA_NODES = 50_000
+
+
+# ------------------------------------------------------------------------------------- body
+
+
+class RequestBodyTooLarge(HTTPException):
+    """The request body passed `--max-body-mb` (HTTP 413; the app's handler gives it OpenAI's shape)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, _too_large_message(max_bytes))
+
+
+class BodySizeLimitMiddleware:
+    """Refuse request bodies over `max_bytes` with a 413, counting bytes as they arrive.
+
+    A declared Content-Length over the limit is refused before the app runs; a chunked body is
+    refused at the chunk that crosses it, so no more than `max_bytes` is ever held.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await _too_large_response(self.max_bytes)(scope, receive, send)
+            return
+
+        received = 0
+        response_started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise RequestBodyTooLarge(self.max_bytes)
+            return message
+
+        async def watching_send(message: Message) -> None:
+            nonlocal response_started
+            response_started = response_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, watching_send)
+        except RequestBodyTooLarge:
+            # Raised where no exception handler answers it (a route reads the body outside the
+            # app's handlers): answer here, unless a response is already on its way.
+            if response_started:
+                raise
+            await _too_large_response(self.max_bytes)(scope, receive, send)
+
+
+def _too_large_message(max_bytes: int) -> str:
+    return (
+        f"The request body is larger than this server's limit of {max_bytes / MIB:g} MiB. "
+        "Send less in one request (split the batch, shorten the messages or metadata), or "
+        "start art-server with a larger --max-body-mb."
+    )
+
+
+def _too_large_response(max_bytes: int) -> JSONResponse:
+    error = {
+        "message": _too_large_message(max_bytes),
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+    return JSONResponse({"error": error}, status_code=413)
+
+
+# ------------------------------------------------------------------------------- JSON depth
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """Parse a request body that must be a JSON object nested at most `MAX_JSON_DEPTH` levels.
+
+    Invalid JSON, another type, or deeper nesting is a 400 (deeper nesting names its field).
+    """
+    try:
+        payload = json.loads(body)
+    except RecursionError:
+        # The parser gave up near 1,000 levels: find the top-level field that holds them.
+        raise _too_deep(_field_too_deep_to_parse(body)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InvalidRequestError(
+            f"The request body is not valid JSON: {error}", param=None
+        ) from error
+    if not isinstance(payload, dict):
+        raise InvalidRequestError("The request body must be a JSON object.")
+    # Counting brackets runs at memchr speed; most bodies have too few to nest too deep.
+    if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
+        check_json_depth(payload)
+    return payload
+
+
+def check_json_depth(payload: dict[str, Any], limit: int = MAX_JSON_DEPTH) -> None:
+    """Raise a 400 naming the top-level field whose value nests the object deeper than `limit`."""
+    for field, value in payload.items():
+        if _deeper_than(value, limit - 1):
+            raise _too_deep(field)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    if not isinstance(value, dict | list):
+        return False
+    # Iterative, so the check itself cannot overflow the stack it protects.
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
+def _field_too_deep_to_parse(body: bytes) -> str | None:
+    """The top-level member whose value the parser could not descend, found member by member."""
+    decoder = json.JSONDecoder()
+    try:
+        text = body.decode()
+        index = _skip_space(text, 0)
+        if text[index] != "{":
+            return None
+        index += 1
+        while True:
+            index = _skip_space(text, index)
+            key, index = decoder.raw_decode(text, index)
+            index = _skip_space(text, index)
+            if text[index] != ":":
+                return None
+            index = _skip_space(text, index + 1)
+            try:
+                _, index = decoder.raw_decode(text, index)
+            except RecursionError:
+                return key if isinstance(key, str) else None
+            index = _skip_space(text, index)
+            if text[index] != ",":
+                return None
+            index += 1
+    except (ValueError, IndexError):
+        return None
+
+
+def _skip_space(text: str, index: int) -> int:
+    while text[index] in " \t\r\n":
+        index += 1
+    return index
+
+
+def _too_deep(field: str | None) -> InvalidRequestError:
+    where = f"`{field}` nests" if field else "The request body nests"
+    return InvalidRequestError(
+        f"{where} JSON more than {MAX_JSON_DEPTH} levels deep, the most this server accepts. "
+        "Flatten the structure.",
+        param=field,
+    )
+
+
+# ---------------------------------------------------------------------------------- schemas
+
+
+def check_schema_sizes(schemas: list[tuple[str, Any]]) -> None:
+    """Refuse schemas too large to compile quickly: (param, schema) pairs, counted together.
+
+    Counts object properties and JSON nodes over all the schemas one request asks to enforce,
+    and names the schema at which a total passes its limit.
+    """
+    properties = nodes = 0
+    for param, schema in schemas:
+        stack = [schema]
+        while stack:
+            node = stack.pop()
+            nodes += 1
+            if isinstance(node, dict):
+                if isinstance(node.get("properties"), dict):
+                    properties += len(node["properties"])
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+            if properties > MAX_SCHEMA_PROPERTIES or nodes > MAX_SCHEMA_NODES:
+                raise _schema_too_large(param, properties > MAX_SCHEMA_PROPERTIES, len(schemas))
+
+
+def _schema_too_large(param: str, by_properties: bool, count: int) -> InvalidGrammarError:
+    what = (
+        f"{MAX_SCHEMA_PROPERTIES:,} object properties"
+        if by_properties
+        else f"{MAX_SCHEMA_NODES:,} JSON values"
+    )
+    scope = "This schema has" if count == 1 else "With this schema, the schemas to enforce have"
+    return InvalidGrammarError(
+        f"{scope} more than {what} in all, more than this server compiles into a grammar "
+        "(compiling takes seconds from there). Split the schema, or move rarely used "
+        "parts out of it.",
+        param=param,
+    )

@@ -1,0 +1,391 @@
+"""A web page cannot drive the server: Host allow-list, cross-origin refusal, CSRF, no key leaks.
+
+The attacks are the ones a browser on the user's machine can make against a loopback server:
+a cross-site "simple" POST (a form, or `fetch` with `text/plain`: no CORS preflight), DNS
+rebinding (the attacker's name re-resolved to 127.0.0.1, so the request carries
+`Host: evil.example`), and a form that rides on the review page's login cookie.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import openai
+import pytest
+
+import art_core as art
+from art_backend._auth import SESSION_COOKIE
+from art_backend._log_redaction import RedactSecretsFilter, redact_path, redact_text
+from tests.support.review_data import MODEL, PROJECT, write_review_store
+from tests.support.servers import RunningServer, free_port, serve_in_thread
+
+EVIL = "http://evil.example"
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+KEY = "secret-key"  # keyed_server's
+STEP0 = f"/review/{PROJECT}/{MODEL}/steps/train/0"
+
+
+@pytest.fixture(params=["no key", "key"])
+def running(request: pytest.FixtureRequest) -> RunningServer:
+    """The tiny model's art-server, without and with an API key."""
+    return request.getfixturevalue("server" if request.param == "no key" else "keyed_server")
+
+
+def requests_served(server: RunningServer) -> float:
+    return server.metrics()["art_requests_total"]
+
+
+def rebound(url: str) -> str:
+    """The Host a DNS-rebinding page sends: its own name, the server's port."""
+    return f"evil.example:{urlsplit(url).port}"
+
+
+def decisions(root: Path) -> str:
+    log = root / PROJECT / "models" / MODEL / "review" / "decisions.jsonl"
+    return log.read_text() if log.exists() else ""
+
+
+# ------------------------------------------------------------------------ cross-site requests
+
+
+def test_a_cross_site_simple_post_is_refused_and_serves_no_completion(running: RunningServer):
+    before = requests_served(running)
+    answer = httpx.post(
+        f"{running.url}/v1/chat/completions",
+        content=json.dumps(CHAT),
+        headers={"Origin": EVIL, "Content-Type": "text/plain", **running.headers()},
+        timeout=60,
+    )
+    assert answer.status_code == 403
+    error = answer.json()["error"]
+    assert error["type"] == "permission_error" and error["code"] == "cross_origin_request"
+    assert "another site" in error["message"] and EVIL in error["message"]
+    assert requests_served(running) == before
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "null"},  # a sandboxed frame or a file:// page
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},  # a page on another port of this host, Origin hidden
+        {"Origin": "http://127.0.0.1:1"},  # same host, another port: another origin
+        {"Origin": "http://localhost"},  # another origin for a server on 127.0.0.1:PORT
+    ],
+    ids=["origin-null", "cross-site", "same-site", "other-port", "other-name"],
+)
+def test_every_browser_label_of_another_origin_is_refused(server: RunningServer, headers):
+    before = requests_served(server)
+    answer = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT, headers=headers)
+    assert answer.status_code == 403 and "another site" in answer.json()["error"]["message"]
+    assert requests_served(server) == before
+
+
+def test_a_cross_site_post_is_refused_on_every_state_changing_route(running: RunningServer):
+    for method, path in [
+        ("POST", "/v1/training/models"),
+        ("POST", "/v1/adapters"),
+        ("DELETE", "/v1/rollouts/r-1"),
+        ("POST", f"{STEP0}/decisions"),
+    ]:
+        answer = httpx.request(
+            method, f"{running.url}{path}", headers={"Origin": EVIL, **running.headers()}
+        )
+        assert answer.status_code == 403, (method, path, answer.text)
+
+
+def test_same_origin_and_non_browser_clients_keep_working(running: RunningServer):
+    same_origin = httpx.post(
+        f"{running.url}/v1/chat/completions",
+        json=CHAT,
+        headers={"Origin": running.url, "Sec-Fetch-Site": "same-origin", **running.headers()},
+        timeout=60,
+    )
+    assert same_origin.status_code == 200
+    # The openai SDK sends no Origin: it is not a browser, nothing to refuse.
+    sdk = openai.OpenAI(base_url=f"{running.url}/v1", api_key=running.api_key or "unused")
+    answer = sdk.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    assert answer.choices[0].message is not None
+    # A GET from another site is not refused here: the browser does not let that page read it.
+    assert httpx.get(f"{running.url}/health", headers={"Origin": EVIL}).status_code == 200
+
+
+# ------------------------------------------------------------------------------ DNS rebinding
+
+
+def test_dns_rebinding_is_refused_on_every_route(running: RunningServer):
+    host = {"Host": rebound(running.url), **running.headers()}
+    body = {"project": "web", "name": "rebound", "base_model": "tiny"}
+    for answer in [
+        httpx.post(f"{running.url}/v1/training/models", json=body, headers=host),
+        httpx.get(f"{running.url}/v1/training/models/web/rebound/history", headers=host),
+        httpx.get(f"{running.url}/review/", headers=host),
+        httpx.post(f"{running.url}/v1/chat/completions", json=CHAT, headers=host),
+    ]:
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "host_not_allowed"
+        assert "--allowed-hosts evil.example" in error["message"]
+    assert not (Path(running.art_path) / "web" / "models" / "rebound").exists()
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "LOCALHOST.", "127.0.0.1", "[::1]", "review.localhost", "10.1.2.3"]
+)
+def test_local_names_and_ip_addresses_are_answered(server: RunningServer, host: str):
+    port = urlsplit(server.url).port
+    answer = httpx.get(f"{server.url}/v1/models", headers={"Host": f"{host}:{port}"})
+    assert answer.status_code == 200
+    same_origin = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json=CHAT,
+        headers={"Host": f"{host}:{port}", "Origin": f"http://{host}:{port}"},
+        timeout=60,
+    )
+    assert same_origin.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def named_review(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """`art review`'s app with --allowed-hosts review.internal (no key)."""
+    from art_backend.review.cli import build_review_server
+
+    root = tmp_path_factory.mktemp("review-named")
+    write_review_store(root)
+    server, thread, url = serve_in_thread(
+        build_review_server(root, allowed_hosts=["review.internal"])
+    )
+    yield url, root
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_allowed_hosts_lets_a_named_host_in(named_review: tuple[str, Path]):
+    url, root = named_review
+    port = urlsplit(url).port
+    named = {"Host": f"review.internal:{port}"}
+    assert httpx.get(f"{url}/review/", headers=named).status_code == 200
+    form = {"action": "flag_trajectory", "trajectory_id": "t0-a", "reason": "from the page"}
+    posted = httpx.post(
+        f"{url}{STEP0}/decisions",
+        data=form,
+        headers={**named, "Origin": f"http://review.internal:{port}"},
+    )
+    assert posted.status_code == 303 and "from the page" in decisions(root)
+    # Still: other names, and posts from other sites.
+    assert httpx.get(f"{url}/review/", headers={"Host": rebound(url)}).status_code == 400
+    crossed = httpx.post(f"{url}{STEP0}/decisions", data=form, headers={"Origin": EVIL})
+    assert crossed.status_code == 403
+
+
+def test_allowed_hosts_star_answers_any_name(tmp_path: Path):
+    from art_backend.review.cli import build_review_server
+
+    write_review_store(tmp_path)
+    server, thread, url = serve_in_thread(build_review_server(tmp_path, allowed_hosts=["*"]))
+    try:
+        assert httpx.get(f"{url}/review/", headers={"Host": rebound(url)}).status_code == 200
+        # `*` opens Host names only: a post from another site is still refused.
+        crossed = httpx.post(f"{url}{STEP0}/decisions", data={}, headers={"Origin": EVIL})
+        assert crossed.status_code == 403
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+# ----------------------------------------------------------------------------- review: CSRF
+
+
+@pytest.fixture
+def keyed_review(keyed_server: RunningServer) -> Iterator[tuple[httpx.Client, Path]]:
+    """A browser-like client logged in to the keyed art-server's review page (cookie)."""
+    root = Path(keyed_server.art_path)
+    write_review_store(root)
+    with httpx.Client(base_url=keyed_server.url, timeout=30) as browser:
+        login = browser.post("/review/login", data={"key": KEY, "next": "/review/"})
+        assert login.status_code == 303 and SESSION_COOKIE in browser.cookies
+        yield browser, root
+
+
+def token_on(page: str) -> str:
+    marker = 'name="csrf_token" value="'
+    assert marker in page, "the page's forms carry no CSRF token"
+    return page.split(marker, 1)[1].split('"', 1)[0]
+
+
+def test_a_cookie_session_posts_only_with_the_pages_token(
+    keyed_review: tuple[httpx.Client, Path],
+):
+    browser, root = keyed_review
+    page = browser.get(f"{STEP0}/groups/0").text
+    token = token_on(page)
+    assert page.count(f'value="{token}"') == page.count('method="post"')  # every form has it
+    assert KEY not in page
+    form = {"action": "flag_trajectory", "trajectory_id": "t0-a"}
+    before = decisions(root)
+    for forged in [{}, {"csrf_token": ""}, {"csrf_token": "0" * 64}]:
+        answer = browser.post(f"{STEP0}/decisions", data={**form, "reason": "forged", **forged})
+        assert answer.status_code == 403 and "token" in answer.text
+    assert decisions(root) == before
+    posted = browser.post(
+        f"{STEP0}/decisions", data={**form, "reason": "with the token", "csrf_token": token}
+    )
+    assert posted.status_code == 303 and "with the token" in decisions(root)
+    assert "csrf" not in decisions(root)  # the token is not stored with the decision
+
+
+def test_the_approve_form_carries_the_token_too(keyed_review: tuple[httpx.Client, Path]):
+    browser, _ = keyed_review
+    answer = browser.post(
+        f"/review/{PROJECT}/{MODEL}/pending/abcdefabcdef/approve",
+        data={},
+        headers={"Accept": "application/json"},
+    )
+    assert answer.status_code == 403
+    assert answer.json()["error"]["type"] == "permission_error"
+
+
+def test_api_clients_with_the_key_need_no_token(keyed_server: RunningServer):
+    root = Path(keyed_server.art_path)
+    write_review_store(root)
+    answer = httpx.post(
+        f"{keyed_server.url}{STEP0}/decisions",
+        data={"action": "flag_trajectory", "trajectory_id": "t0-a", "reason": "by the API"},
+        headers={**keyed_server.headers(), "Accept": "application/json"},
+    )
+    assert answer.status_code == 200 and answer.json()["decision"]["reason"] == "by the API"
+    page = httpx.get(f"{keyed_server.url}{STEP0}/groups/0", headers=keyed_server.headers())
+    assert 'name="csrf_token"' not in page.text  # no cookie, nothing to forge
+
+
+def test_the_session_cookie_is_httponly_samesite_and_not_the_key(keyed_server: RunningServer):
+    login = httpx.post(f"{keyed_server.url}/review/login", data={"key": KEY, "next": "/review/"})
+    cookie = login.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=lax" in cookie and "path=/review" in cookie
+    assert KEY not in login.headers["set-cookie"]
+
+
+def test_without_a_key_the_forms_need_no_token(named_review: tuple[str, Path]):
+    url, _ = named_review
+    assert 'name="csrf_token"' not in httpx.get(f"{url}{STEP0}/groups/0").text
+
+
+# ------------------------------------------------------------------------------- key exposure
+
+
+async def test_local_backend_passes_the_key_in_the_environment_not_the_command_line(
+    tiny_model_dir: Path, tmp_path: Path
+):
+    backend = art.LocalBackend(path=tmp_path, dtype="float32")
+    try:
+        model = art.TrainableModel(name="m", project="web", base_model=str(tiny_model_dir))
+        await model.register(backend)  # starts the child; registering needs the key
+        assert backend.process is not None
+        pid = backend.process.pid
+        key = backend._api_key
+        assert key
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert not any(key.encode() in part for part in command_line)
+        assert b"--api-key" not in command_line
+        environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"ART_API_KEY={key}".encode() in environment  # readable by this user only
+        assert httpx.get(f"{backend.base_url}/v1/models").status_code == 401
+    finally:
+        await backend.close()
+
+
+def test_access_log_redacts_key_like_query_values():
+    assert redact_path("/review/?key=s3cret&min_reward=0.5") == (
+        "/review/?key=REDACTED&min_reward=0.5"
+    )
+    assert redact_path("/v1/models?API_KEY=s3cret&token=t") == (
+        "/v1/models?API_KEY=REDACTED&token=REDACTED"
+    )
+    assert redact_path("/review/?min_reward=0.5") == "/review/?min_reward=0.5"
+    assert "s3cret" not in redact_text("GET /x?api_key=s3cret HTTP/1.1")
+    assert "s3cret" not in redact_text("headers: {'authorization': 'Bearer s3cret'}")
+    assert "s3cret" not in redact_text("Authorization: Basic s3cret")
+
+
+def test_the_filter_rewrites_a_real_uvicorn_access_record(caplog: pytest.LogCaptureFixture):
+    logger = logging.getLogger("uvicorn.access")
+    redactor = RedactSecretsFilter()
+    logger.addFilter(redactor)
+    propagate, logger.propagate = logger.propagate, True
+    try:
+        with caplog.at_level(logging.INFO, logger="uvicorn.access"):
+            logger.info(
+                '%s - "%s %s HTTP/%s" %d',
+                "127.0.0.1:5000",
+                "GET",
+                "/review/?key=s3cret&q=bags",
+                "1.1",
+                303,
+            )
+    finally:
+        logger.removeFilter(redactor)
+        logger.propagate = propagate
+    assert set(caplog.messages) == {
+        '127.0.0.1:5000 - "GET /review/?key=REDACTED&q=bags HTTP/1.1" 303'
+    }
+
+
+def wait_healthy(process: subprocess.Popen[str], url: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"the server exited early:\n{process.stdout and process.stdout.read()}"
+            )
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the server did not become healthy")
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("program", ["art-server", "art review"])
+def test_the_entry_points_take_allowed_hosts_and_log_no_key(
+    program: str, tiny_model_dir: Path, tmp_path: Path
+):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    common = ["--port", str(port), "--path", str(tmp_path), "--log-level", "info"]
+    common += ["--allowed-hosts", "box.lan, other.lan"]
+    model = ["--model", str(tiny_model_dir), "--name", "tiny", "--dtype", "float32"]
+    command = (
+        ["-m", "art_backend.cli", *model, *common]
+        if program == "art-server"
+        else ["-m", "art_backend.review.cli", *common]
+    )
+    env = {**os.environ, "ART_API_KEY": "key-in-env", "HF_HUB_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_healthy(process, url)
+        named = {"Host": f"box.lan:{port}"}
+        assert httpx.get(f"{url}/review/?key=key-in-env", headers=named).status_code == 303
+        assert httpx.get(f"{url}/review/?api_key=wrong-key", headers=named).status_code == 401
+        rebinding = httpx.get(f"{url}/review/", headers={"Host": rebound(url)})
+        assert rebinding.status_code == 400
+    finally:
+        process.terminate()
+        output, _ = process.communicate(timeout=60)
+    assert "/review/?key=REDACTED" in output and "/review/?api_key=REDACTED" in output
+    assert "key-in-env" not in output and "wrong-key" not in output
