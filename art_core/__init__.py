@@ -35,6 +35,7 @@ from art_core._gather import GatheredGroups, gather_trajectories, gather_traject
 from art_core._langfuse import LangfuseExporter, flush_langfuse, langfuse_stats
 from art_core._local_backend import LocalBackend
 from art_core._model import Model, RolloutCapture, TrainableModel, trajectory_from_records
+from art_core._observers import StepObserver
 from art_core._ruler import RulerScore, ruler, ruler_score_group
 from art_core._ruler_prompt import DEFAULT_RUBRIC
 from art_core._scenarios import (
@@ -82,6 +83,7 @@ __all__ = [
     "RulerScore",
     "Scenario",
     "ScenarioGenerationError",
+    "StepObserver",
     "TokenPrice",
     "TooManyExceptionsError",
     "TrainConfig",

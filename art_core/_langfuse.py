@@ -28,12 +28,13 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from art_core._config import TrainResult
 from art_core._errors import LangfuseConfigError, LangfuseNotInstalledError
 from art_core._langfuse_trace import (
     TraceContext,
@@ -41,6 +42,7 @@ from art_core._langfuse_trace import (
     trace_from_trajectory,
     trace_id_for,
 )
+from art_core._observers import ObservedModel, StepFinished
 from art_core._trajectory import Trajectory, TrajectoryGroup
 
 if TYPE_CHECKING:
@@ -77,18 +79,6 @@ def _require_langfuse() -> None:
             "Langfuse export needs the langfuse SDK: pip install 'art-trainer[langfuse]' "
             "(or pass langfuse=False / unset LANGFUSE_PUBLIC_KEY to train without it)."
         )
-
-
-class ExportedModel(Protocol):
-    """What an export reads from a model: its names and its endpoint (for the call records)."""
-
-    project: str
-    name: str
-
-    @property
-    def inference_base_url(self) -> str | None: ...
-    @property
-    def inference_api_key(self) -> str | None: ...
 
 
 @dataclass
@@ -173,7 +163,7 @@ class LangfuseExporter:
 
     def export_groups(
         self,
-        model: ExportedModel,
+        model: ObservedModel,
         groups: Iterable[TrajectoryGroup],
         *,
         split: str,
@@ -460,6 +450,58 @@ def resolve_exporter(langfuse: bool | LangfuseExporter | None) -> LangfuseExport
     if exporter is None:
         LangfuseExporter()  # raises LangfuseConfigError naming what is missing
     return exporter
+
+
+class LangfuseObserver:
+    """The step observer that exports a model's groups as Langfuse traces.
+
+    A train step's traces are queued when it starts and sent when it is over, with each
+    trajectory's advantage (a failed step's without); a log call's at once. Which exporter is
+    used is the call's `langfuse=` option (see `resolve_exporter`). Traces sent or dropped since
+    the model's last step are that step's `langfuse/...` metrics.
+    """
+
+    def step_metrics(self, model: ObservedModel) -> Counter[str]:
+        """This model's traces exported or dropped since its last step."""
+        return take_unreported(f"{model.project}/{model.name}")
+
+    def step_started(
+        self,
+        model: ObservedModel,
+        groups: list[TrajectoryGroup],
+        *,
+        split: str,
+        step: int,
+        options: Mapping[str, Any],
+    ) -> StepFinished | None:
+        """Queue the groups (a bad `langfuse=` raises here, before any work)."""
+        exporter = resolve_exporter(options.get("langfuse"))
+        if exporter is None:
+            return None
+        try:
+            job = exporter.export_groups(
+                model, groups, split=split, step=step, wait_for_advantages=split == "train"
+            )
+        except Exception as error:  # noqa: BLE001 - export must never fail training
+            logger.warning("Langfuse export of this %s call skipped: %s", split, error)
+            return None
+        if job is None:
+            return None
+
+        def finished(result: TrainResult | None) -> None:
+            job.release(result.advantages if result is not None else None)
+
+        return finished
+
+
+def reset_default_exporter() -> None:
+    """Close and forget the default exporter (the next export builds it anew from LANGFUSE_*)."""
+    global _default, _not_installed_warned
+    with _default_lock:
+        if _default is not None:
+            _default.close(timeout=5)
+        _default = None
+        _not_installed_warned = False
 
 
 def take_unreported(owner: str) -> Counter[str]:

@@ -18,7 +18,8 @@ from openai.types.chat.chat_completion import Choice
 from art_core._backend import Backend, new_rollout_id
 from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
 from art_core._errors import InvalidTrajectoryError, ModelNotRegisteredError, NotTrainableError
-from art_core._langfuse import ExportJob, LangfuseExporter, resolve_exporter, take_unreported
+from art_core._langfuse import LangfuseExporter, LangfuseObserver
+from art_core._observers import StepFinished, StepObserver
 from art_core._strict import StrictModel, check_names
 from art_core._trajectory import History, Trajectory, TrajectoryGroup
 from art_core.names import check_name
@@ -152,6 +153,8 @@ class TrainableModel(Model):
         # Counts the client makes between steps (calls no rollout could claim); sent with the
         # next train() as step metrics, then reset.
         self.pending_metrics: Counter[str] = Counter()
+        # Told of every train step and log call (Langfuse export by default); add your own.
+        self.observers: list[StepObserver] = [LangfuseObserver()]
 
     @property
     def open_rollouts(self) -> int:
@@ -224,20 +227,15 @@ class TrainableModel(Model):
         if isinstance(groups, TrajectoryGroup):
             groups = [groups]
         groups = groups if isinstance(groups, list) else list(groups)
-        exporter = resolve_exporter(langfuse)
-        # Traces sent (or dropped) since the last step are this step's langfuse/ metrics.
-        self.pending_metrics.update(take_unreported(self._langfuse_owner))
+        finished = self._observe(groups, "train", {"langfuse": langfuse})
         pending, self.pending_metrics = self.pending_metrics, Counter()
-        job = self._export(exporter, groups, "train", wait_for_advantages=True)
         try:
             result = await self.backend.train(self, groups, config, client_metrics=pending)
         except BaseException:
             self.pending_metrics.update(pending)  # not reported yet: the next step reports them
-            if job is not None:
-                job.release()
+            finished(None)
             raise
-        if job is not None:
-            job.release(result.advantages)
+        finished(result)
         self._step = result.step
         return result
 
@@ -277,31 +275,32 @@ class TrainableModel(Model):
         `langfuse` as in `train`: with it, the groups are also exported as Langfuse traces.
         """
         groups = list(groups)
-        self._export(resolve_exporter(langfuse), groups, split)
-        return await self.backend.log(self, groups, split)
-
-    @property
-    def _langfuse_owner(self) -> str:
-        return f"{self.project}/{self.name}"
-
-    def _export(
-        self,
-        exporter: LangfuseExporter | None,
-        groups: list[TrajectoryGroup],
-        split: str,
-        *,
-        wait_for_advantages: bool = False,
-    ) -> ExportJob | None:
-        """Queue the groups for Langfuse; a failure here is logged, never raised into training."""
-        if exporter is None:
-            return None
+        finished = self._observe(groups, split, {"langfuse": langfuse})
         try:
-            return exporter.export_groups(
-                self, groups, split=split, step=self.step, wait_for_advantages=wait_for_advantages
-            )
-        except Exception as error:  # noqa: BLE001 - export must never fail training
-            logger.warning("Langfuse export of this %s call skipped: %s", split, error)
-            return None
+            return await self.backend.log(self, groups, split)
+        finally:
+            finished(None)
+
+    def _observe(
+        self, groups: list[TrajectoryGroup], split: str, options: dict[str, Any]
+    ) -> StepFinished:
+        """Tell the observers a step starts; returns what tells them it is over."""
+        if split == "train":
+            for observer in self.observers:
+                self.pending_metrics.update(observer.step_metrics(self))
+        callbacks = [
+            callback
+            for observer in self.observers
+            if (callback := observer.step_started(
+                self, groups, split=split, step=self.step, options=options
+            )) is not None
+        ]  # fmt: skip
+
+        def finished(result: TrainResult | None) -> None:
+            for callback in callbacks:
+                callback(result)
+
+        return finished
 
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward", *, maximize: bool = True

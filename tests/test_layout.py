@@ -159,14 +159,16 @@ def test_torch_free_rooms_import_no_torch(modules):
 PUBLIC_SURFACES = {
     "art_core": [
         "DEFAULT_RUBRIC", "ArtError", "AutoRLResult", "Backend", "BackendCrashedError",
-        "BackendRequestError", "DatasetBatch", "GatheredGroups", "History",
+        "BackendRequestError", "DatasetBatch", "GatheredGroups", "GeneratorContextError", "GeneratorError",
+        "History",
         "InvalidTrajectoryError", "JudgeContextError", "JudgeError", "JudgeResponseError",
         "JudgeUnavailableError", "JudgeUsage", "LangfuseConfigError", "LangfuseExporter",
         "LangfuseNotInstalledError", "LoRAConfig", "LocalBackend", "Model", "ModelConfigError",
         "ModelNotRegisteredError", "NotTrainableError", "RemoteBackend", "ResponseCache",
         "RolloutCapture", "RolloutException", "RulerScore", "Scenario", "ScenarioGenerationError",
+        "StepObserver",
         "TokenPrice", "TooManyExceptionsError", "TrainConfig", "TrainResult", "TrainSFTConfig",
-        "TrainableModel", "Trajectory", "TrajectoryGroup", "autorl", "flush_langfuse",
+        "TrainableModel", "Trajectory", "TrajectoryGroup", "UnknownFieldError", "autorl", "flush_langfuse",
         "gather_trajectories", "gather_trajectory_groups", "generate_scenarios",
         "iterate_dataset", "judge_or_base_model", "langfuse_stats", "load_scenarios",
         "resolve_model", "retry", "ruler", "ruler_score_group", "save_scenarios",
@@ -185,8 +187,8 @@ PUBLIC_SURFACES = {
         "wrap_rollout",
     ],
     "art_mcp": [
-        "COMPLETE_TASK", "McpServer", "McpServerError", "McpSession", "McpTool", "ToolNames",
-        "ToolOutcome", "describe_server", "generate_scenarios", "result_text", "rollout", "train",
+        "COMPLETE_TASK", "McpConfigError", "McpContextError", "McpServer", "McpServerError", "McpSession", "McpTool", "ToolNames",
+        "ToolOutcome", "check_context", "describe_server", "generate_scenarios", "result_text", "rollout", "train",
     ],
 }  # fmt: skip
 

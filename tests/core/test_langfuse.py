@@ -296,9 +296,7 @@ else:
 
 
 def _close_default_exporter() -> None:
-    if _langfuse._default is not None:
-        _langfuse._default.close(timeout=5)
-        _langfuse._default = None
+    _langfuse.reset_default_exporter()
 
 
 def test_our_spans_scores_and_headers_match_what_the_langfuse_sdk_itself_sends(

@@ -34,7 +34,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "review.png"
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[3] / "docs" / "review.png"
 
 async_api = pytest.importorskip("playwright.async_api", reason="pip install playwright ([dev])")
 pytestmark = pytest.mark.skipif(

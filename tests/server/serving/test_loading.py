@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from art_backend import _loading
 from art_backend._errors import ModelLoadError
+from art_backend.serving import _loading
 from art_backend.serving._loading import (
     DEFAULT_MODEL,
     LoadedModel,

@@ -177,7 +177,7 @@ async def test_holds_left_by_a_stopped_server_are_forgotten_at_registration(
 
 def test_the_review_example_runs(tiny_model_dir: Path, tmp_path: Path):
     """examples/review_hold.py end to end (LocalBackend, tiny model, a hold that expires)."""
-    example = Path(__file__).resolve().parents[2] / "examples" / "review_hold.py"
+    example = Path(__file__).resolve().parents[3] / "examples" / "review_hold.py"
     command = [
         sys.executable, str(example), "--steps", "1", "--hold", "0.2", "--groups", "2",
         "--rollouts", "2", "--model", str(tiny_model_dir), "--path", str(tmp_path),
