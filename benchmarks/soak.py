@@ -1,6 +1,6 @@
 """Soak: many real clients against one art-server; does it stay healthy, fast and small?
 
-The tiny test model (`tests/tiny_model.py`, built on the spot) is served by `art-server` in a
+The tiny test model (`tests/support/tiny_model.py`, built on the spot) is served by `art-server` in a
 child process on 127.0.0.1 (nothing leaves the machine), and the openai SDK (async) drives it:
 
 1. steady load: N concurrent clients send short chat requests for T seconds. Reported:
@@ -413,7 +413,7 @@ def markdown(report: dict[str, Any]) -> str:
         START,
         "## Soak: concurrent clients, disconnects, one expensive request (`benchmarks/soak.py`)",
         "",
-        f"`art-server` on the tiny test model (`tests/tiny_model.py`, float32), a child process "
+        f"`art-server` on the tiny test model (`tests/support/tiny_model.py`, float32), a child process "
         f"on 127.0.0.1, driven by the openai SDK (async). Measured {machine['date']} on "
         f"{machine['cpu_count']} x {machine['cpu_model']}; other load (cores used outside the "
         f"benchmark, whole run): {report['other_load_cores']}, load average "
