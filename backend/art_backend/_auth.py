@@ -15,9 +15,11 @@ labels as cross-origin.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import hmac
 import html
+import os
 from urllib.parse import parse_qsl, urlencode
 
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -166,3 +168,19 @@ button{{font:inherit;padding:.4rem 1rem}}</style></head><body>
 <label>API key <input type="password" name="key" autofocus></label>
 <button type="submit">Log in</button></form></body></html>"""
     return HTMLResponse(page, status_code=401)
+
+
+def add_access_arguments(parser: argparse.ArgumentParser, reached: str) -> None:
+    """`--api-key` and `--allowed-hosts`, the same for `art-server` and `art review`."""
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("ART_API_KEY"),
+        help="require this key (prefer ART_API_KEY: a command line is visible to every local user)",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        default="",
+        metavar="NAMES",
+        help=f"host names (comma-separated) a browser may reach the {reached} by, besides "
+        "localhost and IP addresses; '*' allows any name (unsafe: DNS rebinding)",
+    )

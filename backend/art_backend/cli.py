@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+from art_backend._auth import add_access_arguments
 from art_backend._errors import BackendError, InvalidNameError, ModelLoadError
 from art_backend._limits import DEFAULT_MAX_BODY_MB
 from art_core.names import base_model_aliases, is_served_name
@@ -187,18 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", help="served name of the base model (default: --model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("ART_API_KEY"),
-        help="require this key (prefer ART_API_KEY: a command line is visible to every local user)",
-    )
-    parser.add_argument(
-        "--allowed-hosts",
-        default="",
-        metavar="NAMES",
-        help="host names (comma-separated) a browser may reach the server by, besides localhost "
-        "and IP addresses; '*' allows any name (unsafe: DNS rebinding)",
-    )
+    add_access_arguments(parser, reached="server")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--path", default=".art", type=Path, help="checkpoints folder")

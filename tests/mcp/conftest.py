@@ -3,6 +3,7 @@ in a subprocess, over stdio) and the published mcp-server-time (over stdio)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -22,6 +23,24 @@ INVENTORY_SERVER_PATH = (
 )
 TOY_SERVER_PATH = Path(__file__).with_name("toy_server.py")
 STARTUP_TIMEOUT_SECONDS = 30.0
+
+
+@contextlib.contextmanager
+def http_server_process(command: list[str], port: int, log_dir: Path) -> Iterator[None]:
+    """Run `command` (a server on 127.0.0.1:`port`) until the block ends; its log in `log_dir`."""
+    log_path = log_dir / "server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until_listening(process, port, log_path)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def wait_until_listening(process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
@@ -52,46 +71,18 @@ def inventory_http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
     Its store is shared too: a test that changes it creates its own items (unique SKUs).
     """
     port = free_port()
-    log_path = tmp_path_factory.mktemp("inventory-http") / "server.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, str(INVENTORY_SERVER_PATH), "--http", "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_until_listening(process, port, log_path)
+    command = [sys.executable, str(INVENTORY_SERVER_PATH), "--http", "--port", str(port)]
+    with http_server_process(command, port, tmp_path_factory.mktemp("inventory-http")):
         yield f"http://127.0.0.1:{port}{HTTP_PATH}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="session")
 def toy_http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The toy server (tests/mcp/toy_server.py) over streamable HTTP in a subprocess: its URL."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("toy-http") / "server.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, str(TOY_SERVER_PATH), "--http", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        wait_until_listening(process, port, log_path)
+    command = [sys.executable, str(TOY_SERVER_PATH), "--http", str(port)]
+    with http_server_process(command, port, tmp_path_factory.mktemp("toy-http")):
         yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from art_backend._auth import add_access_arguments
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -56,18 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", default=".art", type=Path, help="the folder art-server wrote")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("ART_API_KEY"),
-        help="require this key (prefer ART_API_KEY: a command line is visible to every local user)",
-    )
-    parser.add_argument(
-        "--allowed-hosts",
-        default="",
-        metavar="NAMES",
-        help="host names (comma-separated) a browser may reach the page by, besides localhost "
-        "and IP addresses; '*' allows any name (unsafe: DNS rebinding)",
-    )
+    add_access_arguments(parser, reached="page")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     if not args.path.is_dir():
