@@ -17,9 +17,7 @@ import itertools
 import logging
 import math
 import shutil
-import statistics
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,31 +36,33 @@ from art_backend.store._checkpoints import (
     fault_point,
     write_trajectory_rows,
 )
-from art_backend.store._review_decisions import ReviewState, read_review_state, remove_all_pending
+from art_backend.store._review_decisions import read_review_state, remove_all_pending
 from art_backend.training._grpo import (
     LossConfig,
-    ScaleRewards,
     advantages_from_rewards,
     loss_preset,
 )
+from art_backend.training._prepared_step import (
+    PreparedStep,
+    check_advantages,
+    finite_metrics,
+    mean_and_std,
+    prepare_step,
+    reward_metrics,
+    why_nothing_trained,
+)
 from art_backend.training._rows import (
     Rows,
-    Sequence,
-    TrajectoryTurns,
-    build_sequences,
     pack_rows,
     sft_sequence,
-    turns_from_record,
 )
 from art_backend.training._schemas import (
     DeleteCheckpointsRequest,
-    GroupPayload,
     LogRequest,
     RegisterRequest,
     SFTRequest,
     TrainRequest,
     TrainSettings,
-    TrajectoryPayload,
     trajectory_rows,
 )
 from art_backend.training._trainer import (
@@ -76,8 +76,6 @@ from art_backend.training._trainer import (
 logger = logging.getLogger("art_backend.training")
 
 SERVED_STEPS_PER_MODEL = 2  # the newest step and the one before it (rollouts still finishing)
-# Counted in every train step: what reviewers' decisions (review page) left out or changed.
-REVIEW_METRICS = ("review/flagged_trajectories", "review/flagged_groups", "review/reward_overrides")
 
 
 class ModelNotRegisteredError(BackendError):
@@ -112,80 +110,6 @@ class RegisteredModel:
             "inference_name": self.inference_name(),
             "checkpoints": self.store.checkpoint_steps(),
             "lora": self.lora,
-        }
-
-
-@dataclass
-class RecordedTrajectory:
-    """One trajectory that may train: its recorded turns, in call order, and its reward."""
-
-    trajectory_id: str
-    group_id: int
-    reward: float
-    turns: list[Any]
-
-
-@dataclass
-class PreparedStep:
-    """A train request read against the records, before any model work.
-
-    `advantages` and `trainable` (one each per trajectory) exist after `set_advantages`.
-    """
-
-    trajectories: list[RecordedTrajectory]
-    metrics: dict[str, float]
-    warnings: list[str]
-    annotations: dict[tuple[int, str], dict[str, Any]]  # (group index, trajectory id) -> notes
-    advantages: list[float] = field(default_factory=list)
-    trainable: list[bool] = field(default_factory=list)
-
-    def set_advantages(self, scale_rewards: ScaleRewards) -> None:
-        """One advantage per trajectory from its group (GRPO); a group whose rewards are all
-        equal teaches nothing and is counted in `groups/zero_variance`."""
-        rewards = torch.tensor([t.reward for t in self.trajectories], dtype=torch.float64)
-        group_ids = torch.tensor([t.group_id for t in self.trajectories], dtype=torch.long)
-        advantages, trainable = (
-            advantages_from_rewards(rewards, group_ids, scale_rewards=scale_rewards)
-            if self.trajectories
-            else (rewards, rewards.bool())
-        )
-        _check_advantages(advantages, scale_rewards)  # reviewers' overrides too
-        self.advantages = advantages.tolist()
-        self.trainable = trainable.tolist()
-        for trajectory, advantage in zip(self.trajectories, self.advantages, strict=True):
-            note = self.annotations.setdefault((trajectory.group_id, trajectory.trajectory_id), {})
-            note["advantage"] = advantage
-        trainable_groups = {
-            t.group_id for t, ok in zip(self.trajectories, self.trainable, strict=True) if ok
-        }
-        groups = {t.group_id for t in self.trajectories}
-        self.metrics["groups/zero_variance"] = float(len(groups - trainable_groups))
-        self.metrics["groups/trainable"] = float(len(trainable_groups))
-
-    def sequences(self) -> list[Sequence]:
-        """The token sequences of the trainable trajectories, each with its advantage."""
-        sequences: list[Sequence] = []
-        for trajectory, advantage, ok in zip(
-            self.trajectories, self.advantages, self.trainable, strict=True
-        ):
-            if ok:
-                sequences += build_sequences(
-                    TrajectoryTurns(
-                        trajectory.trajectory_id, trajectory.group_id, advantage, trajectory.turns
-                    )
-                )
-        return sequences
-
-    def answer(self, step: int) -> dict[str, Any]:
-        """The route's answer; each trajectory's advantage goes back (its Langfuse export)."""
-        return {
-            "step": step,
-            "metrics": self.metrics,
-            "warnings": self.warnings,
-            "advantages": {
-                t.trajectory_id: float(a)
-                for t, a in zip(self.trajectories, self.advantages, strict=True)
-            },
         }
 
 
@@ -411,7 +335,7 @@ class TrainingService:
             torch.tensor(group_ids, dtype=torch.long),
             scale_rewards=loss_config.scale_rewards,
         )
-        _check_advantages(advantages, loss_config.scale_rewards)
+        check_advantages(advantages, loss_config.scale_rewards)
         return model
 
     async def train(
@@ -419,19 +343,19 @@ class TrainingService:
     ) -> dict[str, Any]:
         """One GRPO step; returns {"step", "metrics", "warnings", "advantages"}.
 
-        recorded turns, reviewers' decisions applied (`_prepare`) -> one advantage per
+        recorded turns, reviewers' decisions applied (`prepare_step`) -> one advantage per
         trajectory from its group (`PreparedStep.set_advantages`) -> token rows (`_pack`) ->
         one optimizer step (`_optimizer_step`) -> checkpoint N+1 (`_commit_step`).
         """
         started = time.perf_counter()
         loss_config = _loss_config(request.config)
         # Reviewers' flags and reward overrides in force now (read after any review hold).
-        step = self._prepare(request, read_review_state(model.store.dir))
+        step = prepare_step(request, read_review_state(model.store.dir), self.records)
         step.set_advantages(loss_config.scale_rewards)
         rows = self._pack(step, request.config)
         await progress.put({"type": "progress", "stage": "rows", "rows": rows.num_rows})
         if rows.num_rows == 0:
-            reason = _why_nothing_trained(step.metrics)
+            reason = why_nothing_trained(step.metrics)
             step.warnings.append(
                 f"Nothing trained this step: {reason}. The step stays {model.step}."
             )
@@ -492,76 +416,6 @@ class TrainingService:
                 'scale_rewards "group" (the default) or "batch".',
                 param="groups",
             ) from error
-
-    def _prepare(self, request: TrainRequest, review: ReviewState) -> PreparedStep:
-        """Recorded turns of every trajectory in groups that can train; the rest counted.
-
-        Reviewers' decisions apply first: a flagged group or trajectory is left out, an
-        overridden reward replaces the submitted one (each counted under `review/...` and noted
-        in the annotations, keyed by (group index, trajectory id)).
-        """
-        counts: Counter[str] = Counter()
-        warnings: list[str] = []
-        rewards: list[float] = []
-        kept: list[RecordedTrajectory] = []
-        annotations: dict[tuple[int, str], dict[str, Any]] = {}
-        for group_id, group in enumerate(request.groups):
-            counts["groups/submitted"] += 1
-            counts["exceptions"] += len(group.exceptions)
-            for name, value in group.metrics.items():
-                if math.isfinite(value):
-                    counts[name] += value  # type: ignore[assignment]
-            for trajectory in group.trajectories:
-                # A rollout's own count of what it could not keep (e.g. unused n > 1 choices).
-                for name, value in trajectory.metrics.items():
-                    if name.startswith("dropped/") and math.isfinite(value):
-                        counts[name] += value  # type: ignore[assignment]
-            members, applied = _apply_review(group, review)
-            for trajectory_id, note in applied.items():
-                annotations[(group_id, trajectory_id)] = note
-            if members is None:
-                counts["review/flagged_groups"] += 1
-                continue
-            for note in applied.values():
-                counts[f"review/{note['review']['applied']}"] += 1
-            rewards += [reward for _, reward in members]
-            if len(members) < 2:
-                counts["groups/too_small"] += 1
-                continue
-            for trajectory, reward in members:
-                counts["trajectories"] += 1
-                counts["context_assistant_messages"] += trajectory.context_assistant_messages
-                turns = []
-                for history in trajectory.histories:
-                    for ref in history.turns:
-                        record = self.records.get(ref.completion_id)
-                        choices = turns_from_record(record) if record else []
-                        if ref.choice_index >= len(choices):
-                            counts["dropped/unknown_completion"] += 1
-                            continue
-                        turns.append(choices[ref.choice_index])
-                if not turns:
-                    counts["dropped/no_trainable_turns"] += 1
-                kept.append(RecordedTrajectory(trajectory.id, group_id, reward, turns))
-        if counts["dropped/unknown_completion"]:
-            warnings.append(
-                f"{counts['dropped/unknown_completion']} turn(s) reference completions this "
-                "backend has no record of (served elsewhere, or evicted after an hour): not trained."
-            )
-        metrics = {name: float(value) for name, value in counts.items()}
-        for name in (
-            "dropped/unknown_completion",
-            "dropped/no_trainable_turns",
-            "groups/too_small",
-            *REVIEW_METRICS,
-        ):
-            metrics.setdefault(name, 0.0)
-        metrics.update(_reward_metrics(rewards))
-        for name, value in request.client_metrics.items():
-            if math.isfinite(value):
-                metrics[name] = metrics.get(name, 0.0) + value
-        # Sums of huge group metrics overflow to inf: those are dropped and counted.
-        return PreparedStep(kept, _finite_metrics(metrics), warnings, annotations)
 
     async def _commit_step(
         self,
@@ -657,7 +511,7 @@ class TrainingService:
     async def log(self, model: RegisteredModel, request: LogRequest) -> dict[str, Any]:
         """Record evaluation groups at the current step: history row + trajectories file."""
         rewards = [t.reward for g in request.groups for t in g.trajectories]
-        metrics = _reward_metrics(rewards)
+        metrics = reward_metrics(rewards)
         per_metric: dict[str, list[float]] = {}
         non_finite = 0  # a trajectory's inf or NaN metric: left out of its mean, counted
         for group in request.groups:
@@ -667,14 +521,14 @@ class TrainingService:
                         per_metric.setdefault(key, []).append(value)
                     else:
                         non_finite += 1
-        metrics.update({key: _mean_and_std(values)[0] for key, values in per_metric.items()})
+        metrics.update({key: mean_and_std(values)[0] for key, values in per_metric.items()})
         metrics["exceptions"] = float(sum(len(g.exceptions) for g in request.groups))
         metrics["trajectories"] = float(len(rewards))
         for group in request.groups:
             for key, value in group.metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + value
         metrics["dropped/non_finite_metrics"] = float(non_finite)
-        metrics = _finite_metrics(metrics)
+        metrics = finite_metrics(metrics)
         model.store.append_history(
             {"type": "log", "split": request.split, "step": model.step, "metrics": metrics}
         )
@@ -741,33 +595,6 @@ def _loss_config(config: TrainSettings):
         raise InvalidRequestError(str(error), param="config") from error
 
 
-def _reward_metrics(rewards: list[float]) -> dict[str, float]:
-    if not rewards:
-        return {"reward": 0.0, "reward_std": 0.0}
-    mean, std = _mean_and_std(rewards)
-    return {"reward": mean, "reward_std": std}
-
-
-def _mean_and_std(values: list[float]) -> tuple[float, float]:
-    """Mean and population std of finite values, without overflow near the float limits.
-
-    Computed on values / (their largest magnitude): `fmean([1e308, 1e308, 0])` raises
-    OverflowError, the mean of [1, 1, 0] cannot, and neither result can exceed that magnitude.
-    """
-    scale = max(abs(value) for value in values) or 1.0
-    unit = [value / scale for value in values]
-    std = statistics.pstdev(unit) * scale if len(unit) > 1 else 0.0
-    return statistics.fmean(unit) * scale, std
-
-
-def _finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """The finite metrics, with `dropped/non_finite_metrics` counting the others (inf, NaN)."""
-    finite = {key: value for key, value in metrics.items() if math.isfinite(value)}
-    dropped = len(metrics) - len(finite)
-    finite["dropped/non_finite_metrics"] = finite.get("dropped/non_finite_metrics", 0.0) + dropped
-    return finite
-
-
 def _check_target_modules(module_names: list[str], targets: list[str]) -> None:
     """400 before anything is saved when lora.target_modules names no module of the model."""
     if unmatched := unmatched_target_modules(module_names, targets):
@@ -777,60 +604,3 @@ def _check_target_modules(module_names: list[str], targets: list[str]) -> None:
             f"its adaptable modules are {', '.join(known)}.",
             param="lora.target_modules",
         )
-
-
-def _check_advantages(advantages: torch.Tensor, scale_rewards: str) -> None:
-    """400 when advantages leave float32, the dtype the trainer computes the loss in."""
-    if bool(torch.isfinite(advantages.float()).all()):
-        return
-    raise InvalidRequestError(
-        f"These rewards give advantages too large to train on (scale_rewards={scale_rewards!r} "
-        'keeps their magnitude). Rescale the rewards, or use scale_rewards "group" or "batch".',
-        param="groups",
-    )
-
-
-def _apply_review(
-    group: GroupPayload, review: ReviewState
-) -> tuple[list[tuple[TrajectoryPayload, float]] | None, dict[str, dict[str, Any]]]:
-    """The group's trajectories that may train, each with its reward after reviewers' decisions.
-
-    None when the whole group is flagged. The second value is what was applied, by trajectory
-    id, as annotations of its logged row.
-    """
-    group_flag = review.group_flag([t.id for t in group.trajectories])
-    if group_flag is not None:
-        note = {"review": {"applied": "flagged_groups", "reason": group_flag.get("reason")}}
-        return None, {t.id: note for t in group.trajectories}
-    members: list[tuple[TrajectoryPayload, float]] = []
-    applied: dict[str, dict[str, Any]] = {}
-    for trajectory in group.trajectories:
-        if (flag := review.trajectory_flag(trajectory.id)) is not None:
-            applied[trajectory.id] = {
-                "review": {"applied": "flagged_trajectories", "reason": flag.get("reason")}
-            }
-        elif (override := review.override(trajectory.id)) is not None:
-            reward = float(override["reward"])
-            applied[trajectory.id] = {
-                "reward": reward,
-                "review": {
-                    "applied": "reward_overrides",
-                    "reason": override.get("reason"),
-                    "submitted_reward": trajectory.reward,
-                },
-            }
-            members.append((trajectory, reward))
-        else:
-            members.append((trajectory, trajectory.reward))
-    return members, applied
-
-
-def _why_nothing_trained(metrics: dict[str, float]) -> str:
-    reasons = [
-        f"{int(value)} {key}"
-        for key, value in metrics.items()
-        if key.startswith(("dropped/", "groups/", "review/"))
-        and value
-        and key not in ("groups/submitted", "groups/trainable")
-    ]
-    return ", ".join(reasons) or "no trajectories"

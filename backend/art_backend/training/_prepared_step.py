@@ -1,0 +1,259 @@
+"""One train step's data, before any model work: a train request read against the records.
+
+`prepare_step` applies reviewers' decisions (a flagged group or trajectory is left out, an
+overridden reward replaces the submitted one, each counted under `review/...`), looks up each
+trajectory's recorded turns (a turn without a record is dropped and counted), and sums the
+groups' metrics; `PreparedStep.set_advantages` gives each trajectory its GRPO advantage from
+its group; `PreparedStep.sequences` are what `_rows.pack_rows` turns into token rows.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from art_backend._errors import InvalidRequestError
+from art_backend.serving._records import CompletionRecords
+from art_backend.store._review_decisions import ReviewState
+from art_backend.training._grpo import ScaleRewards, advantages_from_rewards
+from art_backend.training._rows import Sequence, TrajectoryTurns, build_sequences, turns_from_record
+from art_backend.training._schemas import GroupPayload, TrainRequest, TrajectoryPayload
+
+# Counted in every train step: what reviewers' decisions (review page) left out or changed.
+REVIEW_METRICS = ("review/flagged_trajectories", "review/flagged_groups", "review/reward_overrides")
+
+
+@dataclass
+class RecordedTrajectory:
+    """One trajectory that may train: its recorded turns, in call order, and its reward."""
+
+    trajectory_id: str
+    group_id: int
+    reward: float
+    turns: list[Any]
+
+
+@dataclass
+class PreparedStep:
+    """A train request read against the records, before any model work.
+
+    `advantages` and `trainable` (one each per trajectory) exist after `set_advantages`.
+    """
+
+    trajectories: list[RecordedTrajectory]
+    metrics: dict[str, float]
+    warnings: list[str]
+    annotations: dict[tuple[int, str], dict[str, Any]]  # (group index, trajectory id) -> notes
+    advantages: list[float] = field(default_factory=list)
+    trainable: list[bool] = field(default_factory=list)
+
+    def set_advantages(self, scale_rewards: ScaleRewards) -> None:
+        """One advantage per trajectory from its group (GRPO); a group whose rewards are all
+        equal teaches nothing and is counted in `groups/zero_variance`."""
+        rewards = torch.tensor([t.reward for t in self.trajectories], dtype=torch.float64)
+        group_ids = torch.tensor([t.group_id for t in self.trajectories], dtype=torch.long)
+        advantages, trainable = (
+            advantages_from_rewards(rewards, group_ids, scale_rewards=scale_rewards)
+            if self.trajectories
+            else (rewards, rewards.bool())
+        )
+        check_advantages(advantages, scale_rewards)  # reviewers' overrides too
+        self.advantages = advantages.tolist()
+        self.trainable = trainable.tolist()
+        for trajectory, advantage in zip(self.trajectories, self.advantages, strict=True):
+            note = self.annotations.setdefault((trajectory.group_id, trajectory.trajectory_id), {})
+            note["advantage"] = advantage
+        trainable_groups = {
+            t.group_id for t, ok in zip(self.trajectories, self.trainable, strict=True) if ok
+        }
+        groups = {t.group_id for t in self.trajectories}
+        self.metrics["groups/zero_variance"] = float(len(groups - trainable_groups))
+        self.metrics["groups/trainable"] = float(len(trainable_groups))
+
+    def sequences(self) -> list[Sequence]:
+        """The token sequences of the trainable trajectories, each with its advantage."""
+        sequences: list[Sequence] = []
+        for trajectory, advantage, ok in zip(
+            self.trajectories, self.advantages, self.trainable, strict=True
+        ):
+            if ok:
+                sequences += build_sequences(
+                    TrajectoryTurns(
+                        trajectory.trajectory_id, trajectory.group_id, advantage, trajectory.turns
+                    )
+                )
+        return sequences
+
+    def answer(self, step: int) -> dict[str, Any]:
+        """The route's answer; each trajectory's advantage goes back (its Langfuse export)."""
+        return {
+            "step": step,
+            "metrics": self.metrics,
+            "warnings": self.warnings,
+            "advantages": {
+                t.trajectory_id: float(a)
+                for t, a in zip(self.trajectories, self.advantages, strict=True)
+            },
+        }
+
+
+def prepare_step(
+    request: TrainRequest, review: ReviewState, records: CompletionRecords
+) -> PreparedStep:
+    """Recorded turns of every trajectory in groups that can train; the rest counted.
+
+    Reviewers' decisions apply first: a flagged group or trajectory is left out, an
+    overridden reward replaces the submitted one (each counted under `review/...` and noted
+    in the annotations, keyed by (group index, trajectory id)).
+    """
+    counts: Counter[str] = Counter()
+    warnings: list[str] = []
+    rewards: list[float] = []
+    kept: list[RecordedTrajectory] = []
+    annotations: dict[tuple[int, str], dict[str, Any]] = {}
+    for group_id, group in enumerate(request.groups):
+        counts["groups/submitted"] += 1
+        counts["exceptions"] += len(group.exceptions)
+        for name, value in group.metrics.items():
+            if math.isfinite(value):
+                counts[name] += value  # type: ignore[assignment]
+        for trajectory in group.trajectories:
+            # A rollout's own count of what it could not keep (e.g. unused n > 1 choices).
+            for name, value in trajectory.metrics.items():
+                if name.startswith("dropped/") and math.isfinite(value):
+                    counts[name] += value  # type: ignore[assignment]
+        members, applied = _apply_review(group, review)
+        for trajectory_id, note in applied.items():
+            annotations[(group_id, trajectory_id)] = note
+        if members is None:
+            counts["review/flagged_groups"] += 1
+            continue
+        for note in applied.values():
+            counts[f"review/{note['review']['applied']}"] += 1
+        rewards += [reward for _, reward in members]
+        if len(members) < 2:
+            counts["groups/too_small"] += 1
+            continue
+        for trajectory, reward in members:
+            counts["trajectories"] += 1
+            counts["context_assistant_messages"] += trajectory.context_assistant_messages
+            turns = []
+            for history in trajectory.histories:
+                for ref in history.turns:
+                    record = records.get(ref.completion_id)
+                    choices = turns_from_record(record) if record else []
+                    if ref.choice_index >= len(choices):
+                        counts["dropped/unknown_completion"] += 1
+                        continue
+                    turns.append(choices[ref.choice_index])
+            if not turns:
+                counts["dropped/no_trainable_turns"] += 1
+            kept.append(RecordedTrajectory(trajectory.id, group_id, reward, turns))
+    if counts["dropped/unknown_completion"]:
+        warnings.append(
+            f"{counts['dropped/unknown_completion']} turn(s) reference completions this "
+            "backend has no record of (served elsewhere, or evicted after an hour): not trained."
+        )
+    metrics = {name: float(value) for name, value in counts.items()}
+    for name in (
+        "dropped/unknown_completion",
+        "dropped/no_trainable_turns",
+        "groups/too_small",
+        *REVIEW_METRICS,
+    ):
+        metrics.setdefault(name, 0.0)
+    metrics.update(reward_metrics(rewards))
+    for name, value in request.client_metrics.items():
+        if math.isfinite(value):
+            metrics[name] = metrics.get(name, 0.0) + value
+    # Sums of huge group metrics overflow to inf: those are dropped and counted.
+    return PreparedStep(kept, finite_metrics(metrics), warnings, annotations)
+
+
+def reward_metrics(rewards: list[float]) -> dict[str, float]:
+    if not rewards:
+        return {"reward": 0.0, "reward_std": 0.0}
+    mean, std = mean_and_std(rewards)
+    return {"reward": mean, "reward_std": std}
+
+
+def mean_and_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population std of finite values, without overflow near the float limits.
+
+    Computed on values / (their largest magnitude): `fmean([1e308, 1e308, 0])` raises
+    OverflowError, the mean of [1, 1, 0] cannot, and neither result can exceed that magnitude.
+    """
+    scale = max(abs(value) for value in values) or 1.0
+    unit = [value / scale for value in values]
+    std = statistics.pstdev(unit) * scale if len(unit) > 1 else 0.0
+    return statistics.fmean(unit) * scale, std
+
+
+def finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The finite metrics, with `dropped/non_finite_metrics` counting the others (inf, NaN)."""
+    finite = {key: value for key, value in metrics.items() if math.isfinite(value)}
+    dropped = len(metrics) - len(finite)
+    finite["dropped/non_finite_metrics"] = finite.get("dropped/non_finite_metrics", 0.0) + dropped
+    return finite
+
+
+def check_advantages(advantages: torch.Tensor, scale_rewards: str) -> None:
+    """400 when advantages leave float32, the dtype the trainer computes the loss in."""
+    if bool(torch.isfinite(advantages.float()).all()):
+        return
+    raise InvalidRequestError(
+        f"These rewards give advantages too large to train on (scale_rewards={scale_rewards!r} "
+        'keeps their magnitude). Rescale the rewards, or use scale_rewards "group" or "batch".',
+        param="groups",
+    )
+
+
+def _apply_review(
+    group: GroupPayload, review: ReviewState
+) -> tuple[list[tuple[TrajectoryPayload, float]] | None, dict[str, dict[str, Any]]]:
+    """The group's trajectories that may train, each with its reward after reviewers' decisions.
+
+    None when the whole group is flagged. The second value is what was applied, by trajectory
+    id, as annotations of its logged row.
+    """
+    group_flag = review.group_flag([t.id for t in group.trajectories])
+    if group_flag is not None:
+        note = {"review": {"applied": "flagged_groups", "reason": group_flag.get("reason")}}
+        return None, {t.id: note for t in group.trajectories}
+    members: list[tuple[TrajectoryPayload, float]] = []
+    applied: dict[str, dict[str, Any]] = {}
+    for trajectory in group.trajectories:
+        if (flag := review.trajectory_flag(trajectory.id)) is not None:
+            applied[trajectory.id] = {
+                "review": {"applied": "flagged_trajectories", "reason": flag.get("reason")}
+            }
+        elif (override := review.override(trajectory.id)) is not None:
+            reward = float(override["reward"])
+            applied[trajectory.id] = {
+                "reward": reward,
+                "review": {
+                    "applied": "reward_overrides",
+                    "reason": override.get("reason"),
+                    "submitted_reward": trajectory.reward,
+                },
+            }
+            members.append((trajectory, reward))
+        else:
+            members.append((trajectory, trajectory.reward))
+    return members, applied
+
+
+def why_nothing_trained(metrics: dict[str, float]) -> str:
+    reasons = [
+        f"{int(value)} {key}"
+        for key, value in metrics.items()
+        if key.startswith(("dropped/", "groups/", "review/"))
+        and value
+        and key not in ("groups/submitted", "groups/trainable")
+    ]
+    return ", ".join(reasons) or "no trajectories"
