@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -179,8 +180,28 @@ def _exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+# OpenMP's threads spin while they wait for work (libgomp's default). With another busy process
+# on the same cores they spin against it and against each other: measured on 2 cores with one
+# busy process, 16 x 64 tokens fell from 130 to 6.5 tok/s; waiting passively held 90 (0.69x of
+# quiet) for 8% less when the machine is quiet (BENCHMARKS.md, "under load"). A value the user
+# set wins.
+OPENMP_WAIT_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def wait_passively_for_work() -> dict[str, str]:
+    """Set the OpenMP wait defaults unless the user set them; returns what is in force.
+
+    Must run before torch is imported (libgomp reads its settings when it loads).
+    """
+    for name, value in OPENMP_WAIT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in OPENMP_WAIT_DEFAULTS}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments and run uvicorn until SIGTERM/SIGINT (in-flight requests are drained)."""
+    if "torch" not in sys.modules:
+        wait_passively_for_work()
     parser = argparse.ArgumentParser(prog="art-server", description=__doc__)
     parser.add_argument(
         "--model", required=True, help="local folder, hub id, or smollm2-135m-instruct"
