@@ -32,7 +32,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import machine_info
 from _markdown import publish
 from _ours import qkvo_model
+from _tiny_model import build_tiny_model
 
 import art_core as art
 import art_langgraph
@@ -378,17 +378,6 @@ def summarize(
 
 
 # -------------------------------------------------------------------------------------- report
-
-
-def build_tiny_model(folder: Path) -> Path:
-    """The test suite's tiny random model, built in a child process (this one stays torch-free)."""
-    subprocess.run(
-        [sys.executable, "-m", "tests.support.tiny_model", str(folder)],
-        cwd=ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    return folder
 
 
 LABELS = {

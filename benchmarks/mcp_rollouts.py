@@ -65,6 +65,7 @@ import art_core as art
 import art_mcp
 from art_mcp import McpServer, McpSession
 from examples.mcp_servers.inventory_server import HTTP_PATH
+from tests.support.processes import stop_process, wait_until_listening
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "mcp_rollouts.json"
@@ -210,21 +211,6 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_until_listening(process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
-    """Return once 127.0.0.1:`port` accepts connections; raise with the server's log if not."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(
-        f"the inventory server did not start on port {port}:\n{log_path.read_text()}"
-    )
-
-
 def start_policy(delay: float) -> tuple[subprocess.Popen[str], str]:
     """The scripted policy in its own process; its base URL."""
     process = subprocess.Popen(
@@ -254,18 +240,6 @@ def start_http_server(timings: Path, log_path: Path) -> tuple[subprocess.Popen[b
         )
     wait_until_listening(process, port, log_path)
     return process, f"http://127.0.0.1:{port}{HTTP_PATH}"
-
-
-def stop(process: subprocess.Popen[Any]) -> None:
-    if process.stdin is not None:
-        with contextlib.suppress(OSError):
-            process.stdin.close()
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -458,7 +432,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for contender in contenders:
             await contender.server.close()
         for process in (http, instant, slow):
-            stop(process)
+            stop_process(process)
     return {
         "configs": {c.key: summarize(c) for c in contenders},
         "wrapper_cost": {

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _machine import machine_info
 from _markdown import publish
+from _tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "soak.json"
@@ -116,18 +117,6 @@ def stop_server(server: Server) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.process.pid, signal.SIGKILL)
         server.process.wait(10)
-
-
-def build_tiny_model(folder: Path) -> Path:
-    """The test suite's tiny random model, built in a child process (this one stays torch-free)."""
-    subprocess.run(
-        [sys.executable, "-m", "tests.support.tiny_model", str(folder)],
-        cwd=ROOT,
-        check=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return folder
 
 
 def eos_token_id(model_dir: Path) -> int:

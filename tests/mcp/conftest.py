@@ -3,11 +3,7 @@ in a subprocess, over stdio) and the published mcp-server-time (over stdio)."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,46 +12,13 @@ from mcp.server.mcpserver import MCPServer
 
 from examples.mcp_servers.inventory_server import HTTP_PATH, create_server
 from tests.support.models import fresh_model
+from tests.support.processes import http_server_process
 from tests.support.servers import free_port
 
 INVENTORY_SERVER_PATH = (
     Path(__file__).resolve().parents[2] / "examples" / "mcp_servers" / "inventory_server.py"
 )
 TOY_SERVER_PATH = Path(__file__).with_name("toy_server.py")
-STARTUP_TIMEOUT_SECONDS = 30.0
-
-
-@contextlib.contextmanager
-def http_server_process(command: list[str], port: int, log_dir: Path) -> Iterator[None]:
-    """Run `command` (a server on 127.0.0.1:`port`) until the block ends; its log in `log_dir`."""
-    log_path = log_dir / "server.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_until_listening(process, port, log_path)
-        yield
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def wait_until_listening(process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
-    """Return once 127.0.0.1:`port` accepts connections; fail with the server's log otherwise."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            break
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"the MCP server did not start on port {port}:\n{log_path.read_text()}")
 
 
 @pytest.fixture

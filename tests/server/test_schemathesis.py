@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from tests.support.servers import RunningServer, start_server
+from tests.support.servers import RunningServer, running_server
 
 API_KEY = "schemathesis-key"
 # A few examples per operation keep the whole run (18 operations, two servers) well under a
@@ -53,12 +53,10 @@ def fuzzed_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RunningServer]:
     """A server of its own (what the generated requests register and train stays here)."""
-    uv_server, thread, running = start_server(
+    with running_server(
         short_context_model, tmp_path_factory.mktemp("art-fuzzed"), api_key=request.param
-    )
-    yield running
-    uv_server.should_exit = True
-    thread.join(10)
+    ) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 import art_core as art
 from tests.support.models import fresh_model
 from tests.support.scripted_judge import ScriptedJudge, start_scripted_judge
-from tests.support.servers import RunningServer, start_server
+from tests.support.servers import RunningServer, running_server
 from tests.support.tiny_model import build_tiny_model
 
 # ------------------------------------------------------------------------------ the tiny model
@@ -47,10 +47,8 @@ def server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     """The tiny model served without an API key."""
-    uv_server, thread, running = start_server(tiny_model_dir, tmp_path_factory.mktemp("art"))
-    yield running
-    uv_server.should_exit = True
-    thread.join(10)
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("art")) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")
@@ -58,12 +56,9 @@ def keyed_server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     """The tiny model served with an API key."""
-    uv_server, thread, running = start_server(
-        tiny_model_dir, tmp_path_factory.mktemp("art-keyed"), api_key="secret-key"
-    )
-    yield running
-    uv_server.should_exit = True
-    thread.join(10)
+    path = tmp_path_factory.mktemp("art-keyed")
+    with running_server(tiny_model_dir, path, api_key="secret-key") as running:
+        yield running
 
 
 @pytest.fixture
@@ -89,10 +84,8 @@ def training_server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     """An art-server in this process (so tests can look inside), tiny model, no API key."""
-    uv_server, thread, running = start_server(tiny_model_dir, tmp_path_factory.mktemp("art-train"))
-    yield running
-    uv_server.should_exit = True
-    thread.join(10)
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("art-train")) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

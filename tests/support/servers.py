@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,3 +74,14 @@ def serve_in_thread(app, port: int | None = None) -> tuple[uvicorn.Server, threa
             raise RuntimeError(f"the test server on port {port} did not start")
         time.sleep(0.02)
     return server, thread, f"http://127.0.0.1:{port}"
+
+
+@contextlib.contextmanager
+def running_server(model: Path | str, art_path: Path, **kwargs) -> Iterator[RunningServer]:
+    """`start_server` for the length of a block; the server stops after it."""
+    uv_server, thread, running = start_server(model, art_path, **kwargs)
+    try:
+        yield running
+    finally:
+        uv_server.should_exit = True
+        thread.join(10)

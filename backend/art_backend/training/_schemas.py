@@ -35,12 +35,13 @@ def _check_name(value: str, what: str) -> str:
     return check_name(value, what)
 
 
-class ForkFrom(_Strict):
+class _ModelName(_Strict):
+    """A model of this server's --path, by project and name: both pass the one name rule
+    (they become folders, so a `..` or a slash must never reach the filesystem)."""
+
     project: str
     name: str
-    step: int | None = Field(None, ge=0)  # None: the source's latest step
 
-    # The source is a folder of this server's --path: its names pass the same rule.
     @field_validator("project")
     @classmethod
     def _project(cls, value: str) -> str:
@@ -52,23 +53,15 @@ class ForkFrom(_Strict):
         return _check_name(value, "model name")
 
 
-class RegisterRequest(_Strict):
-    project: str
-    name: str
+class ForkFrom(_ModelName):
+    step: int | None = Field(None, ge=0)  # None: the source's latest step
+
+
+class RegisterRequest(_ModelName):
     base_model: str
     lora: LoraSettings = LoraSettings()
     fork_from: ForkFrom | None = None
     seed: int = Field(0, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-
-    @field_validator("project")
-    @classmethod
-    def _project(cls, value: str) -> str:
-        return _check_name(value, "project name")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _check_name(value, "model name")
 
 
 class TurnRef(_Strict):

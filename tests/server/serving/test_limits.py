@@ -17,7 +17,7 @@ import pytest
 
 from art_backend._errors import InvalidGrammarError
 from art_backend._limits import MAX_JSON_DEPTH, MAX_SCHEMA_NODES, MAX_SCHEMA_PROPERTIES
-from tests.support.servers import RunningServer, start_server
+from tests.support.servers import RunningServer, running_server
 
 USER = [{"role": "user", "content": "hi"}]
 MIB = 1024 * 1024
@@ -90,12 +90,10 @@ def test_a_chunked_body_is_counted_as_it_arrives(server):
 @pytest.fixture(scope="module")
 def small_body_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[RunningServer]:
     """The tiny model served with `max_body_mb=0.5` (what `art-server --max-body-mb` passes)."""
-    uv_server, thread, running = start_server(
+    with running_server(
         tiny_model_dir, tmp_path_factory.mktemp("art-small-body"), max_body_mb=0.5
-    )
-    yield running
-    uv_server.should_exit = True
-    thread.join(10)
+    ) as running:
+        yield running
 
 
 def test_max_body_mb_sets_the_limit(small_body_server):

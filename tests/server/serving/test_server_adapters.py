@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.support.adapters import make_random_adapter
-from tests.support.servers import start_server
+from tests.support.servers import running_server
 
 QUESTION = [{"role": "user", "content": "which adapter answers?"}]
 
@@ -22,10 +22,8 @@ def adapter_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
     checkpoints = art_path / "demo" / "models" / "agent" / "checkpoints"
     make_random_adapter(tiny_model_dir, checkpoints / "0001", seed=1)
     make_random_adapter(tiny_model_dir, checkpoints / "0002", seed=2)
-    uv_server, thread, running = start_server(tiny_model_dir, art_path)
-    yield running
-    uv_server.should_exit = True
-    thread.join(10)
+    with running_server(tiny_model_dir, art_path) as running:
+        yield running
 
 
 def greedy_ids(client: openai.OpenAI, model: str) -> list[int]:

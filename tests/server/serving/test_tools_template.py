@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.support.chat_messages import assistant_tool_calls, tool_result
-from tests.support.servers import start_server
+from tests.support.servers import running_server
 
 # A trimmed Qwen2.5-style template: tools in the system turn, calls and results as tagged blocks.
 TOOLS_TEMPLATE = (
@@ -58,10 +58,8 @@ def tools_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    uv_server, thread, running = start_server(folder, tmp_path_factory.mktemp("art-tools"))
-    yield running
-    uv_server.should_exit = True
-    thread.join(10)
+    with running_server(folder, tmp_path_factory.mktemp("art-tools")) as running:
+        yield running
 
 
 def prompt_text(tools_server, tiny_model_dir, response) -> str:

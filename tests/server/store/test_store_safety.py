@@ -13,7 +13,7 @@ import pytest
 
 import art_core as art
 from art_backend._errors import ModelLoadError
-from tests.support.servers import RunningServer, start_server
+from tests.support.servers import RunningServer, running_server, start_server
 
 MODELS = "/v1/training/models"
 
@@ -38,10 +38,8 @@ def plant_pickle(state_file: Path, marker: Path) -> None:
 @pytest.fixture(scope="module")
 def store_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[RunningServer]:
     """A server of its own: these tests plant files in its --path."""
-    uv_server, thread, running = start_server(tiny_model_dir, tmp_path_factory.mktemp("store"))
-    yield running
-    uv_server.should_exit = True
-    thread.join(10)
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("store")) as running:
+        yield running
 
 
 def register(server: RunningServer, name: str, **extra) -> httpx.Response:
@@ -61,6 +59,19 @@ def assert_healthy(server: RunningServer) -> None:
     assert register(server, "source").status_code == 200  # already registered: answered again
 
 
+def assert_fork_refused(
+    server: RunningServer, response: httpx.Response, name: str, param: str
+) -> str:
+    """The fork was a 400 naming `param`, nothing was written for model `name`, the server is
+    healthy; returns the error's message."""
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert not (server.art_path / "safe/models" / name).exists()
+    assert_healthy(server)
+    return error["message"]
+
+
 @pytest.mark.parametrize(
     ("fork_from", "param"),
     [
@@ -77,11 +88,8 @@ def test_fork_from_names_that_leave_the_store_are_400(
 ):
     response = register(store_server, "fork-bad-name", fork_from=fork_from)
 
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["param"] == param and "letters, digits" in error["message"]
-    assert not (store_server.art_path / "safe/models/fork-bad-name").exists()
-    assert_healthy(store_server)
+    message = assert_fork_refused(store_server, response, "fork-bad-name", param)
+    assert "letters, digits" in message
 
 
 def test_fork_from_a_model_folder_that_links_outside_is_400_and_copies_nothing(
@@ -97,12 +105,9 @@ def test_fork_from_a_model_folder_that_links_outside_is_400_and_copies_nothing(
 
     response = register(store_server, "fork-link", fork_from={"project": "linked", "name": "m"})
 
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["param"] == "fork_from" and "outside the server's --path" in error["message"]
-    assert not (store_server.art_path / "safe/models/fork-link").exists()
+    message = assert_fork_refused(store_server, response, "fork-link", "fork_from")
+    assert "outside the server's --path" in message
     assert not marker.exists()
-    assert_healthy(store_server)
 
 
 def test_fork_from_a_checkpoint_holding_a_link_is_400_and_copies_nothing(
@@ -118,11 +123,8 @@ def test_fork_from_a_checkpoint_holding_a_link_is_400_and_copies_nothing(
         store_server, "fork-file-link", fork_from={"project": "safe", "name": "planted"}
     )
 
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["param"] == "fork_from" and "symbolic link (notes.txt)" in error["message"]
-    assert not (store_server.art_path / "safe/models/fork-file-link").exists()
-    assert_healthy(store_server)
+    message = assert_fork_refused(store_server, response, "fork-file-link", "fork_from")
+    assert "symbolic link (notes.txt)" in message
 
 
 def test_a_planted_pickle_in_a_fork_source_is_never_run(
@@ -137,14 +139,10 @@ def test_a_planted_pickle_in_a_fork_source_is_never_run(
         store_server, "fork-pickle", fork_from={"project": "safe", "name": "tampered"}
     )
 
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["param"] == "fork_from"
-    assert "unsupported GLOBAL" in error["message"] and "delete the file" in error["message"]
-    assert "weights_only=False" not in error["message"]  # never advise reopening the hole
+    message = assert_fork_refused(store_server, response, "fork-pickle", "fork_from")
+    assert "unsupported GLOBAL" in message and "delete the file" in message
+    assert "weights_only=False" not in message  # never advise reopening the hole
     assert not marker.exists()
-    assert not (store_server.art_path / "safe/models/fork-pickle").exists()
-    assert_healthy(store_server)
 
 
 def test_a_planted_pickle_in_a_models_own_checkpoint_is_never_run(
@@ -209,11 +207,9 @@ def reshape_as_another_base_model(checkpoint: Path) -> None:
 @pytest.fixture
 def art_with_a_trained_model(tiny_model_dir: Path, tmp_path: Path) -> Path:
     """A --path with `p/good` (tiny model, step 0) written by a real server that then stopped."""
-    uv_server, thread, running = start_server(tiny_model_dir, tmp_path / "art")
-    body = {"project": "p", "name": "good", "base_model": "tiny"}
-    assert httpx.post(f"{running.url}{MODELS}", json=body, timeout=60).status_code == 200
-    uv_server.should_exit = True
-    thread.join(10)
+    with running_server(tiny_model_dir, tmp_path / "art") as running:
+        body = {"project": "p", "name": "good", "base_model": "tiny"}
+        assert httpx.post(f"{running.url}{MODELS}", json=body, timeout=60).status_code == 200
     return tmp_path / "art"
 
 
@@ -228,17 +224,13 @@ def test_checkpoints_of_another_base_model_are_skipped_at_start(
         json.dumps({"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "lora": {}})
     )
 
-    uv_server, thread, running = start_server(tiny_model_dir, art_path)
-    try:
+    with running_server(tiny_model_dir, art_path) as running:
         adapters = running.service.engine.adapters
         assert "good@0" in adapters and "smol@0" not in adapters
         assert "p/smol: trained on base model 'HuggingFaceTB/SmolLM2-135M-Instruct'" in caplog.text
         assert "1 model(s) under" in caplog.text
         models = httpx.get(f"{running.url}/v1/models").json()["data"]
         assert "good@0" in {m["id"] for m in models}
-    finally:
-        uv_server.should_exit = True
-        thread.join(10)
 
 
 def unrecorded_misfit(art_path: Path) -> Path:
