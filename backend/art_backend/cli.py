@@ -9,12 +9,22 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from art_backend._auth import add_access_arguments
-from art_backend._errors import BackendError, InvalidNameError, ModelLoadError
+from art_backend._errors import (
+    BackendError,
+    InvalidNameError,
+    InvalidRequestError,
+    ModelLoadError,
+)
 from art_backend._limits import DEFAULT_MAX_BODY_MB
 from art_core.names import base_model_aliases, is_served_name
+
+if TYPE_CHECKING:
+    from art_backend.serving._engine import Engine
 
 __all__ = ["build_app", "main"]
 
@@ -32,6 +42,8 @@ def build_app(
     max_batch_size: int = 32,
     allowed_hosts: list[str] | None = None,
     max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    engine: str = "auto",
+    vllm: VllmOptions | None = None,
 ):
     """Load the model, start the engine, and return the FastAPI app (engine stops on shutdown)."""
     from art_backend._app import create_app
@@ -40,6 +52,7 @@ def build_app(
     from art_backend.serving._loading import load_model
     from art_backend.serving._records import CompletionRecords
     from art_backend.serving._torch_engine import TorchEngine
+    from art_backend.serving._vllm_process import find_vllm_python
     from art_backend.training._service import TrainingService
 
     served_name = name or default_served_name(base_model)
@@ -48,8 +61,16 @@ def build_app(
             f"Invalid served name {served_name!r}: use letters, digits, '.', '_', '-' or '/', "
             "no '..' and no '@' (reserved for adapter steps)."
         )
+    vllm = vllm or VllmOptions()
+    if engine not in ENGINE_CHOICES:
+        raise InvalidRequestError(f"--engine must be one of {', '.join(ENGINE_CHOICES)}")
+    vllm_python = vllm.url or find_vllm_python(vllm.python)
     loaded = load_model(base_model, dtype=dtype, device=device)
-    engine = TorchEngine(
+    picked, why = pick_engine(engine, loaded.device.type, vllm_python)
+    logger.info("engine: %s (%s)", picked, why)
+    # The torch engine serves and trains on one copy of the weights; with vLLM serving, this
+    # copy is the trainer's alone.
+    torch_engine = TorchEngine(
         loaded.model,
         loaded.tokenizer,
         eos_token_ids=loaded.eos_token_ids,
@@ -57,17 +78,27 @@ def build_app(
         max_batch_size=max_batch_size,
     )
     base_names = list(dict.fromkeys([served_name, *base_model_aliases(base_model)]))
+    serving: Engine = torch_engine
+    if picked == "vllm":
+        assert vllm_python is not None
+        serving = _vllm_engine(vllm, vllm_python, loaded, torch_engine, art_path)
     # What PEFT records in adapter_config.json: the folder or hub id the weights came from.
-    load_checkpoints(engine, art_path, [*base_names, str(loaded.source)])
-    engine.start()
+    try:
+        serving.start()
+        load_checkpoints(serving, art_path, [*base_names, str(loaded.source)])
+    except BaseException:
+        serving.stop()
+        raise
     records = CompletionRecords()
     service = ChatService(
-        engine,
+        serving,
         base_names=base_names,
         records=records,
         grammar_compiler=GrammarCompiler(loaded.tokenizer, loaded.eos_token_ids),
     )
-    training = TrainingService(engine, records, art_path=art_path, base_names=base_names)
+    training = TrainingService(
+        serving, records, art_path=art_path, base_names=base_names, trainer_host=torch_engine
+    )
     return create_app(
         service,
         api_key=api_key,
@@ -75,6 +106,86 @@ def build_app(
         training=training,
         allowed_hosts=allowed_hosts,
         max_body_mb=max_body_mb,
+    )
+
+
+ENGINE_CHOICES = ("auto", "torch", "vllm")
+
+
+@dataclass
+class VllmOptions:
+    """`art-server --vllm-*`: how the vLLM engine's server is started (see _vllm_process)."""
+
+    python: str | None = None  # else $ART_VLLM_PYTHON, else this interpreter if it has vLLM
+    url: str | None = None  # a vLLM server already running: used, not started
+    max_lora_rank: int = 16
+    kv_cache_gb: int = 2  # CPU only
+    sleep: bool | None = None  # None: sleep during steps when vLLM shares the trainer's GPU
+    devices: str | None = None  # CUDA_VISIBLE_DEVICES of vLLM: a GPU of its own
+    args: list[str] = field(default_factory=list)  # passed to vLLM as they are
+
+
+def pick_engine(requested: str, device: str, vllm_python: str | None) -> tuple[str, str]:
+    """The engine `--engine` names, and why; `auto` follows the rule measured in BENCHMARKS.md.
+
+    On CUDA, vLLM whenever it is installed (paged attention, CUDA graphs, prefix caching). On
+    CPU, the torch engine: it matches vLLM's CPU build on base-model traffic, is 2-3x faster on
+    adapter traffic (what RL serves), starts in seconds instead of a minute and holds a third of
+    the memory.
+    """
+    if requested == "torch":
+        return "torch", "--engine torch"
+    if requested == "vllm":
+        if vllm_python is None:
+            from art_backend.serving._vllm_process import INSTALL_HINT
+
+            raise ModelLoadError(f"--engine vllm: vLLM is not installed here; {INSTALL_HINT}.")
+        return "vllm", "--engine vllm"
+    if device != "cuda":
+        return "torch", f"auto: the model is on {device}, where the torch engine is faster"
+    if vllm_python is None:
+        return "torch", "auto: CUDA, but vLLM is not installed (pip install 'art-trainer[vllm]')"
+    return "vllm", "auto: CUDA and vLLM installed"
+
+
+def _vllm_engine(options: VllmOptions, python: str, loaded, trainer_host, art_path: Path):
+    from art_backend.serving._vllm_engine import VllmEngine
+    from art_backend.serving._vllm_process import (
+        AttachedVllm,
+        VllmProcess,
+        VllmServer,
+        VllmSettings,
+    )
+
+    on_cuda = loaded.device.type == "cuda"
+    if options.sleep and not on_cuda:
+        raise InvalidRequestError("--vllm-sleep needs CUDA: vLLM's sleep mode is GPU-only.")
+    sleep = options.sleep if options.sleep is not None else on_cuda and options.devices is None
+    extra = list(options.args)
+    if on_cuda and options.devices is None and "--gpu-memory-utilization" not in " ".join(extra):
+        extra += ["--gpu-memory-utilization", "0.6"]  # the trainer's copy shares this GPU
+    settings = VllmSettings(
+        python=python,
+        model=str(loaded.source),
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        context_length=loaded.context_length,
+        max_lora_rank=options.max_lora_rank,
+        kv_cache_gb=options.kv_cache_gb,
+        sleep_mode=sleep,
+        devices=options.devices,
+        extra_args=extra,
+        log_path=art_path / "logs" / "vllm.log",
+        unset_env=tuple(_OPENMP_SET_HERE),
+    )
+    server: VllmServer = AttachedVllm(options.url) if options.url else VllmProcess(settings)
+    return VllmEngine(
+        server,
+        loaded.tokenizer,
+        eos_token_ids=loaded.eos_token_ids,
+        context_length=loaded.context_length,
+        vocab_size=int(loaded.model.config.vocab_size),
+        adaptable_modules=trainer_host.adaptable_modules,
+        max_lora_rank=options.max_lora_rank,
     )
 
 
@@ -186,6 +297,7 @@ def _exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
 # quiet) for 8% less when the machine is quiet (BENCHMARKS.md, "under load"). A value the user
 # set wins.
 OPENMP_WAIT_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
+_OPENMP_SET_HERE: set[str] = set()  # not passed on to vLLM, which sets its own
 
 
 def wait_passively_for_work() -> dict[str, str]:
@@ -194,7 +306,9 @@ def wait_passively_for_work() -> dict[str, str]:
     Must run before torch is imported (libgomp reads its settings when it loads).
     """
     for name, value in OPENMP_WAIT_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+        if name not in os.environ:
+            os.environ[name] = value
+            _OPENMP_SET_HERE.add(name)
     return {name: os.environ[name] for name in OPENMP_WAIT_DEFAULTS}
 
 
@@ -219,6 +333,37 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=DEFAULT_MAX_BODY_MB,
         help="largest request body in MiB (bigger: 413)",
+    )
+    parser.add_argument(
+        "--engine",
+        default="auto",
+        choices=ENGINE_CHOICES,
+        help="auto: vLLM on CUDA when installed, else torch (the rule: README, 'Engines')",
+    )
+    vllm_group = parser.add_argument_group("vLLM engine")
+    vllm_group.add_argument("--vllm-python", help="interpreter with vLLM (or ART_VLLM_PYTHON)")
+    vllm_group.add_argument(
+        "--vllm-url", help="use this running vLLM server (same file system) instead of starting one"
+    )
+    vllm_group.add_argument("--max-lora-rank", type=int, default=16)
+    vllm_group.add_argument(
+        "--vllm-kv-cache-gb", type=int, default=2, help="CPU only: vLLM's KV cache size"
+    )
+    vllm_group.add_argument(
+        "--vllm-sleep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CUDA: vLLM sleeps during training steps (default when it shares the GPU)",
+    )
+    vllm_group.add_argument(
+        "--vllm-devices", help="CUDA_VISIBLE_DEVICES for vLLM: a GPU of its own, e.g. 1"
+    )
+    vllm_group.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="passed to vLLM as it is, e.g. --vllm-arg=--tensor-parallel-size=2 (repeatable)",
     )
     parser.add_argument("--log-level", default="info")
     parser.add_argument(
@@ -248,6 +393,16 @@ def main(argv: list[str] | None = None) -> None:
             max_batch_size=args.max_batch_size,
             allowed_hosts=allowed_hosts,
             max_body_mb=args.max_body_mb,
+            engine=args.engine,
+            vllm=VllmOptions(
+                python=args.vllm_python,
+                url=args.vllm_url,
+                max_lora_rank=args.max_lora_rank,
+                kv_cache_gb=args.vllm_kv_cache_gb,
+                sleep=args.vllm_sleep,
+                devices=args.vllm_devices,
+                args=args.vllm_arg,
+            ),
         )
     except BackendError as error:
         parser.exit(2, f"art-server: error: {error.message}\n")

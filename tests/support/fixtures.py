@@ -16,15 +16,57 @@ import art_core as art
 from tests.support.models import fresh_model
 from tests.support.scripted_judge import ScriptedJudge, start_scripted_judge
 from tests.support.servers import RunningServer, running_server
-from tests.support.tiny_model import build_tiny_model
+from tests.support.tiny_model import VLLM_SHAPE, build_tiny_model
 
 # ------------------------------------------------------------------------------ the tiny model
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def test_engine(pytestconfig: pytest.Config) -> str:
+    """The engine the test servers run: `pytest --engine vllm` (make test-vllm) or torch."""
+    return str(pytestconfig.getoption("--engine"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, test_engine: str) -> Path:
     """A folder with a tiny random Llama model and a ChatML tokenizer, built once per session."""
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+    shape = VLLM_SHAPE if test_engine == "vllm" else {}
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"), **shape)
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One vLLM server for the session (about a minute to start), shared by every test server:
+    each attaches with --vllm-url and prefixes its adapters' names."""
+    from art_backend.serving._vllm_process import VllmProcess, VllmSettings, find_vllm_python
+
+    python = find_vllm_python()
+    if python is None:
+        pytest.fail("--engine vllm needs ART_VLLM_PYTHON (make test-vllm sets it)")
+    settings = VllmSettings(
+        python=python,
+        model=str(tiny_model_dir),
+        dtype="float32",
+        context_length=2048,
+        kv_cache_gb=1,
+        log_path=tmp_path_factory.mktemp("vllm") / "vllm.log",
+    )
+    process = VllmProcess(settings)
+    process.start()
+    try:
+        yield process.base_url
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="session")
+def engine_options(request: pytest.FixtureRequest, test_engine: str) -> dict:
+    """What a test server is built with to run on the session's engine."""
+    if test_engine != "vllm":
+        return {}
+    from art_backend.cli import VllmOptions
+
+    return {"engine": "vllm", "vllm": VllmOptions(url=request.getfixturevalue("vllm_url"))}
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -44,20 +86,21 @@ def _judge_cache_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory)
 
 @pytest.fixture(scope="session")
 def server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, engine_options: dict
 ) -> Iterator[RunningServer]:
     """The tiny model served without an API key."""
-    with running_server(tiny_model_dir, tmp_path_factory.mktemp("art")) as running:
+    path = tmp_path_factory.mktemp("art")
+    with running_server(tiny_model_dir, path, **engine_options) as running:
         yield running
 
 
 @pytest.fixture(scope="session")
 def keyed_server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, engine_options: dict
 ) -> Iterator[RunningServer]:
     """The tiny model served with an API key."""
     path = tmp_path_factory.mktemp("art-keyed")
-    with running_server(tiny_model_dir, path, api_key="secret-key") as running:
+    with running_server(tiny_model_dir, path, api_key="secret-key", **engine_options) as running:
         yield running
 
 
@@ -81,10 +124,11 @@ def async_client(server: RunningServer):
 
 @pytest.fixture(scope="session")
 def training_server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, engine_options: dict
 ) -> Iterator[RunningServer]:
     """An art-server in this process (so tests can look inside), tiny model, no API key."""
-    with running_server(tiny_model_dir, tmp_path_factory.mktemp("art-train")) as running:
+    path = tmp_path_factory.mktemp("art-train")
+    with running_server(tiny_model_dir, path, **engine_options) as running:
         yield running
 
 
@@ -97,10 +141,15 @@ async def remote_backend(training_server: RunningServer) -> AsyncIterator[art.Re
 
 @pytest.fixture(scope="session")
 async def local_backend(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, engine_options: dict
 ) -> AsyncIterator[art.LocalBackend]:
     """The backend in a child process (started by the first register)."""
-    backend = art.LocalBackend(path=tmp_path_factory.mktemp("art-local"), dtype="float32")
+    vllm = engine_options.get("vllm")
+    backend = art.LocalBackend(
+        path=tmp_path_factory.mktemp("art-local"),
+        dtype="float32",
+        extra_args=["--engine", "vllm", "--vllm-url", vllm.url] if vllm else None,
+    )
     yield backend
     await backend.close()
 

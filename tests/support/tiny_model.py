@@ -28,7 +28,19 @@ _CORPUS = [
 ]
 
 
-def build_tiny_model(folder: Path, *, vocab_size: int = 384, seed: int = 0) -> Path:
+# vLLM's CPU attention takes head sizes of 32 and up: this shape has 64 (2 heads of 128).
+VLLM_SHAPE = {"hidden_size": 128, "heads": 2, "kv_heads": 1}
+
+
+def build_tiny_model(
+    folder: Path,
+    *,
+    vocab_size: int = 384,
+    seed: int = 0,
+    hidden_size: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+) -> Path:
     """Write a tiny random LlamaForCausalLM and its ChatML tokenizer into `folder`."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -58,11 +70,11 @@ def build_tiny_model(folder: Path, *, vocab_size: int = 384, seed: int = 0) -> P
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(fast),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,  # room for a Hermes tools prompt
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,

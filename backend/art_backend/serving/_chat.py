@@ -299,6 +299,7 @@ class ChatService:
             return f"data: {sse_json(body)}\n\n"
 
         finished: dict[int, FinishEvent] = {}
+        streamed = dict.fromkeys(range(generation.n), "")
         try:
             first = [
                 {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
@@ -311,6 +312,7 @@ class ChatService:
                     delta: dict[str, Any] = {}
                     if event.text_delta and not use_tools:  # tool output is parsed at the end
                         delta["content"] = event.text_delta
+                        streamed[event.choice_index] += event.text_delta
                     choice: dict[str, Any] = {
                         "index": event.choice_index,
                         "delta": delta,
@@ -342,6 +344,10 @@ class ChatService:
                 delta = {}
                 if use_tools and message.get("content"):
                     delta["content"] = message["content"]
+                elif not use_tools:  # text an engine released only with the finish (vLLM may)
+                    sent = streamed[event.choice_index]
+                    if event.text.startswith(sent) and len(event.text) > len(sent):
+                        delta["content"] = event.text[len(sent) :]
                 if message.get("tool_calls"):
                     delta["tool_calls"] = [
                         {"index": i, **call} for i, call in enumerate(message["tool_calls"])

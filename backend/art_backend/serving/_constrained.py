@@ -339,6 +339,23 @@ def _executor() -> llguidance.LLExecutor:
     return llguidance.LLExecutor(num_threads=min(4, os.cpu_count() or 1))
 
 
+def lark_text(grammar: str) -> str:
+    """Our grammar as Lark text, the form vLLM's guidance backend takes as `grammar`.
+
+    Tool grammars already are Lark; a response_format grammar is llguidance's JSON wrapping of
+    one JSON Schema (its layout options kept inside the schema), which Lark embeds as `%json`.
+    """
+    if not grammar.lstrip().startswith("{"):
+        return grammar
+    grammars = json.loads(grammar).get("grammars") or []
+    if len(grammars) != 1:
+        raise BackendError(f"Cannot express a grammar of {len(grammars)} parts as Lark.")
+    part = grammars[0]
+    if part.get("lark_grammar"):
+        return str(part["lark_grammar"])
+    return f"start: %json {json.dumps(part['json_schema'])}\n"
+
+
 def _function_definitions(tools: list[dict]) -> dict[str, dict]:
     """Map function name -> parameters schema for the OpenAI function tools in `tools`."""
     functions: dict[str, dict] = {}

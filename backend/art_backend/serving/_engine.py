@@ -109,6 +109,7 @@ class EngineMetrics:
 class Engine(Protocol):
     """A serving engine: completes `GenerationRequest`s and serves LoRA adapters by name."""
 
+    name: str  # "torch" or "vllm": shown at start-up, in /health and in /metrics
     tokenizer: Any  # a transformers tokenizer: chat template, decode, vocabulary
     context_length: int
     metrics: EngineMetrics

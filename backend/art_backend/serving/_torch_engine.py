@@ -71,6 +71,8 @@ class TorchEngine:
     Implements the serving seam (`Engine`) and the colocated-training one (`TrainableEngine`).
     """
 
+    name = "torch"
+
     def __init__(
         self,
         model: Any,  # a transformers causal LM (a PeftModel once an adapter is loaded)

@@ -152,7 +152,8 @@ def policy_loss(
     beta: float = 0.0,
     denominator: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Scalar loss to minimise, and metrics: clip_fraction, ratio_mean, kl (when ref_logprobs given).
+    """Scalar loss to minimise, and metrics: clip_fraction, ratio_mean, logprob_abs_diff, kl (when
+    ref_logprobs given).
 
     `denominator`: by default `loss_denominator(mask, config)`; with micro-batches, the step's total.
     """
@@ -203,6 +204,9 @@ def policy_loss(
 
     metrics["clip_fraction"] = _masked_mean(clipped.to(new_logprobs.dtype), trained)
     metrics["ratio_mean"] = _masked_mean(ratio, trained)
+    # How far the trainer's logprobs of the sampled tokens are from the sampler's: on fresh
+    # rollouts (before this step's update) it measures engine/trainer mismatch (vLLM or ours).
+    metrics["logprob_abs_diff"] = _masked_mean(log_ratio.abs(), trained)
     return loss, metrics
 
 

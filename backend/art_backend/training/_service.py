@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from art_backend._errors import BackendError, InvalidRequestError
-from art_backend.serving._engine import TrainableEngine
+from art_backend.serving._engine import Engine, TrainableEngine
 from art_backend.serving._loading import unmatched_target_modules
 from art_backend.serving._records import CompletionRecords
 from art_backend.store._checkpoints import (
@@ -118,13 +118,23 @@ class TrainingService:
 
     def __init__(
         self,
-        engine: TrainableEngine,
+        engine: Engine,
         records: CompletionRecords,
         *,
         art_path: Path,
         base_names: list[str],
+        trainer_host: TrainableEngine | None = None,
     ) -> None:
+        """`engine` serves; `trainer_host` holds the model the trainer updates. They are one
+        object for the torch engine (colocated: the trainer borrows the served weights between
+        decode steps) and two for an engine in another process (vLLM), which then loads each
+        new step's adapter from its checkpoint folder."""
+        if trainer_host is None:
+            if not isinstance(engine, TrainableEngine):
+                raise TypeError(f"{type(engine).__name__} cannot train: pass a trainer_host")
+            trainer_host = engine
         self.engine = engine
+        self.trainer_host = trainer_host
         self.records = records
         self.art_path = art_path
         self.base_names = base_names
@@ -147,6 +157,11 @@ class TrainingService:
         finally:
             release_free_memory()
 
+    def _engine_paused(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """An engine sharing one GPU with the trainer (vLLM sleep mode) sleeps during a step."""
+        paused = getattr(self.engine, "paused", None)
+        return paused() if paused is not None else contextlib.nullcontext()
+
     # ------------------------------------------------------------------------------ registration
 
     async def register(self, request: RegisterRequest) -> dict[str, Any]:
@@ -157,7 +172,8 @@ class TrainingService:
                 f"{request.base_model!r}. Start a backend for that model or change base_model.",
                 param="base_model",
             )
-        _check_target_modules(self.engine.adaptable_modules, request.lora.target_modules)
+        _check_target_modules(self.trainer_host.adaptable_modules, request.lora.target_modules)
+        _check_rank(getattr(self.engine, "max_lora_rank", None), request.lora.r)
         key = (request.project, request.name)
         async with self._step_lock:
             if key in self.models:
@@ -194,7 +210,7 @@ class TrainingService:
             store.write_model_config({"base_model": request.base_model, "lora": lora})
 
         trainer = LoraTrainer(
-            self.engine, f"train_{next(self._adapter_numbers)}", lora, seed=request.seed
+            self.trainer_host, f"train_{next(self._adapter_numbers)}", lora, seed=request.seed
         )
         try:
             if fork is not None:
@@ -405,9 +421,10 @@ class TrainingService:
         """The GRPO loss over the rows and one optimizer step, on the trainer's thread."""
         settings = OptimizerSettings.from_config(request.config)
         try:
-            return await self._in_trainer_thread(
-                model.trainer.grpo_step, rows, loss_config, settings, beta=request.config.beta
-            )
+            async with self._engine_paused():
+                return await self._in_trainer_thread(
+                    model.trainer.grpo_step, rows, loss_config, settings, beta=request.config.beta
+                )
         except FloatingPointError as error:  # the trainer skipped the step: nothing changed
             largest = max((abs(a) for a in step.advantages), default=0.0)
             raise InvalidRequestError(
@@ -487,7 +504,8 @@ class TrainingService:
             rows, drops = pack_rows(batch, max_length=max_length, mask_truncated=False)
             dropped += drops["over_length"]
             if rows.num_rows:
-                step = await self._in_trainer_thread(model.trainer.sft_step, rows, settings)
+                async with self._engine_paused():
+                    step = await self._in_trainer_thread(model.trainer.sft_step, rows, settings)
                 losses.append(step["loss"])
             await progress.put({"type": "progress", "done": number + 1, "total": len(batches)})
         metrics = {
@@ -603,4 +621,14 @@ def _check_target_modules(module_names: list[str], targets: list[str]) -> None:
             f"lora.target_modules names {unmatched}, which match no module of the base model; "
             f"its adaptable modules are {', '.join(known)}.",
             param="lora.target_modules",
+        )
+
+
+def _check_rank(max_rank: int | None, rank: int) -> None:
+    """400 at registration when the serving engine cannot hold an adapter of this rank."""
+    if max_rank is not None and rank > max_rank:
+        raise InvalidRequestError(
+            f"lora.r is {rank}, above the vLLM engine's --max-lora-rank {max_rank}: register "
+            f"with lora.r <= {max_rank}, or restart art-server with --max-lora-rank {rank}.",
+            param="lora.r",
         )

@@ -61,6 +61,7 @@ class StepMetrics:
     kl_sum: float = 0.0
     clipped_sum: float = 0.0
     ratio_sum: float = 0.0
+    logprob_diff_sum: float = 0.0
     trained_tokens: int = 0
     processed_tokens: int = 0
     micro_batches: int = 0
@@ -81,6 +82,7 @@ class StepMetrics:
         if self.ratio_sum:
             metrics["clip_fraction"] = self.clipped_sum / tokens
             metrics["ratio_mean"] = self.ratio_sum / tokens
+            metrics["logprob_abs_diff"] = self.logprob_diff_sum / tokens
         if with_kl:
             metrics["kl"] = self.kl_sum / tokens
         return metrics
@@ -154,6 +156,7 @@ class LoraTrainer:
             totals.entropy_sum += float(entropy)
             totals.clipped_sum += float(parts["clip_fraction"]) * tokens
             totals.ratio_sum += float(parts["ratio_mean"]) * tokens
+            totals.logprob_diff_sum += float(parts["logprob_abs_diff"]) * tokens
             totals.kl_sum += float(parts.get("kl", 0.0)) * tokens
             totals.trained_tokens += tokens
             totals.processed_tokens += int(batch.attention_mask.sum())

@@ -303,7 +303,7 @@ class TestAuthentication:
         assert httpx.get(f"{keyed_server.url}{path}", headers=keyed_server.headers()).is_success
 
     def test_health_is_open(self, keyed_server):
-        assert httpx.get(f"{keyed_server.url}/health").json() == {"status": "ok"}
+        assert httpx.get(f"{keyed_server.url}/health").json() == {"status": "ok", "engine": "torch"}
 
     def test_right_key_works_through_the_sdk(self, keyed_server):
         right = openai.OpenAI(
