@@ -210,10 +210,18 @@ class VllmEngine:
             self._busy_since = time.perf_counter()
         try:
             await self._awake.wait()
-            async for choice_index, chunk in self._stream(request):
-                if request.cancelled:
-                    break
-                self._take(chunk, choices[choice_index], choice_index, request)
+            if request.stream_tokens:
+                # aclosing: leaving the loop closes the connection now, and vLLM aborts the rest
+                async with contextlib.aclosing(self._stream(request)) as stream:
+                    async for choice_index, chunk in stream:
+                        if request.cancelled:
+                            break
+                        self._take(chunk, choices[choice_index], choice_index, request)
+                        await asyncio.sleep(0)  # a burst of buffered chunks must not hold the loop
+            else:
+                for chunk in await self._whole(request):
+                    index = int(chunk["index"])
+                    self._take(chunk, choices[index], index, request)
         except Exception as error:  # noqa: BLE001 - the stream broke: vLLM died or refused it
             logger.warning("vLLM request failed: %s", error)
             self.metrics.requests_failed += 1
@@ -291,10 +299,27 @@ class VllmEngine:
                 body = json.loads(line[6:])
                 for chunk in body.get("choices") or []:
                     yield int(chunk["index"]), chunk
-                if request.cancelled:
-                    return  # leaving the block closes the connection; vLLM aborts the request
 
-    def _body(self, request: GenerationRequest) -> dict[str, Any]:
+    async def _whole(self, request: GenerationRequest) -> list[dict[str, Any]]:
+        """One non-streaming completion (one JSON body to parse instead of a chunk per token);
+        cancelling it closes the connection, which vLLM answers by aborting the request."""
+        client = self._client()
+        post = asyncio.ensure_future(
+            client.post("/v1/completions", json=self._body(request, stream=False))
+        )
+        while not post.done():
+            await asyncio.wait({post}, timeout=0.05)
+            if request.cancelled and not post.done():
+                post.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await post
+                return []
+        response = post.result()
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {_error_text(response)}")
+        return list(response.json().get("choices") or [])
+
+    def _body(self, request: GenerationRequest, *, stream: bool = True) -> dict[str, Any]:
         params = request.params
         body: dict[str, Any] = {
             "model": self._prefix + request.adapter
@@ -308,7 +333,7 @@ class VllmEngine:
             "top_k": params.top_k or -1,
             "presence_penalty": params.presence_penalty,
             "frequency_penalty": params.frequency_penalty,
-            "stream": True,
+            "stream": stream,
             "logprobs": params.top_logprobs,  # 0: the sampled token's logprob only
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,

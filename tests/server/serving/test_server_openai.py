@@ -184,6 +184,7 @@ def test_stream_include_usage_ends_with_a_usage_chunk_without_choices(client):
 # -------------------------------------------------------------------------------- n and sampling
 
 
+@pytest.mark.torch_engine  # reads the torch engine's prefill and batch counters
 def test_n_choices_share_one_prefill_of_the_prompt(client, server: RunningServer):
     before = server.metrics()["art_prefill_tokens_total"]
     response = client.chat.completions.create(model="tiny", messages=MESSAGES, n=4, max_tokens=8)
@@ -278,6 +279,7 @@ def test_a_stop_string_ends_the_content_before_its_first_occurrence(client):
 # ------------------------------------------------------------------------------------------ tools
 
 
+@pytest.mark.torch_engine  # greedy ends the grammar on the torch-shaped tiny model's weights
 def test_required_tool_choice_returns_valid_calls_of_the_given_tools(tools_client):
     # Sampled, the random model may chain calls until max_tokens; greedy stops after one.
     response = tools_client.chat.completions.create(
@@ -373,6 +375,7 @@ def test_json_schema_response_format_yields_a_valid_object(client):
     assert isinstance(answer["rank"], int) and 1 <= answer["rank"] <= 5
 
 
+@pytest.mark.torch_engine  # greedy ends the grammar on the torch-shaped tiny model's weights
 def test_json_object_response_format_yields_a_json_object(client):
     response = client.chat.completions.create(
         model="tiny",
@@ -387,6 +390,7 @@ def test_json_object_response_format_yields_a_json_object(client):
 # ------------------------------------------------------------------------------------- batching
 
 
+@pytest.mark.torch_engine  # reads the torch engine's prefill and batch counters
 async def test_concurrent_requests_are_decoded_in_one_batch(
     async_client, server: RunningServer, no_eos
 ):

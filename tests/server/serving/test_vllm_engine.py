@@ -25,7 +25,7 @@ import art_core as art
 from tests.support.models import fresh_model
 from tests.support.processes import stop_process
 from tests.support.rollouts import groups_for, varied_group
-from tests.support.servers import RunningServer, free_port
+from tests.support.servers import RunningServer, free_port, running_server
 
 pytestmark = pytest.mark.vllm
 
@@ -59,6 +59,60 @@ def test_recorded_ids_are_the_hf_tokenizers(client, server: RunningServer, tiny_
     assert tokenizer.decode(choice["token_ids"], skip_special_tokens=True) == text
 
 
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+PARITY_REQUESTS = {
+    "plain": {"messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 40},
+    "json_object": {
+        "messages": [{"role": "user", "content": "Give JSON"}],
+        "max_tokens": 60,
+        "response_format": {"type": "json_object"},
+    },
+    "required_tool": {
+        "messages": [{"role": "user", "content": "Add 2 and 3"}],
+        "max_tokens": 60,
+        "tools": TOOLS,
+        "tool_choice": "required",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def torch_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The same weights on the torch engine, to compare answers with."""
+    with running_server(tiny_model_dir, tmp_path_factory.mktemp("art-torch")) as running:
+        yield running
+
+
+@pytest.mark.parametrize("kind", PARITY_REQUESTS)
+def test_greedy_answers_are_the_torch_engines_token_for_token(
+    server: RunningServer, torch_server: RunningServer, kind: str
+):
+    """A user cannot tell which engine answered: greedy ids, text and finish reason match, with
+    and without a grammar (vLLM runs our llguidance grammar)."""
+    answers = []
+    for running in (torch_server, server):
+        body = {"model": "tiny", "temperature": 0.0, **PARITY_REQUESTS[kind]}
+        answer = httpx.post(f"{running.url}/v1/chat/completions", json=body, timeout=120).json()
+        record = httpx.get(f"{running.url}/v1/chat/completions/{answer['id']}").json()
+        choice = answer["choices"][0]
+        answers.append(
+            (record["choices"][0]["token_ids"], choice["message"], choice["finish_reason"])
+        )
+    assert answers[0] == answers[1]
+
+
 def test_seed_repeats_and_n_differs(client):
     def ask(**extra):
         response = client.chat.completions.create(
@@ -85,7 +139,10 @@ async def test_a_training_step_is_hot_loaded_and_agrees_with_the_sampler(
 
     async def greedy(name: str) -> str:
         response = await client.chat.completions.create(
-            model=name, messages=question, max_tokens=16, temperature=0.0  # type: ignore[arg-type]
+            model=name,
+            messages=question,
+            max_tokens=16,
+            temperature=0.0,  # type: ignore[arg-type]
         )
         return response.choices[0].message.content or ""
 
@@ -96,7 +153,7 @@ async def test_a_training_step_is_hot_loaded_and_agrees_with_the_sampler(
     engine = training_server.service.engine
     assert model.get_inference_name(1) in engine.adapters
     assert await greedy(model.get_inference_name(1)) != before
-    history = (training_server.art_path / model.project / "models" / model.name / "history.jsonl")
+    history = training_server.art_path / model.project / "models" / model.name / "history.jsonl"
     rows = [json.loads(line) for line in history.read_text().splitlines()]
     trained = next(row["metrics"] for row in rows if row["type"] == "train")
     assert abs(trained["ratio_mean"] - 1.0) < 0.01, trained
@@ -172,7 +229,11 @@ def test_art_server_runs_and_ends_its_own_vllm(tiny_model_dir: Path, tmp_path: P
         assert children, "no vLLM process under art-server"
         answer = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
-            json={"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            json={
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 4,
+            },
             timeout=60,
         )
         assert answer.status_code == 200, answer.text

