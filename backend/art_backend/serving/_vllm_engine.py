@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -287,7 +287,7 @@ class VllmEngine:
                 choice.error = f"vLLM finished with {reason!r}"
             emit(choice.finish_event(index))
 
-    async def _stream(self, request: GenerationRequest) -> AsyncIterator[tuple[int, dict]]:
+    async def _stream(self, request: GenerationRequest) -> AsyncGenerator[tuple[int, dict], None]:
         client = self._client()
         async with client.stream("POST", "/v1/completions", json=self._body(request)) as response:
             if response.status_code != 200:
