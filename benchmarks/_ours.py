@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import art_core as art
 
 
@@ -15,3 +17,10 @@ def qkvo_model(name: str) -> art.TrainableModel:
             r=16, alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
         ),
     )
+
+
+def engine_args(engine: str) -> list[str]:
+    """art-server arguments for `engine`; vLLM comes from ART_VLLM_PYTHON (make .venv-vllm)."""
+    if engine == "vllm" and not os.environ.get("ART_VLLM_PYTHON"):
+        raise SystemExit("--engines vllm needs ART_VLLM_PYTHON (e.g. .venv-vllm/bin/python)")
+    return ["--engine", engine]

@@ -28,8 +28,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
+from _machine import OtherLoad  # noqa: E402
 from _markdown import publish  # noqa: E402
-from _ours import qkvo_model  # noqa: E402
+from _ours import engine_args, qkvo_model  # noqa: E402
 from demo import evaluate, rollout  # noqa: E402
 from demo_task import split  # noqa: E402
 
@@ -40,11 +41,11 @@ START, END = "<!-- learning_curve:start -->", "<!-- learning_curve:end -->"
 TIME_RATIO_TARGET = 0.5
 
 
-async def our_curve(args: argparse.Namespace) -> dict[str, Any]:
+async def our_curve(args: argparse.Namespace, engine: str = "torch") -> dict[str, Any]:
     """The demo's loop, with the training clock stopped during held-out evaluations."""
     train_questions, held_out = split(args.train_questions, args.eval_size, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="art-curve-") as path:
-        backend = art.LocalBackend(path=path)
+        backend = art.LocalBackend(path=path, extra_args=engine_args(engine))
         model = qkvo_model("curve")
         await model.register(backend)
         config = art.TrainConfig(learning_rate=args.learning_rate)
@@ -76,9 +77,12 @@ async def our_curve(args: argparse.Namespace) -> dict[str, Any]:
                 points.append(
                     {"step": result.step, "train_seconds": clock, "heldout_reward": reward}
                 )
-                print(f"  ours step {result.step}: {clock:.0f}s, held-out {reward:.3f}", flush=True)
+                print(
+                    f"  ours ({engine}) step {result.step}: {clock:.0f}s, held-out {reward:.3f}",
+                    flush=True,
+                )
         await backend.close()
-    return {"contender": "ours", "points": points}
+    return {"contender": "ours", "engine": engine, "points": points}
 
 
 def time_to_reach(points: list[dict[str, Any]], target: float) -> float | None:
@@ -91,6 +95,7 @@ def time_to_reach(points: list[dict[str, Any]], target: float) -> float | None:
 
 def markdown(result: dict[str, Any]) -> str:
     ours, trl = result["ours"]["points"], result["trl"]["points"]
+    vllm = result.get("ours_vllm", {}).get("points")
     steps = sorted({p["step"] for p in ours} | {p["step"] for p in trl})
 
     def cell(points: list[dict[str, Any]], step: int) -> str:
@@ -99,7 +104,37 @@ def markdown(result: dict[str, Any]) -> str:
             f"{match[0]['heldout_reward']:.3f} @ {match[0]['train_seconds']:.0f}s" if match else ""
         )
 
-    table = "\n".join(f"| {s} | {cell(ours, s)} | {cell(trl, s)} |" for s in steps)
+    table = "\n".join(
+        f"| {s} | {cell(ours, s)} | "
+        + (f"{cell(vllm, s)} | " if vllm else "")
+        + f"{cell(trl, s)} |"
+        for s in steps
+    )
+    header = (
+        "| step | ours (torch engine): held-out reward @ training time | "
+        + ("ours (vLLM engine) | " if vllm else "")
+        + "TRL: held-out reward @ training time |\n|---|---|"
+        + ("---|" if vllm else "")
+        + "---|"
+    )
+    vllm_line = ""
+    if vllm:
+        reached = summary_vllm = result["summary"].get("ours_vllm_seconds_to_trl_final")
+        ratio_vllm = result["summary"].get("time_ratio_vllm")
+        vllm_line = (
+            "\nOn the vLLM engine: TRL's final reward "
+            + (
+                f"reached after {reached:.0f}s, **{ratio_vllm:.2f}x** TRL's time"
+                if summary_vllm is not None and ratio_vllm is not None
+                else "not reached"
+            )
+            + "."
+        )
+    loads = ", ".join(
+        f"{key} {result[key]['other_load_cores']:.2f}"
+        for key in ("ours", "ours_vllm", "trl")
+        if key in result and "other_load_cores" in result[key]
+    )
     summary = result["summary"]
     ratio = summary["time_ratio"]
     verdict = (
@@ -116,13 +151,13 @@ def markdown(result: dict[str, Any]) -> str:
 q,k,v,o, lr {s["learning_rate"]}, DAPO-style token-mean loss, beta 0; same questions in the same
 order. Held-out: {s["eval_size"]} questions, greedy; evaluation time excluded from the clocks.
 
-| step | ours: held-out reward @ training time | TRL: held-out reward @ training time |
-|---|---|---|
+{header}
 {table}
 
 TRL's final held-out reward {summary["trl_final"]:.3f} after {summary["trl_seconds"]:.0f}s; ours
 first reaches it after {_seconds(summary["ours_seconds_to_trl_final"])}: time ratio {verdict}
-(times to reach are read at the evaluation points only, every {s["eval_every"]} steps).
+(times to reach are read at the evaluation points only, every {s["eval_every"]} steps).{vllm_line}
+Other load (cores used outside the benchmark, mean over each run): {loads or "-"}.
 {END}"""
 
 
@@ -136,10 +171,13 @@ def main() -> None:
     parser.add_argument("--groups-per-step", type=int, default=8)
     parser.add_argument("--rollouts-per-group", type=int, default=8)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
-    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument("--eval-size", type=int, default=64)
     parser.add_argument("--train-questions", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--engines", default="torch", help="comma list of our engines to run: torch,vllm"
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
@@ -147,27 +185,34 @@ def main() -> None:
 
     from art_backend.serving._loading import ensure_default_model
 
-    print("ours ...", flush=True)
-    ours = asyncio.run(our_curve(args))
+    runs: dict[str, dict[str, Any]] = {}
+    for engine in args.engines.split(","):
+        print(f"ours, {engine} engine ...", flush=True)
+        with OtherLoad() as load:
+            runs[engine] = asyncio.run(our_curve(args, engine))
+        runs[engine]["other_load_cores"] = load.cores
+    ours = runs[args.engines.split(",")[0]]
     print("TRL GRPOTrainer ...", flush=True)
-    trl = run_trl_curve_in_subprocess(
-        str(ensure_default_model()),
-        steps=args.steps,
-        groups_per_step=args.groups_per_step,
-        rollouts_per_group=args.rollouts_per_group,
-        learning_rate=args.learning_rate,
-        eval_every=args.eval_every,
-        train_questions=args.train_questions,
-        eval_size=args.eval_size,
-        seed=args.seed,
-    )
+    with OtherLoad() as load:
+        trl = run_trl_curve_in_subprocess(
+            str(ensure_default_model()),
+            steps=args.steps,
+            groups_per_step=args.groups_per_step,
+            rollouts_per_group=args.rollouts_per_group,
+            learning_rate=args.learning_rate,
+            eval_every=args.eval_every,
+            train_questions=args.train_questions,
+            eval_size=args.eval_size,
+            seed=args.seed,
+        )
+    trl["other_load_cores"] = load.cores
     trl_final = trl["points"][-1]["heldout_reward"]
     trl_seconds = trl["points"][-1]["train_seconds"]
     ours_seconds = time_to_reach(ours["points"], trl_final)
     result = {
         "when": time.strftime("%Y-%m-%d"),
         "machine": f"{psutil.cpu_count()} cores, {platform.processor() or platform.machine()}",
-        "settings": {k: v for k, v in vars(args).items() if k != "no_write"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("no_write", "engines")},
         "ours": ours,
         "trl": trl,
         "summary": {
@@ -181,6 +226,13 @@ def main() -> None:
             else None,
         },
     }
+    if "vllm" in runs and ours is not runs["vllm"]:
+        result["ours_vllm"] = runs["vllm"]
+        reached = time_to_reach(runs["vllm"]["points"], trl_final)
+        result["summary"]["ours_vllm_seconds_to_trl_final"] = reached
+        result["summary"]["time_ratio_vllm"] = (
+            reached / trl_seconds if reached is not None and trl_seconds else None
+        )
     if args.no_write:
         print(markdown(result))
     else:

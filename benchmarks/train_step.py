@@ -29,8 +29,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _machine import OtherLoad
 from _markdown import publish
-from _ours import qkvo_model
+from _ours import engine_args, qkvo_model
 from _trl_peer import DEFAULT_PROMPTS, run_trl_in_subprocess
 
 import art_core as art
@@ -71,11 +72,11 @@ def digit_reward(text: str) -> float:
     return 1.0 if any(ch.isdigit() for ch in text) else 0.0
 
 
-async def our_steps(args: argparse.Namespace) -> dict[str, Any]:
+async def our_steps(args: argparse.Namespace, engine: str = "torch") -> dict[str, Any]:
     """Our full step: 4 requests with n=4 -> 16 trajectories -> model.train -> step N+1 served."""
     sampler = TreeRss(psutil.Process().pid)
     with tempfile.TemporaryDirectory(prefix="art-bench-") as path:
-        backend = art.LocalBackend(path=path, dtype=args.dtype)
+        backend = art.LocalBackend(path=path, dtype=args.dtype, extra_args=engine_args(engine))
         model = qkvo_model("bench")
         await model.register(backend)
         client = model.openai_client()
@@ -113,6 +114,8 @@ async def our_steps(args: argparse.Namespace) -> dict[str, Any]:
                     "trainer_s": result.metrics.get("trainer_seconds", 0.0),
                     "trained_tokens": result.metrics.get("trained_tokens", 0.0),
                     "trained": result.metrics.get("trained", 0.0),
+                    "logprob_abs_diff": result.metrics.get("logprob_abs_diff", float("nan")),
+                    "ratio_mean": result.metrics.get("ratio_mean", float("nan")),
                     "completion_tokens": sum(
                         len(getattr(t.messages_and_choices[-1], "token_ids", []) or [])
                         for g in groups
@@ -124,12 +127,15 @@ async def our_steps(args: argparse.Namespace) -> dict[str, Any]:
     peak = sampler.stop()
     measured = steps[args.warmup :]
     return {
-        "contender": "ours (art_core.LocalBackend + art_backend)",
+        "contender": f"ours (art_core.LocalBackend + art_backend, --engine {engine})",
+        "engine": engine,
         "dtype": args.dtype,
         "median_step_s": statistics.median(s["step_s"] for s in measured),
         "median_rollout_s": statistics.median(s["rollout_s"] for s in measured),
         "median_train_s": statistics.median(s["train_s"] for s in measured),
         "median_trained_tokens": statistics.median(s["trained_tokens"] for s in measured),
+        "median_logprob_abs_diff": statistics.median(s["logprob_abs_diff"] for s in measured),
+        "median_ratio_mean": statistics.median(s["ratio_mean"] for s in measured),
         "median_train_s_per_trained_token": statistics.median(
             s["train_s"] / s["trained_tokens"] for s in measured if s["trained_tokens"]
         ),
@@ -141,18 +147,39 @@ async def our_steps(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     ours, trl = result["ours"], result["trl"]
     ratio = result["ratios"]
+    vllm = result.get("ours_vllm")
+    sides = [ours, *([vllm] if vllm else []), trl]
+
+    def row(name: str, value) -> str:
+        return f"| {name} | " + " | ".join(f"{value(side):.2f}" for side in sides) + " |"
+
     rows = [
-        ("full step (s, median)", ours["median_step_s"], trl["median_step_s"]),
-        ("  generation (s)", ours["median_rollout_s"], trl["median_rollout_s"]),
-        ("  training (s)", ours["median_train_s"], trl["median_train_s"]),
-        ("trained tokens per step", ours["median_trained_tokens"], trl["median_trained_tokens"]),
-        ("training s per 1k trained tokens", 1000 * ours["median_train_s_per_trained_token"],
-         1000 * trl["median_train_s"] / max(trl["median_trained_tokens"], 1)),
-        ("peak RSS (MB, all processes)", ours["peak_rss_mb"], trl["peak_rss_mb"]),
+        row("full step (s, median)", lambda c: c["median_step_s"]),
+        row("  generation (s)", lambda c: c["median_rollout_s"]),
+        row("  training (s)", lambda c: c["median_train_s"]),
+        row("trained tokens per step", lambda c: c["median_trained_tokens"]),
+        row("training s per 1k trained tokens",
+            lambda c: 1000 * c["median_train_s"] / max(c["median_trained_tokens"], 1)),
+        row("peak RSS (MB, all processes)", lambda c: c["peak_rss_mb"]),
     ]  # fmt: skip
-    table = "\n".join(f"| {name} | {a:.2f} | {b:.2f} |" for name, a, b in rows)
+    table = "\n".join(rows)
+    header = "| | ours (torch engine) | " + ("ours (vLLM engine) | " if vllm else "") + "TRL |"
+    header += "\n|---|---|" + ("---|" if vllm else "") + "---|"
     verdict_step = "met" if ratio["step"] <= STEP_RATIO_TARGET else "missed"
     verdict_rss = "met" if ratio["peak_rss"] <= 1.0 else "missed"
+    vllm_line = ""
+    if vllm:
+        vllm_ratio = ratio["step_vllm"]
+        vllm_verdict = "met" if vllm_ratio <= STEP_RATIO_TARGET else "missed"
+        vllm_line = (
+            f"\nOn the vLLM engine (`--engine vllm`, vLLM's CPU build serving, our trainer "
+            f"training): full step **{vllm_ratio:.2f}x** TRL's (target <= {STEP_RATIO_TARGET}: "
+            f"{vllm_verdict}); sampler/trainer logprob mean |diff| "
+            f"{vllm.get('median_logprob_abs_diff', float('nan')):.2e}, ratio_mean "
+            f"{vllm.get('median_ratio_mean', float('nan')):.4f} (torch engine: "
+            f"{ours.get('median_logprob_abs_diff', float('nan')):.2e}, "
+            f"{ours.get('median_ratio_mean', float('nan')):.4f})."
+        )
     return f"""{START}
 ## One GRPO step: ours vs TRL GRPOTrainer (`benchmarks/train_step.py`)
 
@@ -162,14 +189,23 @@ def markdown(result: dict[str, Any]) -> str:
 bf16 autocast = {trl["bf16_autocast"]} (use_vllm=False, use_cpu=True, trl {trl["trl_version"]}).
 Medians of {result["steps"]} steps after {result["warmup"]} warm-up step(s); each contender alone.
 
-| | ours | TRL |
-|---|---|---|
+{header}
 {table}
 
 Ratios (ours / TRL): full step **{ratio["step"]:.2f}x** (target <= {STEP_RATIO_TARGET}: {verdict_step}),
-peak RSS **{ratio["peak_rss"]:.2f}x** (target <= 1: {verdict_rss}).
-Our step includes writing the checkpoint and loading the new step into the server.
+peak RSS **{ratio["peak_rss"]:.2f}x** (target <= 1: {verdict_rss}).{vllm_line}
+Our step includes writing the checkpoint and loading the new step into the server. Other load
+(cores used outside the benchmark, mean over each contender's run): {_loads(result)}.
 {END}"""
+
+
+def _loads(result: dict[str, Any]) -> str:
+    names = {"ours": "ours/torch", "ours_vllm": "ours/vLLM", "trl": "TRL"}
+    return ", ".join(
+        f"{label} {result[key]['other_load_cores']:.2f}"
+        for key, label in names.items()
+        if key in result and "other_load_cores" in result[key]
+    )
 
 
 def main() -> None:
@@ -178,23 +214,35 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--dtype", default="float32", help="our engine and trainer dtype")
     parser.add_argument("--trl-dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--engines", default="torch", help="comma list of our engines to run: torch,vllm"
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
     from art_backend.serving._loading import ensure_default_model
 
     model_dir = str(ensure_default_model())
-    print("ours ...", flush=True)
-    ours = asyncio.run(our_steps(args))
-    print(json.dumps({k: v for k, v in ours.items() if k != "steps"}, indent=2), flush=True)
+    engines = args.engines.split(",")
+    runs: dict[str, dict[str, Any]] = {}
+    for engine in engines:
+        print(f"ours, {engine} engine ...", flush=True)
+        with OtherLoad() as load:
+            runs[engine] = asyncio.run(our_steps(args, engine))
+        runs[engine]["other_load_cores"] = load.cores
+        shown = {k: v for k, v in runs[engine].items() if k != "steps"}
+        print(json.dumps(shown, indent=2), flush=True)
+    ours = runs[engines[0]]
     print("TRL GRPOTrainer ...", flush=True)
-    trl = run_trl_in_subprocess(
-        model_dir,
-        prompts=DEFAULT_PROMPTS,
-        steps=args.steps,
-        warmup=args.warmup,
-        bf16_autocast=args.trl_dtype == "bfloat16",
-    )
+    with OtherLoad() as load:
+        trl = run_trl_in_subprocess(
+            model_dir,
+            prompts=DEFAULT_PROMPTS,
+            steps=args.steps,
+            warmup=args.warmup,
+            bf16_autocast=args.trl_dtype == "bfloat16",
+        )
+    trl["other_load_cores"] = load.cores
     print(json.dumps({k: v for k, v in trl.items() if k != "steps"}, indent=2), flush=True)
     result = {
         "when": time.strftime("%Y-%m-%d"),
@@ -208,6 +256,9 @@ def main() -> None:
             "peak_rss": ours["peak_rss_mb"] / trl["peak_rss_mb"],
         },
     }
+    if "vllm" in runs and engines[0] != "vllm":
+        result["ours_vllm"] = runs["vllm"]
+        result["ratios"]["step_vllm"] = runs["vllm"]["median_step_s"] / trl["median_step_s"]
     if args.no_write:
         print(markdown(result))
     else:

@@ -44,6 +44,7 @@ def build_app(
     max_body_mb: float = DEFAULT_MAX_BODY_MB,
     engine: str = "auto",
     vllm: VllmOptions | None = None,
+    trainer: str = "torch",
 ):
     """Load the model, start the engine, and return the FastAPI app (engine stops on shutdown)."""
     from art_backend._app import create_app
@@ -64,10 +65,27 @@ def build_app(
     vllm = vllm or VllmOptions()
     if engine not in ENGINE_CHOICES:
         raise InvalidRequestError(f"--engine must be one of {', '.join(ENGINE_CHOICES)}")
+    if trainer not in TRAINER_CHOICES:
+        raise InvalidRequestError(f"--trainer must be one of {', '.join(TRAINER_CHOICES)}")
+    if trainer == "unsloth":
+        from art_backend.training._unsloth import check_unsloth_available
+
+        check_unsloth_available()  # before loading anything: CUDA and the package
     vllm_python = vllm.url or find_vllm_python(vllm.python)
     loaded = load_model(base_model, dtype=dtype, device=device)
     picked, why = pick_engine(engine, loaded.device.type, vllm_python)
     logger.info("engine: %s (%s)", picked, why)
+    if trainer == "unsloth":
+        if picked != "vllm":
+            raise InvalidRequestError(
+                "--trainer unsloth needs --engine vllm: Unsloth replaces the model classes' "
+                "forward for the whole process, and the torch engine cannot decode on it."
+            )
+        from art_backend.training._unsloth import load_unsloth_model
+
+        loaded.model, _ = load_unsloth_model(
+            loaded.source, dtype=loaded.dtype, max_seq_length=loaded.context_length
+        )
     # The torch engine serves and trains on one copy of the weights; with vLLM serving, this
     # copy is the trainer's alone.
     torch_engine = TorchEngine(
@@ -110,6 +128,7 @@ def build_app(
 
 
 ENGINE_CHOICES = ("auto", "torch", "vllm")
+TRAINER_CHOICES = ("torch", "unsloth")
 
 
 @dataclass
@@ -340,6 +359,12 @@ def main(argv: list[str] | None = None) -> None:
         choices=ENGINE_CHOICES,
         help="auto: vLLM on CUDA when installed, else torch (the rule: README, 'Engines')",
     )
+    parser.add_argument(
+        "--trainer",
+        default="torch",
+        choices=TRAINER_CHOICES,
+        help="unsloth: the trainer's model through Unsloth (CUDA, [unsloth] extra, --engine vllm)",
+    )
     vllm_group = parser.add_argument_group("vLLM engine")
     vllm_group.add_argument("--vllm-python", help="interpreter with vLLM (or ART_VLLM_PYTHON)")
     vllm_group.add_argument(
@@ -394,6 +419,7 @@ def main(argv: list[str] | None = None) -> None:
             allowed_hosts=allowed_hosts,
             max_body_mb=args.max_body_mb,
             engine=args.engine,
+            trainer=args.trainer,
             vllm=VllmOptions(
                 python=args.vllm_python,
                 url=args.vllm_url,

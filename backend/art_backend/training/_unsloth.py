@@ -74,7 +74,7 @@ def load_unsloth_model(
     check_unsloth_available()
     # Unsloth downloads a file from the hub at load time to count its users unless told not to.
     os.environ.setdefault("UNSLOTH_DISABLE_STATISTICS", "1")
-    from unsloth import FastLanguageModel  # type: ignore[import-not-found]  # an optional extra
+    from unsloth import FastLanguageModel  # an optional extra
 
     try:
         model, tokenizer = FastLanguageModel.from_pretrained(

