@@ -1,24 +1,35 @@
-"""Serving throughput: art-server against `transformers serve` and offline batched `generate()`.
+"""Serving throughput: art-server (torch and vLLM engines) against raw vLLM, `transformers serve`
+and offline batched `generate()`.
 
 Run with `make bench` (or `.venv/bin/python benchmarks/serve_throughput.py`). One invocation runs
-every contender, one after the other (never two models loaded at once: the reference machine has
+its contenders one after the other (never two models loaded at once: the reference machine has
 two cores), on the same local model folder in the same dtype:
 
-1. ours: `art-server` (continuous batching engine);
+1. ours: `art-server` on its torch engine (continuous batching);
 2. `transformers serve` (default: one `generate()` after another);
 3. `transformers serve --continuous-batching`;
-4. offline batched `model.generate()` of the same prompts in one left-padded batch (the ceiling).
+4. offline batched `model.generate()` of the same prompts in one left-padded batch (the ceiling);
+5. ours_vllm: `art-server --engine vllm` (a managed vLLM child behind our server);
+6. vllm: raw vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`).
 
-Per server: one warm-up request, then a single streamed request (time to first token, decode
+The default run is 1-4; 5 and 6 are named with `--only` (they need vLLM: `--vllm-python`,
+`$ART_VLLM_PYTHON`, or `.venv-vllm`). `--lora` adds, for each server that serves adapters (ours,
+ours_vllm, vllm), the same workload addressed to a LoRA adapter (`ours_lora`, ...): one
+random-initialized PEFT adapter (r 16, alpha 32, q/k/v/o) made once per run, loaded at run time
+on the same server start right after the base model was measured.
+
+Per model: one warm-up request, then a single streamed request (time to first token, decode
 tokens/s), then N concurrent chat requests (wall time from the first send to the last response;
 tokens/s = completion tokens reported in `usage` / wall time), repeated and reported as medians.
 The server's peak RSS (process tree, sampled every 50 ms) is recorded. Neither server accepts a
 "minimum tokens" field, so lengths are not forced: tokens/s comes from the tokens actually
-generated, and the mean tokens per request shows whether lengths were comparable.
+generated, and the mean tokens per request shows whether lengths were comparable. `--busy N`
+keeps N foreign `while True: pass` processes running during every timed run (a loaded machine).
 
-Writes benchmarks/results/serve_throughput.json and the serve-throughput section of
-BENCHMARKS.md. `--quick` (1 run, 4 requests, 16 tokens) prints the table and writes nothing unless
-`--write` is given.
+Writes benchmarks/results/serve_throughput.json (another dtype: serve_throughput_<dtype>.json;
+a run with a vLLM contender: serve_throughput_engines.json; `--busy`: a `_busy` suffix) and its
+section of BENCHMARKS.md. `--quick` (1 run, 4 requests, 16 tokens) prints the table and writes
+nothing unless `--write` is given.
 """
 
 from __future__ import annotations
