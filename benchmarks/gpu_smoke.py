@@ -46,6 +46,10 @@ from _machine import machine_info
 from _markdown import write_section
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the test suite's ChatML tokenizer wrapper
+
+from tests.support.tiny_model import SPECIAL_TOKENS, chatml_tokenizer  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 START, END = "<!-- gpu_smoke:start -->", "<!-- gpu_smoke:end -->"
 
@@ -69,13 +73,6 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 TOPICS = [
     "a lighthouse keeper", "a dragon afraid of the dark", "a robot baking bread",
     "two friends in a desert", "a detective on a train", "a girl who talks to trees",
@@ -138,7 +135,6 @@ def synthetic_tokenizer(vocab_size: int) -> Any:
     order: a valid BPE (each merge's parts exist before it), built in a second, no corpus needed.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *alphabet])}
@@ -156,15 +152,7 @@ def synthetic_tokenizer(vocab_size: int) -> Any:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(SPECIAL_TOKENS)  # already in the vocabulary: marks them special
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-    )
-    fast.chat_template = CHATML_TEMPLATE
-    return fast
+    return chatml_tokenizer(tokenizer)
 
 
 def device_info(torch: Any, device: str) -> dict[str, Any]:

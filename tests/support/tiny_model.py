@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -32,6 +33,21 @@ _CORPUS = [
 VLLM_SHAPE = {"hidden_size": 128, "heads": 2, "kv_heads": 1}
 
 
+def chatml_tokenizer(tokenizer: Any) -> Any:
+    """A `tokenizers.Tokenizer` holding SPECIAL_TOKENS as a transformers tokenizer with ChatML."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
 def build_tiny_model(
     folder: Path,
     *,
@@ -44,7 +60,7 @@ def build_tiny_model(
     """Write a tiny random LlamaForCausalLM and its ChatML tokenizer into `folder`."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
@@ -57,14 +73,7 @@ def build_tiny_model(
         show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-    )
-    fast.chat_template = CHATML_TEMPLATE
+    fast = chatml_tokenizer(tokenizer)
     fast.save_pretrained(folder)
 
     torch.manual_seed(seed)
