@@ -20,10 +20,12 @@ def test_client_install_pulls_no_torch():
     assert not [name for name in HEAVY if name in base]
 
 
-def test_gpu_engines_live_only_in_the_gpu_extra():
+def test_gpu_engines_live_only_in_their_own_extras():
+    """vLLM and Unsloth pin their own transformers: never pulled in by another extra."""
     extras = PYPROJECT["project"]["optional-dependencies"]
+    assert extras["vllm"] == ["vllm>=0.32,<0.33"] and extras["unsloth"][0].startswith("unsloth")
     for extra, requirements in extras.items():
-        if extra != "gpu":
+        if extra not in ("vllm", "unsloth"):
             assert not any(r.startswith(("vllm", "unsloth")) for r in requirements), extra
 
 
