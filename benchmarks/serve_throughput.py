@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -329,16 +328,9 @@ def python_loop_seconds(iterations: int = 5_000_000) -> float:
 
 def stop_process_group(process: subprocess.Popen) -> None:
     """SIGTERM the server's own process group (it was started in a new session), then SIGKILL."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
+    from art_backend.serving._vllm_process import stop_process_group as stop_group
+
+    stop_group(process, STOP_TIMEOUT)
 
 
 def tail(path: Path, lines: int = 25) -> str:
@@ -471,17 +463,24 @@ async def measured(
             end = sampler.cpu_snapshot()
         finally:
             busy_cores = busy.stop()
-        run["other_load_cores"] = other_load(start, end)
-        if busy_cores is not None:
-            run["busy_process_cores"] = busy_cores
-        run["attempt"] = attempt + 1
-        run["contended"] = run["other_load_cores"] > contended_above()
+        annotate_run(run, start, end, busy_cores, attempt)
         if not run["contended"] or attempt == retries:
             return run
         discarded.append(run)
         print(f"   contended ({run['other_load_cores']} cores elsewhere): repeating", flush=True)
         await asyncio.to_thread(wait_for_quiet)
     raise AssertionError("unreachable")
+
+
+def annotate_run(
+    run: dict[str, Any], start: tuple, end: tuple, busy_cores: float | None, attempt: int
+) -> None:
+    """Record a timed run's foreign load, its busy processes, its attempt, whether contended."""
+    run["other_load_cores"] = other_load(start, end)
+    if busy_cores is not None:
+        run["busy_process_cores"] = busy_cores
+    run["attempt"] = attempt + 1
+    run["contended"] = run["other_load_cores"] > contended_above()
 
 
 @dataclass
@@ -740,11 +739,7 @@ def offline_worker(
                 end = sampler.cpu_snapshot()
             finally:
                 busy_cores = busy.stop()
-            run["other_load_cores"] = other_load(start, end)
-            if busy_cores is not None:
-                run["busy_process_cores"] = busy_cores
-            run["attempt"] = attempt + 1
-            run["contended"] = run["other_load_cores"] > contended_above()
+            annotate_run(run, start, end, busy_cores, attempt)
             if not run["contended"] or attempt == retries:
                 break
             discarded.append(run)

@@ -182,20 +182,11 @@ class VllmProcess:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the child's process group, SIGKILL what is left after `timeout`."""
-        process = self.process
-        if process is None:
+        if self.process is None:
             return
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
+        stop_process_group(self.process, timeout)
         with contextlib.suppress(ProcessLookupError):  # engine workers left in the group
-            os.killpg(process.pid, signal.SIGKILL)
+            os.killpg(self.process.pid, signal.SIGKILL)
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -206,6 +197,21 @@ class VllmProcess:
             return "Start art-server with --log-level info to see vLLM's output."
         tail = path.read_text(errors="replace").splitlines()[-lines:]
         return f"The end of its log ({path}):\n" + "\n".join(tail)
+
+
+def stop_process_group(process: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM the process group of `process` (started with start_new_session), then SIGKILL
+    after `timeout`."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
 
 
 def _die_with_parent() -> None:
