@@ -45,7 +45,7 @@ async def our_curve(args: argparse.Namespace, engine: str = "torch") -> dict[str
     """The demo's loop, with the training clock stopped during held-out evaluations."""
     train_questions, held_out = split(args.train_questions, args.eval_size, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="art-curve-") as path:
-        backend = art.LocalBackend(path=path, extra_args=engine_args(engine))
+        backend = art.LocalBackend(path=path, dtype=args.dtype, extra_args=engine_args(engine))
         model = qkvo_model("curve")
         await model.register(backend)
         config = art.TrainConfig(learning_rate=args.learning_rate)
@@ -145,7 +145,7 @@ def markdown(result: dict[str, Any]) -> str:
     return f"""{START}
 ## Learning curve on the demo task: ours vs TRL GRPOTrainer (`benchmarks/learning_curve.py`)
 
-{result["when"]}, {result["machine"]}. SmolLM2-135M-Instruct, float32, the `make demo` task
+{result["when"]}, {result["machine"]}. SmolLM2-135M-Instruct, ours {s.get("dtype", "float32")}, TRL float32, the `make demo` task
 (`examples/demo_task.py`), {s["steps"]} steps of {s["groups_per_step"]} questions x
 {s["rollouts_per_group"]} rollouts (temperature 1.0, 16 new tokens), LoRA r16/alpha 32 on
 q,k,v,o, lr {s["learning_rate"]}, DAPO-style token-mean loss, beta 0; same questions in the same
@@ -175,6 +175,9 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=64)
     parser.add_argument("--train-questions", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype", default="float32", help="ours (TRL runs float32): auto would be bf16 here"
+    )
     parser.add_argument(
         "--engines", default="torch", help="comma list of our engines to run: torch,vllm"
     )
