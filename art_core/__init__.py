@@ -7,9 +7,18 @@ Names follow OpenPipe ART, so ART code ports by changing the import:
     await model.register(art.LocalBackend(path=".art"))
 """
 
+from art_core import utils as utils  # `art.utils.iterate_dataset`, as ART has it
 from art_core._autorl import AutoRLResult, autorl
 from art_core._backend import Backend, RemoteBackend
+from art_core._batches import trajectory_group_batches
 from art_core._cache import ResponseCache
+from art_core._capture import (
+    NoTrajectoryError,
+    current_trajectory,
+    no_capture,
+    trajectory,
+    trajectory_group,
+)
 from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
 from art_core._errors import (
     ArtError,
@@ -30,12 +39,14 @@ from art_core._errors import (
     ScenarioGenerationError,
     TooManyExceptionsError,
     UnknownFieldError,
+    UnsupportedOptionError,
 )
 from art_core._gather import GatheredGroups, gather_trajectories, gather_trajectory_groups
 from art_core._langfuse import LangfuseExporter, flush_langfuse, langfuse_stats
 from art_core._local_backend import LocalBackend
 from art_core._model import Model, RolloutCapture, TrainableModel, trajectory_from_records
 from art_core._observers import StepObserver
+from art_core._pipeline import PipelineTrainer
 from art_core._ruler import RulerScore, ruler, ruler_score_group
 from art_core._ruler_prompt import DEFAULT_RUBRIC
 from art_core._scenarios import (
@@ -46,8 +57,16 @@ from art_core._scenarios import (
     split_scenarios,
 )
 from art_core._structured import JudgeUsage, judge_or_base_model, resolve_model
-from art_core._trajectory import History, RolloutException, Trajectory, TrajectoryGroup
-from art_core._utils import DatasetBatch, iterate_dataset, retry
+from art_core._trajectory import (
+    History,
+    Messages,
+    MessagesAndChoices,
+    RolloutException,
+    Tools,
+    Trajectory,
+    TrajectoryGroup,
+)
+from art_core._utils import DatasetBatch, iterate_dataset, limit_concurrency, retry
 
 __all__ = [
     "DEFAULT_RUBRIC",
@@ -72,10 +91,14 @@ __all__ = [
     "LangfuseNotInstalledError",
     "LoRAConfig",
     "LocalBackend",
+    "Messages",
+    "MessagesAndChoices",
     "Model",
     "ModelConfigError",
     "ModelNotRegisteredError",
+    "NoTrajectoryError",
     "NotTrainableError",
+    "PipelineTrainer",
     "RemoteBackend",
     "ResponseCache",
     "RolloutCapture",
@@ -86,6 +109,7 @@ __all__ = [
     "StepObserver",
     "TokenPrice",
     "TooManyExceptionsError",
+    "Tools",
     "TrainConfig",
     "TrainResult",
     "TrainSFTConfig",
@@ -93,7 +117,9 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "UnknownFieldError",
+    "UnsupportedOptionError",
     "autorl",
+    "current_trajectory",
     "flush_langfuse",
     "gather_trajectories",
     "gather_trajectory_groups",
@@ -101,12 +127,17 @@ __all__ = [
     "iterate_dataset",
     "judge_or_base_model",
     "langfuse_stats",
+    "limit_concurrency",
     "load_scenarios",
+    "no_capture",
     "resolve_model",
     "retry",
     "ruler",
     "ruler_score_group",
     "save_scenarios",
     "split_scenarios",
+    "trajectory",
     "trajectory_from_records",
+    "trajectory_group",
+    "trajectory_group_batches",
 ]

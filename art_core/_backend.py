@@ -9,13 +9,24 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from art_core._config import LoRAConfig, TrainConfig, TrainResult, TrainSFTConfig
-from art_core._errors import BackendCrashedError, BackendRequestError, InvalidTrajectoryError
+from art_core._config import (
+    LoRAConfig,
+    TrainConfig,
+    TrainResult,
+    TrainSFTConfig,
+    train_config_from_art,
+)
+from art_core._errors import (
+    BackendCrashedError,
+    BackendRequestError,
+    InvalidTrajectoryError,
+    UnsupportedOptionError,
+)
 from art_core._trajectory import Trajectory, TrajectoryGroup, group_payload
 
 logger = logging.getLogger("art_core.backend")
@@ -49,16 +60,23 @@ class Backend(Protocol):
     async def train(
         self,
         model: ModelRef,
-        groups: list[TrajectoryGroup],
-        config: TrainConfig,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | Mapping[str, Any] | None = None,
         *,
         client_metrics: Mapping[str, float] | None = None,
+        **options: Any,
     ) -> TrainResult: ...
     async def train_sft(
         self, model: ModelRef, trajectories: list[Trajectory], config: TrainSFTConfig
     ) -> TrainResult: ...
     async def log(
-        self, model: ModelRef, groups: list[TrajectoryGroup], split: str
+        self,
+        model: ModelRef,
+        groups: list[TrajectoryGroup],
+        split: str,
+        *,
+        metrics: Mapping[str, float] | None = None,
+        step: int | None = None,
     ) -> dict[str, Any]: ...
     async def get_step(self, model: ModelRef) -> int: ...
     async def history(self, model: ModelRef) -> list[dict[str, Any]]: ...
@@ -77,7 +95,6 @@ class RemoteBackend:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self._api_key = api_key
         self._http: httpx.AsyncClient | None = None
-        self._context_warning_shown = False
 
     @property
     def inference_base_url(self) -> str:
@@ -165,30 +182,88 @@ class RemoteBackend:
     async def train(
         self,
         model: ModelRef,
-        groups: list[TrajectoryGroup],
-        config: TrainConfig,
+        trajectory_groups: Iterable[TrajectoryGroup],
+        config: TrainConfig | Mapping[str, Any] | None = None,
         *,
         client_metrics: Mapping[str, float] | None = None,
+        langfuse: Any = None,
+        **options: Any,
     ) -> TrainResult:
-        """One GRPO step; `client_metrics` are counts made by the client, added to the step's."""
+        """One training step on these groups; the backend then serves `<name>@<step + 1>`.
+
+        Two forms, not mixed. ART's: keywords of ART 0.5.23's `LocalBackend.train`
+        (`learning_rate=5e-6, loss_fn="cispo"|"ppo", epsilon=..., importance_sampling_level=...`,
+        ART's defaults for the rest; see `art.TrainConfig` and `train_config_from_art`), plus our
+        TrainConfig fields ART lacks (`micro_batch_tokens=`, `review_hold_seconds=`, ...). Ours:
+        `config=art.TrainConfig(...)`. An unknown keyword raises `UnknownFieldError` naming the
+        known ones; a value this backend cannot honour, `UnsupportedOptionError`.
+
+        As ART's, the step is not logged by `model.log`: the backend records it in history
+        itself (see `model.log` for the rule). A TrainableModel's observers (Langfuse export,
+        `langfuse=` as in `model.train`) and the counts it made between steps go with the step;
+        `client_metrics` adds counts of the caller's own.
+        """
+        if config is not None and options:
+            raise UnsupportedOptionError(
+                f"backend.train(): pass either config=art.TrainConfig(...) or ART's keywords "
+                f"({', '.join(sorted(options))}), not both: put them in the TrainConfig."
+            )
+        save_checkpoint, verbose = True, False
+        if config is None:
+            config, client = train_config_from_art(options)
+            save_checkpoint, verbose = client["save_checkpoint"], client["verbose"]
+        elif isinstance(config, Mapping):
+            config = TrainConfig(**config)
+        elif not isinstance(config, TrainConfig):
+            raise TypeError(
+                "backend.train(): config must be an art.TrainConfig (or a dict of its fields), "
+                f"got {type(config).__name__}"
+            )
+        # A gathered list keeps its `dropped` count (groups a judge dropped) for the metrics.
+        dropped = float(getattr(trajectory_groups, "dropped", 0))
+        if isinstance(trajectory_groups, TrajectoryGroup):
+            groups = [trajectory_groups]
+        else:
+            groups = list(trajectory_groups)
+        extra = {key: float(value) for key, value in (client_metrics or {}).items()}
+
+        async def send(pending: Mapping[str, float]) -> TrainResult:
+            counts = {**extra}
+            for key, value in pending.items():
+                counts[key] = counts.get(key, 0.0) + float(value)
+            return await self._train_step(model, groups, config, dropped, counts)
+
+        # A TrainableModel tells its observers and sends the counts it made between steps.
+        run_step = getattr(model, "_run_train_step", None)
+        if run_step is None:
+            result = await send({})
+        else:
+            result = await run_step(groups, send, langfuse=langfuse)
+        if not save_checkpoint:
+            result.checkpoint_path = None
+        if verbose:
+            logger.info("step %d: %s", result.step, result.metrics)
+        return result
+
+    async def _train_step(
+        self,
+        model: ModelRef,
+        groups: list[TrajectoryGroup],
+        config: TrainConfig,
+        dropped: float,
+        client_metrics: Mapping[str, float],
+    ) -> TrainResult:
+        """The train request itself; `client_metrics` are counts made by the client."""
         stats: dict[str, int] = {}
         payload = {
             "groups": self._groups_payload(groups, stats),
             "config": config.model_dump(exclude_none=True),
             "client_metrics": {
                 # Groups an `after_each` (a judge that failed) dropped during the gather.
-                "groups/dropped_before_training": float(getattr(groups, "dropped", 0)),
-                **{key: float(value) for key, value in (client_metrics or {}).items()},
+                "groups/dropped_before_training": dropped,
+                **client_metrics,
             },
         }
-        if stats.get("context_assistant_messages") and not self._context_warning_shown:
-            self._context_warning_shown = True
-            logger.warning(
-                "%d assistant message(s) are plain dicts, not Choice objects from "
-                "model.openai_client(): they are context, not trained (counted in "
-                "metrics['context_assistant_messages']). This warning is shown once.",
-                stats["context_assistant_messages"],
-            )
         event = await self._events(f"{self._model_path(model)}/train", payload)
         return _result(event)
 
@@ -203,9 +278,20 @@ class RemoteBackend:
         return _result(event)
 
     async def log(
-        self, model: ModelRef, groups: list[TrajectoryGroup], split: str
+        self,
+        model: ModelRef,
+        groups: list[TrajectoryGroup],
+        split: str,
+        *,
+        metrics: Mapping[str, float] | None = None,
+        step: int | None = None,
     ) -> dict[str, Any]:
-        payload = {"groups": self._groups_payload(groups, {}), "split": split}
+        """Record groups and/or metrics in the model's history (the rule: `TrainableModel.log`)."""
+        payload: dict[str, Any] = {"groups": self._groups_payload(groups, {}), "split": split}
+        if metrics:
+            payload["metrics"] = {key: float(value) for key, value in metrics.items()}
+        if step is not None:
+            payload["step"] = step
         return await self._request("POST", f"{self._model_path(model)}/log", payload)
 
     async def get_step(self, model: ModelRef) -> int:
@@ -268,6 +354,7 @@ def _result(event: dict[str, Any]) -> TrainResult:
         metrics=event["metrics"],
         warnings=event["warnings"],
         advantages=event.get("advantages", {}),
+        checkpoint_path=event.get("checkpoint_path"),
     )
     for warning in result.warnings:
         logger.warning(warning)

@@ -20,6 +20,14 @@ class UnknownFieldError(ArtError, TypeError):
         self.known = known
 
 
+class UnsupportedOptionError(ArtError, ValueError):
+    """An option (usually one of ART's) this backend cannot honour with the value given, or
+    options given in two forms at once; the message says what to use instead.
+
+    A `ValueError`, as ART raises for the options its own LocalBackend refuses.
+    """
+
+
 class BackendRequestError(ArtError):
     """The backend refused a request (an HTTP 4xx/5xx); the message is the backend's."""
 

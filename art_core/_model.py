@@ -8,16 +8,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from openai import AsyncOpenAI
 from openai.types.chat.chat_completion import Choice
+from pydantic import BaseModel
 
 from art_core._backend import Backend, new_rollout_id
 from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
-from art_core._errors import InvalidTrajectoryError, ModelNotRegisteredError, NotTrainableError
+from art_core._errors import (
+    InvalidTrajectoryError,
+    ModelNotRegisteredError,
+    NotTrainableError,
+    UnsupportedOptionError,
+)
 from art_core._langfuse import LangfuseExporter, LangfuseObserver
 from art_core._observers import StepFinished, StepObserver
 from art_core._strict import StrictModel, check_names
@@ -25,6 +32,10 @@ from art_core._trajectory import History, Trajectory, TrajectoryGroup
 from art_core.names import check_name
 
 logger = logging.getLogger("art_core.model")
+
+# Every backend a model was registered on (weakly: a closed, dropped backend goes away); capture
+# scopes without `model=` tag requests to these hosts (art_core._capture).
+registered_backends: weakref.WeakSet[Any] = weakref.WeakSet()
 
 ConfigT = TypeVar("ConfigT", bound=StrictModel)
 
@@ -55,13 +66,24 @@ class Model:
         api_key: str | None = None,
         inference_model_name: str | None = None,
         price: TokenPrice | Mapping[str, float] | None = None,
+        config: BaseModel | None = None,
+        inference_base_url: str | None = None,
+        inference_api_key: str | None = None,
+        entity: str | None = None,
+        id: str | None = None,
     ) -> None:
+        """`inference_base_url` / `inference_api_key` are ART's names for `base_url` / `api_key`
+        (give one of each pair). `config`: your own pydantic object, kept on the model as in ART
+        (`model.config`); it must dump to JSON. `entity` and `id` (ART's W&B identity) are kept."""
         self.name = name
         self.price = None if price is None else _as_config(TokenPrice, price)
         self.project = check_name(project, "project name")
-        self.base_url = base_url
-        self.api_key = api_key
+        self.base_url = _one_of("base_url", base_url, "inference_base_url", inference_base_url)
+        self.api_key = _one_of("api_key", api_key, "inference_api_key", inference_api_key)
         self.inference_model_name = inference_model_name or name
+        self.config = _checked_user_config(config)
+        self.entity = entity
+        self.id = id
         self._backend: Backend | None = None
         self._client: AsyncOpenAI | None = None
         self._client_key: tuple[str, int] | None = None
@@ -80,6 +102,7 @@ class Model:
     async def register(self, backend: Backend) -> None:
         """Prompt this model through `backend`'s OpenAI-compatible endpoint."""
         self._backend = backend
+        registered_backends.add(backend)
 
     @property
     def inference_base_url(self) -> str | None:
@@ -116,9 +139,11 @@ class Model:
 
     async def log(
         self,
-        groups: list[TrajectoryGroup],
+        trajectories: Iterable[TrajectoryGroup] | Iterable[Trajectory] | None = None,
         split: str = "val",
         *,
+        metrics: Mapping[str, float] | None = None,
+        step: int | None = None,
         langfuse: bool | LangfuseExporter | None = None,
     ) -> dict[str, Any]:
         """Record groups (e.g. an evaluation) in the backend's history at the current step."""
@@ -144,10 +169,44 @@ class TrainableModel(Model):
         project: str = "default",
         base_model: str,
         lora: LoRAConfig | Mapping[str, Any] | None = None,
+        config: BaseModel | None = None,
+        run_name: str | None = None,
+        lora_config: LoRAConfig | Mapping[str, Any] | None = None,
+        entity: str | None = None,
+        id: str | None = None,
+        run_id: str | None = None,
+        base_path: str = ".art",
+        report_metrics: list[str] | None = None,
     ) -> None:
-        super().__init__(check_name(name, "model name"), project=project)
+        """ART's fields are accepted: `config` (your pydantic object, `model.config`),
+        `lora_config` (ART's dict: rank, alpha, dropout, target_modules; or our `lora`),
+        `run_name` (equal to `name`: one name stores and serves the model here), `entity`, `id`,
+        `run_id` (kept). The backend's `path` decides where files go, so `base_path` and
+        `report_metrics` (W&B) keep their defaults; other values raise UnsupportedOptionError."""
+        super().__init__(
+            check_name(name, "model name"), project=project, config=config, entity=entity, id=id
+        )
+        if run_name is not None and run_name != name:
+            raise UnsupportedOptionError(
+                f"TrainableModel: run_name={run_name!r} differs from name={name!r}: this backend "
+                "stores and serves a model under one name. Omit run_name, or give it the name."
+            )
+        if base_path != ".art":
+            raise UnsupportedOptionError(
+                "TrainableModel: base_path is not used here: the backend's folder holds the "
+                "model's files (art.LocalBackend(path=...))."
+            )
+        if report_metrics:
+            raise UnsupportedOptionError(
+                f"TrainableModel: report_metrics={report_metrics!r}: this backend reports to "
+                "nobody; its history (backend.history(model)) and Langfuse hold the metrics."
+            )
+        if lora is not None and lora_config is not None:
+            raise UnsupportedOptionError("TrainableModel: pass lora= or lora_config=, not both.")
+        self.run_name = name
+        self.run_id = run_id
         self.base_model = base_model
-        self.lora_config = LoRAConfig() if lora is None else _as_config(LoRAConfig, lora)
+        self.lora_config = _lora_config(lora if lora_config is None else lora_config)
         self._step: int | None = None
         self._open_rollouts = 0
         # Counts the client makes between steps (calls no rollout could claim); sent with the
@@ -181,6 +240,7 @@ class TrainableModel(Model):
             }
         info = await backend.register(self, **options)
         self._backend = backend
+        registered_backends.add(backend)
         self._step = int(info["step"])
 
     @property
@@ -209,11 +269,12 @@ class TrainableModel(Model):
     ) -> TrainResult:
         """One GRPO step on these groups; the backend then serves `<name>@<step + 1>`.
 
-        `config_overrides` are TrainConfig fields (`learning_rate=1e-4`) over `config`; an
-        unknown one raises `UnknownFieldError`. `langfuse`: None exports the groups when the
-        LANGFUSE_* variables are set, True asks for it (a named error without the extra or the
-        settings), False turns it off, an `art.LangfuseExporter` sends to that one. The export
-        runs in the background.
+        Our form, kept beside ART's `backend.train(model, groups, **ART keywords)` (which ART
+        0.5.23 has in its place). `config_overrides` are TrainConfig fields
+        (`learning_rate=1e-4`) over `config`; an unknown one raises `UnknownFieldError`.
+        `langfuse`: None exports the groups when the LANGFUSE_* variables are set, True asks
+        for it (a named error without the extra or the settings), False turns it off, an
+        `art.LangfuseExporter` sends to that one. The export runs in the background.
         """
         config = _config_with(
             TrainConfig,
@@ -223,14 +284,21 @@ class TrainableModel(Model):
             keywords=["config", "langfuse"],
             hints=_TRAIN_HINTS,
         )
-        # A gathered list keeps its `dropped` count (groups a judge dropped) for the metrics.
-        if isinstance(groups, TrajectoryGroup):
-            groups = [groups]
-        groups = groups if isinstance(groups, list) else list(groups)
+        return await self.backend.train(self, groups, config, langfuse=langfuse)
+
+    async def _run_train_step(
+        self,
+        groups: list[TrajectoryGroup],
+        send: Callable[[Mapping[str, float]], Awaitable[TrainResult]],
+        *,
+        langfuse: bool | LangfuseExporter | None = None,
+    ) -> TrainResult:
+        """What a backend's train call does around its request (`send`): the observers are told,
+        the counts this client made since the last step go with it, the step is updated."""
         finished = self._observe(groups, "train", {"langfuse": langfuse})
         pending, self.pending_metrics = self.pending_metrics, Counter()
         try:
-            result = await self.backend.train(self, groups, config, client_metrics=pending)
+            result = await send(pending)
         except BaseException:
             self.pending_metrics.update(pending)  # not reported yet: the next step reports them
             finished(None)
@@ -265,21 +333,34 @@ class TrainableModel(Model):
 
     async def log(
         self,
-        groups: list[TrajectoryGroup],
+        trajectories: Iterable[TrajectoryGroup] | Iterable[Trajectory] | None = None,
         split: str = "val",
         *,
+        metrics: Mapping[str, float] | None = None,
+        step: int | None = None,
         langfuse: bool | LangfuseExporter | None = None,
     ) -> dict[str, Any]:
-        """Record groups (an evaluation, usually) in history and on disk at the current step.
+        """Record groups and/or metrics in the backend's history, at `step` (default: current).
 
+        ART's signature: `trajectories` are groups (or trajectories, one group), `metrics` e.g.
+        a TrainResult's. The rule, so that a step is never counted twice: `backend.train`
+        writes the step's one "train" history row (and its trajectories); a log writes a "log"
+        row, never a "train" one. A train-split log at a trained step,
+        `model.log(groups, metrics=result.metrics, step=result.step, split="train")`, leaves
+        out of its row the metrics the train row already holds with the same value, and does
+        not write again the trajectories that step trained (the answer's `already_recorded`
+        counts both). Returns {"step", "split", "metrics"[, "already_recorded"]}.
         `langfuse` as in `train`: with it, the groups are also exported as Langfuse traces.
         """
-        groups = list(groups)
-        finished = self._observe(groups, split, {"langfuse": langfuse})
+        groups = _as_groups(trajectories)
+        # Observers see every log of groups (a metrics-only log has none to export).
+        observe = trajectories is not None
+        finished = self._observe(groups, split, {"langfuse": langfuse}) if observe else None
         try:
-            return await self.backend.log(self, groups, split)
+            return await self.backend.log(self, groups, split, metrics=metrics, step=step)
         finally:
-            finished(None)
+            if finished is not None:
+                finished(None)
 
     def _observe(
         self, groups: list[TrajectoryGroup], split: str, options: dict[str, Any]
@@ -433,6 +514,77 @@ def _config_with(
         )
     # Constructed, not model_copy(update=...): an update skips validation entirely.
     return config_class(**{**base, **overrides})
+
+
+def _one_of(name: str, value: str | None, art_name: str, art_value: str | None) -> str | None:
+    """One value given under our name or ART's; both is an error."""
+    if value is not None and art_value is not None:
+        raise UnsupportedOptionError(f"Model: {name} and {art_name} are one option: pass one.")
+    return value if value is not None else art_value
+
+
+def _checked_user_config(config: BaseModel | None) -> BaseModel | None:
+    """ART's `config`: a pydantic object of the user's, which must dump to JSON."""
+    if config is None:
+        return None
+    if not isinstance(config, BaseModel):
+        raise TypeError(
+            f"Model: config must be a pydantic BaseModel (ART's model config), got "
+            f"{type(config).__name__}"
+        )
+    try:
+        config.model_dump_json()
+    except Exception as error:
+        raise TypeError(
+            f"Model: config cannot be serialized to JSON ({error}); make every field of "
+            f"{type(config).__name__} JSON-serializable."
+        ) from error
+    return config
+
+
+# ART's LoRA dict keys (src/art/dev/model.py LoRAConfig) that have a field here.
+_ART_LORA_KEYS = {"rank": "r", "alpha": "alpha", "dropout": "dropout"}
+
+
+def _lora_config(value: LoRAConfig | Mapping[str, Any] | None) -> LoRAConfig:
+    """Our LoRAConfig, from ours, a dict of its fields, or ART's `lora_config` dict."""
+    if value is None:
+        return LoRAConfig()
+    if isinstance(value, Mapping) and any(key in value for key in ("rank", *_ART_ONLY_LORA)):
+        fields = {}
+        for key, item in value.items():
+            if key in _ART_LORA_KEYS:
+                fields[_ART_LORA_KEYS[key]] = item
+            elif key == "target_modules":
+                fields[key] = list(item)
+            else:
+                raise UnsupportedOptionError(
+                    f"TrainableModel: lora_config[{key!r}] (ART's) is not supported here; "
+                    "its keys here are rank, alpha, dropout and target_modules."
+                )
+        return LoRAConfig(**fields)
+    return _as_config(LoRAConfig, value)
+
+
+_ART_ONLY_LORA = (
+    "bias", "layers_to_transform", "layers_pattern", "use_gradient_checkpointing",
+    "random_state", "max_seq_length", "use_rslora", "modules_to_save", "init_weights",
+    "loftq_config", "temporary_location",
+)  # fmt: skip
+
+
+def _as_groups(
+    trajectories: Iterable[TrajectoryGroup] | Iterable[Trajectory] | TrajectoryGroup | None,
+) -> list[TrajectoryGroup]:
+    """ART's `trajectories` of `log`: groups, or trajectories (one group), or None."""
+    if trajectories is None:
+        return []
+    if isinstance(trajectories, TrajectoryGroup):
+        return [trajectories]
+    items: list[Any] = list(trajectories)
+    if items and all(isinstance(item, Trajectory | BaseException) for item in items):
+        return [TrajectoryGroup(items)]
+    return items  # the backend names an item that is not a group
 
 
 def _as_config(config_class: type[ConfigT], value: ConfigT | Mapping[str, Any]) -> ConfigT:

@@ -1,23 +1,33 @@
-"""Small helpers for training loops: deterministic dataset batches, and retrying flaky calls."""
+"""Small helpers for training loops, as ART's `art.utils`: deterministic dataset batches,
+retrying flaky calls, and limiting how many calls run at once.
+
+`iterate_dataset` shuffles each epoch with `random.Random(seed + epoch)`; the default seed 0
+gives ART's order (`random.Random(epoch)`) exactly, so a ported run sees the same batches.
+Where ART would fail obscurely (groups_per_step=0 divides by zero) a ValueError says why.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from tqdm.auto import tqdm
 
 logger = logging.getLogger("art_core")
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-@dataclass(frozen=True)
+@dataclass
 class DatasetBatch(Generic[T]):
     """The items of one training step, with where it sits in the run."""
 
@@ -32,9 +42,9 @@ def iterate_dataset(
     groups_per_step: int = 1,
     num_epochs: int = 1,
     initial_step: int = 0,
-    *,
-    seed: int = 42,
     use_tqdm: bool = True,
+    *,
+    seed: int = 0,
 ) -> Iterator[DatasetBatch[T]]:
     """Batches of `groups_per_step` items per step, reshuffled each epoch with a fixed seed.
 
@@ -43,9 +53,17 @@ def iterate_dataset(
     """
     if groups_per_step < 1 or num_epochs < 1 or initial_step < 0:
         raise ValueError("groups_per_step and num_epochs must be >= 1 and initial_step >= 0")
+    if not dataset:
+        return
     steps_per_epoch = -(-len(dataset) // groups_per_step)
     total = steps_per_epoch * num_epochs
-    bar = tqdm(total=total, initial=min(initial_step, total), desc="steps", disable=not use_tqdm)
+    bar = tqdm(
+        total=total,
+        initial=min(initial_step, total),
+        desc="Iterating dataset",
+        unit="batch",
+        disable=not use_tqdm,
+    )
     try:
         for epoch in range(num_epochs):
             order = list(range(len(dataset)))
@@ -63,32 +81,83 @@ def iterate_dataset(
 
 def retry(
     max_attempts: int = 3,
-    *,
-    delay: float = 0.5,
-    backoff: float = 2.0,
+    delay: float = 0.25,
+    backoff_factor: float = 2.0,
     exceptions: tuple[type[BaseException], ...] = (Exception,),
-) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
-    """Decorate an async function: retry on `exceptions`, waiting delay, delay*backoff, ..."""
+    on_retry: Callable[[Exception, int], None] | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a function, sync or async: retry on `exceptions`, waiting delay,
+    delay*backoff_factor, ...; the last failure is raised.
+
+    Before each wait `on_retry(error, attempt)` is called (attempt counts from 1), or else a
+    warning is logged: ART's signature and defaults.
+    """
     if max_attempts < 1:
         raise ValueError("max_attempts must be >= 1")
 
-    def decorate(function: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    def before_retry(function: Callable[..., Any], error: Exception, attempt: int) -> None:
+        if on_retry is not None:
+            on_retry(error, attempt)
+        else:
+            logger.warning(
+                "Retry %d/%d for %s after error: %s",
+                attempt, max_attempts, getattr(function, "__name__", function), error,
+            )  # fmt: skip
+
+    def decorate(function: Callable[P, R]) -> Callable[P, R]:
+        if inspect.iscoroutinefunction(function):
+
+            @functools.wraps(function)
+            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                wait = delay
+                for attempt in range(1, max_attempts + 1):
+                    try:
+                        return await function(*args, **kwargs)  # type: ignore[misc]
+                    except exceptions as error:
+                        if attempt == max_attempts or not isinstance(error, Exception):
+                            raise
+                        before_retry(function, error, attempt)
+                        await asyncio.sleep(wait)
+                        wait *= backoff_factor
+                raise AssertionError("unreachable")
+
+            return async_wrapper  # type: ignore[return-value]
+
         @functools.wraps(function)
-        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def sync_wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             wait = delay
             for attempt in range(1, max_attempts + 1):
                 try:
-                    return await function(*args, **kwargs)
+                    return function(*args, **kwargs)
                 except exceptions as error:
-                    if attempt == max_attempts:
+                    if attempt == max_attempts or not isinstance(error, Exception):
                         raise
-                    logger.warning(
-                        "%s failed (attempt %d/%d): %s; retrying in %.1fs",
-                        function.__name__, attempt, max_attempts, error, wait,
-                    )  # fmt: skip
-                    await asyncio.sleep(wait)
-                    wait *= backoff
+                    before_retry(function, error, attempt)
+                    time.sleep(wait)
+                    wait *= backoff_factor
             raise AssertionError("unreachable")
+
+        return sync_wrapper
+
+    return decorate
+
+
+def limit_concurrency(
+    n: int, derive_key: Callable[..., str] | None = None
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Decorate an async function: at most `n` calls run at once, per key when `derive_key(*args,
+    **kwargs)` names one (one limit for all calls otherwise), as ART's `limit_concurrency`."""
+    if n < 1:
+        raise ValueError(f"limit_concurrency needs n >= 1, got {n}")
+    semaphores: dict[str, asyncio.Semaphore] = {}
+
+    def decorate(function: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(function)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            key = derive_key(*args, **kwargs) if derive_key is not None else "default"
+            semaphore = semaphores.setdefault(key, asyncio.Semaphore(n))
+            async with semaphore:
+                return await function(*args, **kwargs)
 
         return wrapper
 

@@ -6,7 +6,13 @@ beta 0). The held-out set is answered greedily at step 0, every `--eval-every` s
 end; evaluation time is excluded from both clocks. The target: ours reaches TRL's final held-out
 reward in at most half of TRL's training time.
 
-    .venv/bin/python benchmarks/learning_curve.py [--steps 12] [--eval-every 4]
+`--pipeline` adds a third contender, "ours_pipeline": the same task and settings trained with
+`art.PipelineTrainer` (rollouts of the next groups overlap training; groups at most
+`--max-steps-off-policy` steps old; zero-variance groups dropped client-side, so each step trains
+`--groups-per-step` informative groups). Its rollouts pause during evaluations, which are
+excluded from its clock as from the others'.
+
+    .venv/bin/python benchmarks/learning_curve.py [--steps 12] [--eval-every 4] [--pipeline]
 
 Writes benchmarks/results/learning_curve.json and the learning_curve section of BENCHMARKS.md.
 """
@@ -85,6 +91,95 @@ async def our_curve(args: argparse.Namespace, engine: str = "torch") -> dict[str
     return {"contender": "ours", "engine": engine, "points": points}
 
 
+async def pipeline_curve(args: argparse.Namespace, engine: str = "torch") -> dict[str, Any]:
+    """The demo task trained by PipelineTrainer; held-out reward against training wall-clock."""
+    train_questions, held_out = split(args.train_questions, args.eval_size, seed=args.seed)
+    # The questions in the order the synchronous loop takes them, one group each.
+    scenarios = (
+        question
+        for batch in art.iterate_dataset(
+            train_questions, args.groups_per_step, num_epochs=100, use_tqdm=False
+        )
+        for question in batch.items
+    )
+    sampling = asyncio.Event()  # cleared while the held-out set is evaluated
+    sampling.set()
+    in_flight = 0
+    points: list[dict[str, Any]] = []
+    excluded = 0.0  # seconds spent evaluating, off the clock
+    started = 0.0
+
+    async def group_rollout(model: art.TrainableModel, question: Any, config: None):
+        nonlocal in_flight
+        await sampling.wait()
+        in_flight += 1
+        try:
+            group = art.TrajectoryGroup(
+                rollout(model, question) for _ in range(args.rollouts_per_group)
+            )
+            # Failed rollouts stay on the group (counted by the server), as in the other loop.
+            [group] = await art.gather_trajectory_groups(
+                [group], pbar_desc=None, max_exceptions=args.rollouts_per_group
+            )
+            return group
+        finally:
+            in_flight -= 1
+
+    async def evaluate_step(model: art.TrainableModel, step: int, config: None) -> None:
+        nonlocal excluded
+        sampling.clear()
+        while in_flight:  # rollouts already running finish on the clock
+            await asyncio.sleep(0.05)
+        paused = time.perf_counter()
+        clock = paused - started - excluded
+        reward = (await evaluate(model, held_out)).metrics["reward"]  # logs itself as "val"
+        excluded += time.perf_counter() - paused
+        points.append({"step": step, "train_seconds": clock, "heldout_reward": reward})
+        print(
+            f"  ours_pipeline ({engine}) step {step}: {clock:.0f}s, held-out {reward:.3f}",
+            flush=True,
+        )
+        sampling.set()
+
+    with tempfile.TemporaryDirectory(prefix="art-curve-") as path:
+        backend = art.LocalBackend(path=path, dtype=args.dtype, extra_args=engine_args(engine))
+        model = qkvo_model("curve-pipeline")
+        await model.register(backend)
+        trainer = art.PipelineTrainer(
+            model,
+            backend,
+            group_rollout,
+            scenarios,
+            None,
+            evaluate_step,
+            num_rollout_workers=args.groups_per_step,
+            min_batch_size=args.groups_per_step,
+            max_batch_size=args.groups_per_step,
+            max_steps_off_policy=args.max_steps_off_policy,
+            max_steps=args.steps,
+            eval_every_n_steps=args.eval_every,
+            # The other contenders' step: our "grpo" preset (DAPO-style token-mean loss).
+            train_config=art.TrainConfig(learning_rate=args.learning_rate, loss="grpo"),
+        )
+        started = time.perf_counter()
+        await trainer.train()
+        if points[-1]["step"] != model.step:
+            await evaluate_step(model, model.step, None)
+        await backend.close()
+    state = trainer.state
+    return {
+        "contender": "ours_pipeline",
+        "engine": engine,
+        "points": points,
+        "max_steps_off_policy": args.max_steps_off_policy,
+        "discarded": {
+            "stale_groups": state.discarded_stale_groups,
+            "zero_variance_groups": state.discarded_zero_variance_groups,
+            "failed_rollouts": state.failed_rollouts,
+        },
+    }
+
+
 def time_to_reach(points: list[dict[str, Any]], target: float) -> float | None:
     """Training seconds at the first evaluation whose held-out reward is >= target."""
     for point in points:
@@ -96,7 +191,8 @@ def time_to_reach(points: list[dict[str, Any]], target: float) -> float | None:
 def markdown(result: dict[str, Any]) -> str:
     ours, trl = result["ours"]["points"], result["trl"]["points"]
     vllm = result.get("ours_vllm", {}).get("points")
-    steps = sorted({p["step"] for p in ours} | {p["step"] for p in trl})
+    pipeline = result.get("ours_pipeline", {}).get("points")
+    steps = sorted({p["step"] for p in [*ours, *trl, *(vllm or []), *(pipeline or [])]})
 
     def cell(points: list[dict[str, Any]], step: int) -> str:
         match = [p for p in points if p["step"] == step]
@@ -107,14 +203,17 @@ def markdown(result: dict[str, Any]) -> str:
     table = "\n".join(
         f"| {s} | {cell(ours, s)} | "
         + (f"{cell(vllm, s)} | " if vllm else "")
+        + (f"{cell(pipeline, s)} | " if pipeline else "")
         + f"{cell(trl, s)} |"
         for s in steps
     )
     header = (
         "| step | ours (torch engine): held-out reward @ training time | "
         + ("ours (vLLM engine) | " if vllm else "")
+        + ("ours, PipelineTrainer | " if pipeline else "")
         + "TRL: held-out reward @ training time |\n|---|---|"
         + ("---|" if vllm else "")
+        + ("---|" if pipeline else "")
         + "---|"
     )
     vllm_line = ""
@@ -130,9 +229,26 @@ def markdown(result: dict[str, Any]) -> str:
             )
             + "."
         )
+    pipeline_line = ""
+    if pipeline:
+        reached = result["summary"].get("ours_pipeline_seconds_to_trl_final")
+        ratio_pipeline = result["summary"].get("time_ratio_pipeline")
+        dropped = result["ours_pipeline"]["discarded"]
+        pipeline_line = (
+            "\nWith PipelineTrainer (max_steps_off_policy "
+            f"{result['ours_pipeline']['max_steps_off_policy']}): TRL's final reward "
+            + (
+                f"reached after {reached:.0f}s, **{ratio_pipeline:.2f}x** TRL's time"
+                if reached is not None and ratio_pipeline is not None
+                else "not reached"
+            )
+            + f"; dropped {dropped['stale_groups']} stale and "
+            f"{dropped['zero_variance_groups']} zero-variance groups, "
+            f"{dropped['failed_rollouts']} failed rollouts."
+        )
     loads = ", ".join(
         f"{key} {result[key]['other_load_cores']:.2f}"
-        for key in ("ours", "ours_vllm", "trl")
+        for key in ("ours", "ours_vllm", "ours_pipeline", "trl")
         if key in result and "other_load_cores" in result[key]
     )
     summary = result["summary"]
@@ -156,7 +272,7 @@ order. Held-out: {s["eval_size"]} questions, greedy; evaluation time excluded fr
 
 TRL's final held-out reward {summary["trl_final"]:.3f} after {summary["trl_seconds"]:.0f}s; ours
 first reaches it after {_seconds(summary["ours_seconds_to_trl_final"])}: time ratio {verdict}
-(times to reach are read at the evaluation points only, every {s["eval_every"]} steps).{vllm_line}
+(times to reach are read at the evaluation points only, every {s["eval_every"]} steps).{vllm_line}{pipeline_line}
 Other load (cores used outside the benchmark, mean over each run): {loads or "-"}.
 {END}"""
 
@@ -181,6 +297,14 @@ def main() -> None:
     parser.add_argument(
         "--engines", default="torch", help="comma list of our engines to run: torch,vllm"
     )
+    parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="also train with art.PipelineTrainer (ours_pipeline)",
+    )
+    parser.add_argument(
+        "--max-steps-off-policy", type=int, default=1, help="the ours_pipeline contender's bound"
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
@@ -195,6 +319,13 @@ def main() -> None:
             runs[engine] = asyncio.run(our_curve(args, engine))
         runs[engine]["other_load_cores"] = load.cores
     ours = runs[args.engines.split(",")[0]]
+    pipeline = None
+    if args.pipeline:
+        engine = args.engines.split(",")[0]
+        print(f"ours with PipelineTrainer, {engine} engine ...", flush=True)
+        with OtherLoad() as load:
+            pipeline = asyncio.run(pipeline_curve(args, engine))
+        pipeline["other_load_cores"] = load.cores
     print("TRL GRPOTrainer ...", flush=True)
     with OtherLoad() as load:
         trl = run_trl_curve_in_subprocess(
@@ -215,7 +346,9 @@ def main() -> None:
     result = {
         "when": time.strftime("%Y-%m-%d"),
         "machine": f"{psutil.cpu_count()} cores, {platform.processor() or platform.machine()}",
-        "settings": {k: v for k, v in vars(args).items() if k not in ("no_write", "engines")},
+        "settings": {
+            k: v for k, v in vars(args).items() if k not in ("no_write", "engines", "pipeline")
+        },
         "ours": ours,
         "trl": trl,
         "summary": {
@@ -234,6 +367,13 @@ def main() -> None:
         reached = time_to_reach(runs["vllm"]["points"], trl_final)
         result["summary"]["ours_vllm_seconds_to_trl_final"] = reached
         result["summary"]["time_ratio_vllm"] = (
+            reached / trl_seconds if reached is not None and trl_seconds else None
+        )
+    if pipeline is not None:
+        result["ours_pipeline"] = pipeline
+        reached = time_to_reach(pipeline["points"], trl_final)
+        result["summary"]["ours_pipeline_seconds_to_trl_final"] = reached
+        result["summary"]["time_ratio_pipeline"] = (
             reached / trl_seconds if reached is not None and trl_seconds else None
         )
     if args.no_write:

@@ -25,6 +25,7 @@ from art_backend._openapi import describe_api
 from art_backend.review._app import create_review_app
 from art_backend.serving._chat import ChatService
 from art_backend.serving._records import validate_rollout_id
+from art_backend.serving._responses import ResponsesService
 from art_backend.serving._schemas import (
     ChatCompletionRequest,
     LoadAdapterRequest,
@@ -132,6 +133,41 @@ def create_app(
         validate_rollout_id(rollout_id)
         discarded = service.records.discard_rollout(rollout_id)
         return {"object": "rollout.deleted", "id": rollout_id, "discarded": len(discarded)}
+
+    # ------------------------------------------------------------------------------- responses
+
+    # The Responses API, translated onto chat completions (records, tools, engines unchanged).
+    responses = app.state.responses = ResponsesService(service)
+
+    async def create_response(raw: Request, rollout_id: str | None = None):
+        rollout_id = rollout_id or raw.headers.get("x-rollout-id")
+        if rollout_id is not None:
+            validate_rollout_id(rollout_id)
+        body = await raw.body()
+        if len(body) > PARSE_ON_LOOP_MAX_BYTES:
+            request = await asyncio.to_thread(responses.parse, body)
+        else:
+            request = responses.parse(body)
+        if request.stream:
+            events = await responses.stream(request, rollout_id)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return await _unless_disconnected(raw, responses.create(request, rollout_id))
+
+    @app.post("/v1/responses")
+    async def create_plain_response(raw: Request):
+        return await create_response(raw)
+
+    @app.post("/rollouts/{rollout_id}/v1/responses")
+    async def create_rollout_response(rollout_id: str, raw: Request):
+        return await create_response(raw, rollout_id)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return responses.get(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        return responses.delete(response_id)
 
     # ---------------------------------------------------------------------------------- models
 

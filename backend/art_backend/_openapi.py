@@ -2,11 +2,12 @@
 
 FastAPI documents what route signatures declare. It misses here:
 
-- the chat routes' request body: they read the raw body (to bound its size and parse it off the
-  event loop) and validate `ChatCompletionRequest` themselves, so FastAPI sees no body;
+- the chat and responses routes' request body: they read the raw body (to bound its size and
+  parse it off the event loop) and validate `ChatCompletionRequest` / `ResponseCreateRequest`
+  themselves, so FastAPI sees no body;
 - the error answers: every 4xx is OpenAI's `{"error": {...}}` (`ErrorResponse`), a failed
   validation is a 400 (never FastAPI's 422), and a body over `--max-body-mb` a 413;
-- what streams: chat completions answer `text/event-stream` when `stream` is true, `train` and
+- what streams: chat completions and responses answer `text/event-stream` when `stream` is true, `train` and
   `sft` answer NDJSON events, `/metrics` is Prometheus text;
 - the bearer key, declared only when the server has one (then every route but `/health` needs it).
 """
@@ -18,10 +19,18 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 
+from art_backend.serving._responses_schemas import ResponseCreateRequest
 from art_backend.serving._schemas import ChatCompletionRequest
 
-CHAT_PATHS = ("/v1/chat/completions", "/rollouts/{rollout_id}/v1/chat/completions")
+# Routes that validate their raw JSON body themselves: path -> the schema of that body.
+BODY_SCHEMAS: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatCompletionRequest,
+    "/rollouts/{rollout_id}/v1/chat/completions": ChatCompletionRequest,
+    "/v1/responses": ResponseCreateRequest,
+    "/rollouts/{rollout_id}/v1/responses": ResponseCreateRequest,
+}
 STREAMED = {
     "/v1/training/models/{project}/{name}/train": "application/x-ndjson",
     "/v1/training/models/{project}/{name}/sft": "application/x-ndjson",
@@ -67,18 +76,18 @@ def describe_api(app: FastAPI, *, keyed: bool) -> dict[str, Any]:
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
     schemas["ErrorResponse"] = ERROR_SCHEMA
-    _add_chat_request(schemas)
+    for schema in dict.fromkeys(BODY_SCHEMAS.values()):
+        _add_request_schema(schemas, schema)
     if keyed:
         document["components"]["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             _declare_path_parameters(path, operation)
-            if path in CHAT_PATHS and method == "post":
+            if path in BODY_SCHEMAS and method == "post":
+                name = BODY_SCHEMAS[path].__name__
                 operation["requestBody"] = {
                     "required": True,
-                    "content": {
-                        "application/json": {"schema": {"$ref": _SCHEMAS + "ChatCompletionRequest"}}
-                    },
+                    "content": {"application/json": {"schema": {"$ref": _SCHEMAS + name}}},
                 }
                 ok = operation["responses"]["200"]["content"]
                 ok["text/event-stream"] = {"schema": {"type": "string"}}
@@ -98,11 +107,11 @@ def describe_api(app: FastAPI, *, keyed: bool) -> dict[str, Any]:
     return document
 
 
-def _add_chat_request(schemas: dict[str, Any]) -> None:
-    request = ChatCompletionRequest.model_json_schema(ref_template=_SCHEMAS + "{model}")
+def _add_request_schema(schemas: dict[str, Any], model: type[BaseModel]) -> None:
+    request = model.model_json_schema(ref_template=_SCHEMAS + "{model}")
     for name, definition in request.pop("$defs", {}).items():
         schemas.setdefault(name, definition)
-    schemas["ChatCompletionRequest"] = request
+    schemas[model.__name__] = request
 
 
 def _declare_path_parameters(path: str, operation: dict[str, Any]) -> None:

@@ -78,11 +78,117 @@ async def test_after_each_can_replace_or_drop_groups():
     assert len(groups) == 1 and groups[0].trajectories[0].metrics["judged"] is True
 
 
-async def test_gather_trajectories_returns_the_successes():
-    trajectories = await art.gather_trajectories(
-        [rollout(1.0), rollout(0.0, fail=True)], pbar_desc=None, max_exceptions=1
+async def test_gather_trajectories_returns_results_in_order_with_exceptions_in_place():
+    # ART: within max_exceptions a rollout's exception is returned where its trajectory would be.
+    async def two() -> list[art.Trajectory]:
+        return [await rollout(3.0), await rollout(4.0)]
+
+    results = await art.gather_trajectories(
+        [rollout(1.0, delay=0.05), rollout(0.0, fail=True), two()],
+        pbar_desc=None,
+        max_exceptions=1,
     )
-    assert [t.reward for t in trajectories] == [1.0]
+    assert isinstance(results[0], art.Trajectory) and results[0].reward == 1.0
+    assert isinstance(results[1], RuntimeError) and "rollout failed" in str(results[1])
+    assert [t.reward for t in results[2]] == [3.0, 4.0]
+
+
+async def test_gather_trajectories_past_the_limit_raises_with_the_rollouts_error_as_cause():
+    with pytest.raises(art.TooManyExceptionsError) as raised:
+        await art.gather_trajectories([rollout(1.0), rollout(0.0, fail=True)], pbar_desc=None)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+async def test_gather_trajectories_refuses_a_result_that_is_no_trajectory():
+    async def text() -> str:
+        return "no"
+
+    [result] = await art.gather_trajectories([text()], pbar_desc=None, max_exceptions=1)
+    assert isinstance(result, TypeError) and "art.Trajectory" in str(result)
+
+
+async def test_a_group_is_awaitable_and_keeps_the_input_order():
+    group = art.TrajectoryGroup(rollout(r, delay=0.05 * (3 - r)) for r in range(3))
+    assert await group is group
+    assert group.rewards == [0.0, 1.0, 2.0] and group._pending == []
+    assert await group is group  # awaiting again runs nothing
+
+
+async def test_awaiting_a_group_alone_raises_its_first_exception_and_cancels_the_rest():
+    cancelled = asyncio.Event()
+
+    async def slow() -> art.Trajectory:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        raise AssertionError("not cancelled")
+
+    with pytest.raises(RuntimeError, match="rollout failed"):
+        await art.TrajectoryGroup([slow(), rollout(0.0, fail=True)])
+    assert cancelled.is_set()
+
+
+async def test_groups_built_by_coroutines_run_concurrently_and_report_to_the_gather():
+    # Group A's rollout waits for group B's: run one after another, this would never finish.
+    b_ran = asyncio.Event()
+
+    async def rollout_a() -> art.Trajectory:
+        await b_ran.wait()
+        return await rollout(1.0)
+
+    async def rollout_b() -> art.Trajectory:
+        b_ran.set()
+        return await rollout(2.0)
+
+    async def group_of(make) -> art.TrajectoryGroup:
+        return await art.TrajectoryGroup([make(), rollout(0.0, fail=True)])
+
+    groups = await asyncio.wait_for(
+        art.gather_trajectory_groups(
+            [group_of(rollout_a), group_of(rollout_b)], pbar_desc=None, max_exceptions=2
+        ),
+        timeout=30,
+    )
+    assert [g.rewards for g in groups] == [[1.0], [2.0]]
+    assert [len(g.exceptions) for g in groups] == [1, 1]  # kept: inside the gather's limit
+
+
+async def test_a_group_awaitable_that_raises_is_counted_and_left_out():
+    async def broken() -> art.TrajectoryGroup:
+        raise ValueError("no scenario")
+
+    async def built() -> art.TrajectoryGroup:
+        return art.TrajectoryGroup([await rollout(1.0), await rollout(2.0)])
+
+    groups = await art.gather_trajectory_groups(
+        [broken(), built()], pbar_desc=None, max_exceptions=1
+    )
+    assert [g.rewards for g in groups] == [[1.0, 2.0]] and groups.dropped == 1
+    with pytest.raises(art.TooManyExceptionsError, match="no scenario"):
+        await art.gather_trajectory_groups([broken()], pbar_desc=None)
+
+
+async def test_after_each_may_return_several_groups():
+    async def split(group: art.TrajectoryGroup) -> list[art.TrajectoryGroup]:
+        return [art.TrajectoryGroup([t]) for t in group]
+
+    groups = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([rollout(1.0), rollout(2.0)])], pbar_desc=None, after_each=split
+    )
+    assert [g.rewards for g in groups] == [[1.0], [2.0]] and groups.dropped == 0
+
+
+async def test_arts_progress_options_are_taken():
+    with pytest.warns(DeprecationWarning, match="pbar_total_completion_tokens"):
+        groups = await art.gather_trajectory_groups(
+            [art.TrajectoryGroup([rollout(1.0)])],
+            pbar_desc=None,
+            max_metrics=1,
+            pbar_total_completion_tokens=True,
+        )
+    assert groups[0].rewards == [1.0]
 
 
 def test_a_group_refuses_what_is_not_a_trajectory():

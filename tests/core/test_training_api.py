@@ -63,7 +63,7 @@ async def test_training_changes_the_served_policy(model: art.TrainableModel):
     assert await logprobs(1) != before
 
 
-async def test_plain_dict_assistant_messages_are_context_counted_with_one_warning(
+async def test_plain_dict_assistant_messages_matching_no_completion_are_counted_and_warned(
     model: art.TrainableModel, caplog: pytest.LogCaptureFixture
 ):
     groups = [
@@ -81,9 +81,11 @@ async def test_plain_dict_assistant_messages_are_context_counted_with_one_warnin
     with caplog.at_level(logging.WARNING, logger="art_core"):
         result = await model.train(groups)
     assert result.metrics["context_assistant_messages"] == 3
+    assert result.metrics["dropped/unmatched_assistant_messages"] == 3
     assert result.metrics["dropped/no_trainable_turns"] == 3
     assert result.metrics["trained"] == 0 and result.step == 0
-    assert "Nothing trained" in result.warnings[0]
+    assert "match no completion" in result.warnings[0]
+    assert "Nothing trained" in result.warnings[1]
 
 
 async def test_group_of_one_and_zero_variance_groups_are_counted_not_trained(

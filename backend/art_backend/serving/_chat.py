@@ -35,6 +35,7 @@ from art_backend.serving._tool_calls import (
     prepare_messages,
     template_supports_tools,
 )
+from art_core.names import ADAPTER_NAME_PATTERN
 
 _Result = TypeVar("_Result")
 
@@ -69,15 +70,26 @@ class ChatService:
     # ------------------------------------------------------------------------------- model names
 
     def served_models(self) -> list[str]:
-        """The names a request may use as `model`: the base first, then adapters."""
-        return [self.base_names[0], *sorted(self.engine.adapters)]
+        """The names a request may use as `model`: the base first, then per trained model its
+        plain name (an alias of its latest served step) and its `name@step` adapters by step."""
+        adapters = list(self.engine.adapters)  # one snapshot: the trainer thread adds steps
+        names = {*adapters, *_latest_steps(adapters)}
+        return [self.base_names[0], *sorted(names, key=_served_order)]
 
     def resolve_adapter(self, model: str) -> str | None:
-        """None for the base model, the served adapter name otherwise; 404 if unknown."""
+        """None for the base model, the served adapter name otherwise; 404 if unknown.
+
+        A trained model's plain name (`agent`, what ART's tutorials send as `model=model.name`)
+        means its latest served step; `agent@3` pins one step. The caller records the resolved
+        name, so training and staleness checks see the step that actually answered.
+        """
         if model in self.base_names:
             return None
-        if model in self.engine.adapters:
+        adapters = list(self.engine.adapters)
+        if model in adapters:
             return model
+        if (latest := _latest_steps(adapters).get(model)) is not None:
+            return latest
         raise ModelNotServedError(
             f"The model {model!r} does not exist on this server. "
             f"Served models: {', '.join(self.served_models())}."
@@ -238,7 +250,7 @@ class ChatService:
             "id": completion_id,
             "object": "chat.completion",
             "created": created,
-            "model": request.model,
+            "model": _answering_model(request, generation),
             # Each choice names its completion, so a `Choice` object alone identifies a trainable
             # turn (the training API looks its exact tokens up by this id).
             "choices": [
@@ -285,13 +297,14 @@ class ChatService:
     ) -> AsyncIterator[str]:
         completion_id, started_at = _new_id(), time.time()
         created = int(started_at)
+        answering_model = _answering_model(request, generation)
 
         def chunk(choices: list[dict], **extra: Any) -> str:
             body = {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
                 "created": created,
-                "model": request.model,
+                "model": answering_model,
                 "system_fingerprint": None,
                 "choices": choices,
                 **extra,
@@ -432,7 +445,8 @@ class ChatService:
                 "recorded_at": time.time(),
                 "created": body["created"],
                 "rollout_id": rollout_id,
-                "model": request.model,
+                # The step that answered (`agent@3`), also when the request named `agent`.
+                "model": body["model"],
                 "request": request.model_dump(exclude_none=True),
                 "prompt_token_ids": body["prompt_token_ids"],
                 "choices": [
@@ -448,6 +462,31 @@ class ChatService:
                 "usage": body["usage"],
             }
         )
+
+
+def _answering_model(request: ChatCompletionRequest, generation: GenerationRequest) -> str:
+    """The `model` of a response: the served step that answered, as OpenAI names the dated
+    model behind an alias; a base-model request keeps the name it used."""
+    return generation.adapter if generation.adapter is not None else request.model
+
+
+def _latest_steps(adapters: list[str]) -> dict[str, str]:
+    """Each trained model's plain name -> the served name of its highest step."""
+    latest: dict[str, tuple[int, str]] = {}
+    for served in adapters:
+        if (match := ADAPTER_NAME_PATTERN.match(served)) is None:
+            continue
+        name, step = match[1], int(match[2])
+        if name not in latest or step > latest[name][0]:
+            latest[name] = (step, served)
+    return {name: served for name, (_, served) in latest.items()}
+
+
+def _served_order(served: str) -> tuple[str, int]:
+    """A model's plain name first, then its steps in numeric order (`a@9` before `a@10`)."""
+    if (match := ADAPTER_NAME_PATTERN.match(served)) is None:
+        return served, -1
+    return match[1], int(match[2])
 
 
 def _message_characters(message: Any) -> int:

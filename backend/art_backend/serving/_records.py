@@ -92,6 +92,11 @@ class CompletionRecords:
         with self._lock:
             return [self._records[i] for i in completion_ids if i in self._records]
 
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every stored record, oldest first (the list is new; the records are shared)."""
+        with self._lock:
+            return list(self._records.values())
+
     def rollout(self, rollout_id: str) -> list[dict[str, Any]]:
         """The records of one rollout, oldest first."""
         with self._lock:

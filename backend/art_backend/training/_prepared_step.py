@@ -20,8 +20,14 @@ import torch
 from art_backend._errors import InvalidRequestError
 from art_backend.serving._records import CompletionRecords
 from art_backend.store._review_decisions import ReviewState
-from art_backend.training._grpo import ScaleRewards, advantages_from_rewards
-from art_backend.training._rows import Sequence, TrajectoryTurns, build_sequences, turns_from_record
+from art_backend.training._grpo import ScaleRewards, advantages_from_rewards, balance_advantages
+from art_backend.training._rows import (
+    RecordedAnswers,
+    Sequence,
+    TrajectoryTurns,
+    build_sequences,
+    turns_from_record,
+)
 from art_backend.training._schemas import GroupPayload, TrainRequest, TrajectoryPayload
 
 # Counted in every train step: what reviewers' decisions (review page) left out or changed.
@@ -52,9 +58,9 @@ class PreparedStep:
     advantages: list[float] = field(default_factory=list)
     trainable: list[bool] = field(default_factory=list)
 
-    def set_advantages(self, scale_rewards: ScaleRewards) -> None:
-        """One advantage per trajectory from its group (GRPO); a group whose rewards are all
-        equal teaches nothing and is counted in `groups/zero_variance`."""
+    def set_advantages(self, scale_rewards: ScaleRewards, balance: float = 0.0) -> None:
+        """One advantage per trajectory from its group (GRPO), then ART's advantage_balance; a
+        group whose rewards are all equal teaches nothing and is counted in `groups/zero_variance`."""
         rewards = torch.tensor([t.reward for t in self.trajectories], dtype=torch.float64)
         group_ids = torch.tensor([t.group_id for t in self.trajectories], dtype=torch.long)
         advantages, trainable = (
@@ -62,6 +68,7 @@ class PreparedStep:
             if self.trajectories
             else (rewards, rewards.bool())
         )
+        advantages = balance_advantages(advantages, balance)
         check_advantages(advantages, scale_rewards)  # reviewers' overrides too
         self.advantages = advantages.tolist()
         self.trainable = trainable.tolist()
@@ -89,7 +96,7 @@ class PreparedStep:
                 )
         return sequences
 
-    def answer(self, step: int) -> dict[str, Any]:
+    def answer(self, step: int, checkpoint_path: str | None = None) -> dict[str, Any]:
         """The route's answer; each trajectory's advantage goes back (its Langfuse export)."""
         return {
             "step": step,
@@ -99,11 +106,15 @@ class PreparedStep:
                 t.trajectory_id: float(a)
                 for t, a in zip(self.trajectories, self.advantages, strict=True)
             },
+            "checkpoint_path": checkpoint_path,
         }
 
 
 def prepare_step(
-    request: TrainRequest, review: ReviewState, records: CompletionRecords
+    request: TrainRequest,
+    review: ReviewState,
+    records: CompletionRecords,
+    model_name: str | None = None,
 ) -> PreparedStep:
     """Recorded turns of every trajectory in groups that can train; the rest counted.
 
@@ -116,6 +127,19 @@ def prepare_step(
     rewards: list[float] = []
     kept: list[RecordedTrajectory] = []
     annotations: dict[tuple[int, str], dict[str, Any]] = {}
+    # Assistant turns without a completion id match recorded completions by text
+    # (`RecordedAnswers`): the records are indexed once a step, only when such a turn comes.
+    answers = (
+        RecordedAnswers(records.snapshot())
+        if any(
+            ref.message_index is not None
+            for group in request.groups
+            for trajectory in group.trajectories
+            for history in trajectory.histories
+            for ref in history.turns
+        )
+        else None
+    )
     for group_id, group in enumerate(request.groups):
         counts["groups/submitted"] += 1
         counts["exceptions"] += len(group.exceptions)
@@ -143,8 +167,25 @@ def prepare_step(
             counts["trajectories"] += 1
             counts["context_assistant_messages"] += trajectory.context_assistant_messages
             turns = []
+            rollout_id = trajectory.metadata.get("rollout_id")
             for history in trajectory.histories:
                 for ref in history.turns:
+                    if ref.completion_id is None:
+                        # Matched by text: TurnRef then names the message (message_index).
+                        index = ref.message_index or 0
+                        assert answers is not None
+                        matched = answers.find(
+                            history.messages[:index],
+                            history.messages[index],
+                            rollout_id=rollout_id if isinstance(rollout_id, str) else None,
+                            model_name=model_name,
+                        )
+                        if matched is None:
+                            counts["dropped/unmatched_assistant_messages"] += 1
+                            continue
+                        counts["matched_assistant_messages"] += 1
+                        turns.append(matched)
+                        continue
                     record = records.get(ref.completion_id)
                     choices = turns_from_record(record) if record else []
                     if ref.choice_index >= len(choices):
@@ -159,10 +200,20 @@ def prepare_step(
             f"{counts['dropped/unknown_completion']} turn(s) reference completions this "
             "backend has no record of (served elsewhere, or evicted after an hour): not trained."
         )
+    if counts["dropped/unmatched_assistant_messages"]:
+        warnings.append(
+            f"{counts['dropped/unmatched_assistant_messages']} assistant message(s) without a "
+            "completion id (plain dicts, or choices served elsewhere) match no completion this "
+            "backend recorded (the same conversation before it, the same text and tool calls): "
+            "context, not trained. Append the choice itself (`response.choices[0]`), or keep "
+            "the answer exactly as sampled."
+        )
     metrics = {name: float(value) for name, value in counts.items()}
     for name in (
         "dropped/unknown_completion",
         "dropped/no_trainable_turns",
+        "dropped/unmatched_assistant_messages",
+        "matched_assistant_messages",
         "groups/too_small",
         *REVIEW_METRICS,
     ):

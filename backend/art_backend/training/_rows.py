@@ -29,6 +29,9 @@ from typing import Any
 
 import torch
 
+from art_backend._errors import InvalidRequestError
+from art_backend.serving._tool_calls import prepare_messages, template_supports_tools
+
 DROP_REASONS = ("no_trainable_tokens", "truncated", "over_length")
 
 
@@ -121,6 +124,83 @@ def turns_from_record(record: dict[str, Any]) -> list[TurnRecord]:
         )
         for choice in choices
     ]
+
+
+# ------------------------------------------------------- plain-dict assistant turns, by text
+
+
+def message_key(message: dict[str, Any]) -> tuple[Any, ...]:
+    """A conversation turn as matching sees it: role, text (None and "" alike; text parts
+    joined) and tool calls (name, arguments); ids and other fields ignored."""
+    content = message.get("content") or ""
+    if isinstance(content, list):
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    calls = tuple(
+        (
+            (call.get("function") or {}).get("name"),
+            (call.get("function") or {}).get("arguments"),
+        )
+        for call in message.get("tool_calls") or []
+        if isinstance(call, dict)
+    )
+    return message.get("role"), str(content), calls
+
+
+class RecordedAnswers:
+    """The recorded completions, indexed by their answers, to train plain-dict assistant turns.
+
+    Tutorial code often keeps an answer as `{"role": "assistant", "content": text}` rather than
+    the `Choice`. Such a turn trains on the tokens of a completion this server recorded when that
+    completion's request held the same conversation as the turn's history before it and its
+    choice the same answer (`message_key`: text and tool calls). Among several, the one in the
+    trajectory's own rollout wins, then one served by the model being trained (`name@step`:
+    its logprobs are this policy's, not another adapter's or the base model's), then the
+    newest. Anything else (an edited or stripped answer,
+    a conversation that differs from what was sent) matches nothing: the caller counts it.
+    """
+
+    def __init__(self, records: Iterable[dict[str, Any]]) -> None:
+        self._by_answer: dict[tuple[Any, ...], list[tuple[dict[str, Any], int]]] = {}
+        for record in records:
+            for number, choice in enumerate(record.get("choices", [])):
+                message = choice.get("message") or {}
+                key = message_key({"role": "assistant", **message})
+                self._by_answer.setdefault(key, []).append((record, number))
+
+    def find(
+        self,
+        history: list[dict[str, Any]],
+        answer: dict[str, Any],
+        *,
+        rollout_id: str | None = None,
+        model_name: str | None = None,
+    ) -> TurnRecord | None:
+        """The recorded turn behind `answer`, given the messages before it, or None."""
+        prompt = [message_key(message) for message in history]
+        best: tuple[bool, bool, float] | None = None
+        found: TurnRecord | None = None
+        for record, number in self._by_answer.get(message_key(answer), []):
+            sent = record.get("request", {}).get("messages", [])
+            if len(sent) != len(prompt) or [message_key(m) for m in sent] != prompt:
+                continue
+            served = str(record.get("model", ""))
+            rank = (
+                rollout_id is not None and record.get("rollout_id") == rollout_id,
+                model_name is not None and served.partition("@")[0] == model_name,
+                float(record.get("recorded_at", 0.0)),
+            )
+            if best is None or rank > best:
+                choice = record["choices"][number]
+                best, found = (
+                    rank,
+                    TurnRecord(
+                        prompt_token_ids=list(record["prompt_token_ids"]),
+                        token_ids=list(choice["token_ids"]),
+                        logprobs=list(choice["logprobs"]),
+                        finish_reason=choice["finish_reason"],
+                    ),
+                )
+        return found
 
 
 @dataclass
@@ -280,21 +360,34 @@ def token_logprobs_and_entropy(
 
 
 def sft_sequence(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    *,
+    assistant_turns: str = "all",
 ) -> Sequence:
-    """A conversation tokenised with the chat template; its assistant turns trained (SFT).
+    """A conversation tokenised as serving renders it; its assistant turns trained (SFT).
 
-    Each assistant turn's tokens are what the template adds when the turn is appended to the
-    conversation before it (generation prompt excluded), so they match what serving samples.
+    The messages are prepared as serving prepares a request (for a template without tool
+    support, tools and tool calls become the text the model is taught to write), so SFT trains
+    the tokens the model samples. Each trained turn's tokens are what the template adds when
+    the turn is appended to the conversation before it (generation prompt excluded).
+    `assistant_turns="last"` trains only the final assistant turn: all before it is context.
     """
     if not messages:
         raise ValueError("an SFT example needs at least one message")
+    supports_tools = template_supports_tools(tokenizer.chat_template)
+    try:
+        prepared = prepare_messages(messages, tools, supports_tools=supports_tools)
+    except InvalidRequestError as error:
+        raise ValueError(error.message) from error
+    template_tools = tools if supports_tools else None
 
     def render(upto: int, generation_prompt: bool) -> list[int]:
         try:
             ids = tokenizer.apply_chat_template(
-                messages[:upto],
-                tools=tools,
+                prepared[:upto],
+                tools=template_tools,
                 add_generation_prompt=generation_prompt,
                 tokenize=True,
                 return_dict=False,
@@ -305,16 +398,26 @@ def sft_sequence(
             ) from error
         return list(ids)
 
+    # Assistant messages stay one each, in order, in the prepared list (tool results may merge).
+    turns = list(
+        zip(
+            [i for i, message in enumerate(messages) if message.get("role") == "assistant"],
+            [i for i, message in enumerate(prepared) if message["role"] == "assistant"],
+            strict=True,
+        )
+    )
+    if not turns:
+        raise ValueError("an SFT example needs at least one assistant message to train on")
+    if assistant_turns == "last":
+        turns = turns[-1:]
     tokens: list[int] = []
     trained: list[bool] = []
-    for index, message in enumerate(messages):
-        if message.get("role") != "assistant":
-            continue
+    for original, index in turns:
         prompt = render(index, True) if index else []
         full = render(index + 1, False)
         if prompt[: len(tokens)] != tokens or full[: len(prompt)] != prompt:
             raise ValueError(
-                f"message {index}: the chat template does not render this conversation "
+                f"message {original}: the chat template does not render this conversation "
                 "incrementally, so assistant tokens cannot be located"
             )
         context = prompt[len(tokens) :]
@@ -322,7 +425,7 @@ def sft_sequence(
         tokens += [*context, *answer]
         trained += [False] * len(context) + [True] * len(answer)
     if not any(trained):
-        raise ValueError("an SFT example needs at least one assistant message to train on")
+        raise ValueError("the assistant messages to train on render to no tokens")
     return Sequence(
         input_ids=torch.tensor(tokens, dtype=torch.long),
         trained_mask=torch.tensor(trained, dtype=torch.bool),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # torch.manual_seed takes 64 bits: the registration seed has the chat API's range.
 from art_backend.serving._schemas import SEED_RANGE
@@ -65,10 +65,18 @@ class RegisterRequest(_ModelName):
 
 
 class TurnRef(_Strict):
-    """A trainable assistant turn: a choice of a completion this server recorded."""
+    """A trainable assistant turn: a choice of a completion this server recorded, by its id, or
+    an assistant message without one (`message_index` in the history), matched by its text."""
 
-    completion_id: str
+    completion_id: str | None = None
     choice_index: int = Field(0, ge=0)
+    message_index: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _one_reference(self) -> TurnRef:
+        if (self.completion_id is None) == (self.message_index is None):
+            raise ValueError("a turn names either completion_id or message_index")
+        return self
 
 
 class HistoryPayload(_Strict):
@@ -78,6 +86,16 @@ class HistoryPayload(_Strict):
     tools: list[dict[str, Any]] | None = None
     turns: list[TurnRef] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _turns_in_messages(self) -> HistoryPayload:
+        for turn in self.turns:
+            index = turn.message_index
+            if index is not None and (
+                index >= len(self.messages) or self.messages[index].get("role") != "assistant"
+            ):
+                raise ValueError(f"turn message_index {index} is not an assistant message")
+        return self
+
 
 class TrajectoryPayload(_Strict):
     id: str
@@ -86,7 +104,7 @@ class TrajectoryPayload(_Strict):
     metadata: dict[str, Any] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
     histories: list[HistoryPayload] = Field(default_factory=list)
-    context_assistant_messages: int = Field(0, ge=0)  # plain-dict assistant turns: not trained
+    context_assistant_messages: int = Field(0, ge=0)  # assistant turns without an id: matched
 
     @field_validator("reward")
     @classmethod
@@ -132,22 +150,62 @@ def _sft_message(message: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"a {role} message needs `content`")
     if content is not None and not isinstance(content, str):
         raise ValueError("content must be a string or a list of text parts")
+    if role == "assistant":
+        calls = message.get("tool_calls")
+        if calls is not None:
+            _check_tool_calls(calls)
+        if content is None and not calls:
+            raise ValueError("an assistant message needs `content` or `tool_calls`")
     return message
+
+
+def _check_tool_calls(calls: Any) -> None:
+    """OpenAI's shape, which serving renders: [{"function": {"name": ..., "arguments": ...}}]."""
+    if not isinstance(calls, list):
+        raise ValueError("tool_calls must be a list")
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not (
+            isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and isinstance(function.get("arguments"), str | dict)
+        ):
+            raise ValueError(
+                f'tool_calls[{index}] must be {{"type": "function", "function": {{"name": '
+                f'"...", "arguments": "<JSON text>"}}}}; got {call!r}'
+            )
+
+
+def _sft_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool definition: {"type": "function", "function": {"name": ..., ...}}."""
+    function = tool.get("function")
+    if not (isinstance(function, dict) and isinstance(function.get("name"), str)):
+        raise ValueError(
+            'a tool must be {"type": "function", "function": {"name": "...", "parameters": {...}}}'
+        )
+    return tool
 
 
 class SFTExample(_Strict):
     messages: list[Annotated[dict[str, Any], AfterValidator(_sft_message)]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Annotated[dict[str, Any], AfterValidator(_sft_tool)]] | None = None
 
 
 class SFTRequest(_Strict):
+    """Trajectories to imitate. `config.learning_rate` as a list is one rate per batch, so its
+    length must be the number of batches (checked by the service, which resolves "auto")."""
+
     trajectories: list[SFTExample]
     config: SFTSettings = SFTSettings()
 
 
 class LogRequest(_Strict):
-    groups: list[GroupPayload]
+    """`model.log(groups, split, metrics=..., step=...)`: groups and/or metrics at a step."""
+
+    groups: list[GroupPayload] = Field(default_factory=list)
     split: str = "val"
+    metrics: dict[str, float] = Field(default_factory=dict)  # ART's: e.g. a TrainResult's
+    step: int | None = Field(None, ge=0)  # None: the model's current step
 
     @field_validator("split")
     @classmethod

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import itertools
 import logging
@@ -34,6 +35,7 @@ from art_backend.store._checkpoints import (
     STEP_TRAJECTORIES,
     ModelStore,
     fault_point,
+    read_trajectories,
     write_trajectory_rows,
 )
 from art_backend.store._review_decisions import read_review_state, remove_all_pending
@@ -58,6 +60,7 @@ from art_backend.training._rows import (
 )
 from art_backend.training._schemas import (
     DeleteCheckpointsRequest,
+    GroupPayload,
     LogRequest,
     RegisterRequest,
     SFTRequest,
@@ -341,7 +344,7 @@ class TrainingService:
     def validate_train(self, project: str, name: str, request: TrainRequest) -> RegisteredModel:
         """Checks that need no model work: a bad request fails before it is queued."""
         model = self.get(project, name)
-        loss_config = _loss_config(request.config)  # raises on an inconsistent preset override
+        loss_config = loss_config_for(request.config)  # raises on an inconsistent preset override
         if not request.groups:
             raise InvalidRequestError("No trajectory groups to train on.", param="groups")
         rewards = [t.reward for group in request.groups for t in group.trajectories]
@@ -364,10 +367,18 @@ class TrainingService:
         one optimizer step (`_optimizer_step`) -> checkpoint N+1 (`_commit_step`).
         """
         started = time.perf_counter()
-        loss_config = _loss_config(request.config)
+        loss_config = loss_config_for(request.config)
         # Reviewers' flags and reward overrides in force now (read after any review hold).
-        step = prepare_step(request, read_review_state(model.store.dir), self.records)
-        step.set_advantages(loss_config.scale_rewards)
+        step = prepare_step(
+            request, read_review_state(model.store.dir), self.records, model_name=model.name
+        )
+        step.set_advantages(loss_config.scale_rewards, loss_config.advantage_balance)
+        if request.config.truncated_importance_sampling and not loss_config.precalculate_logprobs:
+            step.warnings.append(
+                "truncated_importance_sampling was not applied: it weighs the trainer's logprobs "
+                "against the sampler's, so it needs precalculate_logprobs=True (ART skips it "
+                "likewise)."
+            )
         rows = self._pack(step, request.config)
         await progress.put({"type": "progress", "stage": "rows", "rows": rows.num_rows})
         if rows.num_rows == 0:
@@ -385,10 +396,21 @@ class TrainingService:
                 }
             )
             return step.answer(model.step)
-        step.metrics.update(await self._optimizer_step(model, rows, loss_config, request, step))
+        settings = OptimizerSettings.from_config(request.config)
+        # ART's num_trajectories_learning_rate_multiplier_power: lr x (trained trajectories)^p.
+        power = request.config.num_trajectories_learning_rate_multiplier_power
+        if power:
+            settings = dataclasses.replace(
+                settings, learning_rate=settings.learning_rate * sum(step.trainable) ** power
+            )
+        step.metrics.update(
+            await self._optimizer_step(
+                model, rows, loss_config, settings, step, beta=request.config.beta
+            )
+        )
         step.metrics.update(
             trained=1.0,
-            learning_rate=request.config.learning_rate,
+            learning_rate=settings.learning_rate,
             step_seconds=time.perf_counter() - started,
         )
         await self._commit_step(
@@ -396,8 +418,10 @@ class TrainingService:
             "train",
             step.metrics,
             trajectories=trajectory_rows(request.groups, step.annotations),
+            # The loss as it ran (preset and overrides): which objective made this step.
+            details={"loss": dataclasses.asdict(loss_config)},
         )
-        return step.answer(model.step)
+        return step.answer(model.step, str(model.store.checkpoint_dir(model.step)))
 
     def _pack(self, step: PreparedStep, config: TrainSettings) -> Rows:
         """The trainable trajectories as padded token rows; what does not fit is counted."""
@@ -415,15 +439,16 @@ class TrainingService:
         model: RegisteredModel,
         rows: Rows,
         loss_config: LossConfig,
-        request: TrainRequest,
+        settings: OptimizerSettings,
         step: PreparedStep,
+        *,
+        beta: float,
     ) -> dict[str, float]:
         """The GRPO loss over the rows and one optimizer step, on the trainer's thread."""
-        settings = OptimizerSettings.from_config(request.config)
         try:
             async with self._engine_paused():
                 return await self._in_trainer_thread(
-                    model.trainer.grpo_step, rows, loss_config, settings, beta=request.config.beta
+                    model.trainer.grpo_step, rows, loss_config, settings, beta=beta
                 )
         except FloatingPointError as error:  # the trainer skipped the step: nothing changed
             largest = max((abs(a) for a in step.advantages), default=0.0)
@@ -440,8 +465,10 @@ class TrainingService:
         kind: str,
         metrics: dict[str, float],
         trajectories: list[dict[str, Any]] | None = None,
+        details: dict[str, Any] | None = None,
     ):
-        """Checkpoint N+1 atomically, serve it, log its trajectories, then record it in history.
+        """Checkpoint N+1 atomically, serve it, log its trajectories, then record it in history
+        (its row: type, step, metrics, and `details`).
 
         The trajectories it trained on ride in the checkpoint too: a crash before the history
         row is written is repaired from the checkpoint, trajectories included (`repair_history`).
@@ -471,7 +498,9 @@ class TrainingService:
                 model.store.write_trajectories, "train", new_step - 1, trajectories
             )
         fault_point("before_history")
-        model.store.append_history({"type": kind, "step": new_step, "metrics": metrics})
+        model.store.append_history(
+            {"type": kind, "step": new_step, "metrics": metrics, **(details or {})}
+        )
         self.steps_total += 1
 
     # ---------------------------------------------------------------------------------------- SFT
@@ -479,42 +508,71 @@ class TrainingService:
     async def train_sft(
         self, model: RegisteredModel, request: SFTRequest, progress: asyncio.Queue
     ) -> dict[str, Any]:
-        """Supervised steps on assistant turns (a warm start); one checkpoint at the end."""
+        """Supervised steps on assistant turns (a warm start); one checkpoint at the end.
+
+        One optimizer step per batch of `batch_size` trajectories (in the order sent, epochs
+        after one another), each at its rate of the `learning_rate` schedule.
+        """
         started = time.perf_counter()
         config = request.config
         tokenizer = self.engine.tokenizer
         sequences = []
         for index, example in enumerate(request.trajectories):
             try:
-                sequences.append(sft_sequence(tokenizer, example.messages, example.tools))
+                sequences.append(
+                    sft_sequence(
+                        tokenizer,
+                        example.messages,
+                        example.tools,
+                        assistant_turns=config.assistant_turns,
+                    )
+                )
             except ValueError as error:
                 raise InvalidRequestError(
                     f"trajectories[{index}]: {error}", param=f"trajectories[{index}]"
                 ) from error
+        if not sequences:
+            raise InvalidRequestError("Nothing to train: no trajectories.", param="trajectories")
         max_length = config.max_length or self.engine.context_length
-        settings = OptimizerSettings.from_config(config)
-        losses: list[float] = []
-        dropped = 0
+        batch_size = config.resolved_batch_size()
         batches = [
-            sequences[start : start + config.batch_size]
+            sequences[start : start + batch_size]
             for _ in range(config.epochs)
-            for start in range(0, len(sequences), config.batch_size)
+            for start in range(0, len(sequences), batch_size)
         ]
-        for number, batch in enumerate(batches):
+        try:
+            rates = config.batch_learning_rates(len(batches))
+        except ValueError as error:
+            raise InvalidRequestError(str(error), param="config.learning_rate") from error
+        losses: list[float] = []
+        trained_tokens = 0
+        dropped = 0
+        for number, (batch, rate) in enumerate(zip(batches, rates, strict=True)):
             rows, drops = pack_rows(batch, max_length=max_length, mask_truncated=False)
             dropped += drops["over_length"]
             if rows.num_rows:
+                settings = OptimizerSettings(
+                    learning_rate=rate,
+                    max_grad_norm=config.max_grad_norm,
+                    weight_decay=config.weight_decay,
+                    micro_batch_tokens=config.micro_batch_tokens,
+                    gradient_checkpointing=config.gradient_checkpointing,
+                )
                 async with self._engine_paused():
                     step = await self._in_trainer_thread(model.trainer.sft_step, rows, settings)
                 losses.append(step["loss"])
+                trained_tokens += int(step["trained_tokens"])
             await progress.put({"type": "progress", "done": number + 1, "total": len(batches)})
         metrics = {
             "loss": losses[-1] if losses else 0.0,
             "loss_first": losses[0] if losses else 0.0,
             "optimizer_steps": float(len(losses)),
             "examples": float(len(sequences)),
+            "trained_tokens": float(trained_tokens),
+            "batch_size": float(batch_size),
             "dropped/over_length": float(dropped),
-            "learning_rate": config.learning_rate,
+            # The last batch's rate: where a schedule ended (the peak is the user's own number).
+            "learning_rate": rates[-1] if rates else 0.0,
             "step_seconds": time.perf_counter() - started,
         }
         if not losses:
@@ -527,36 +585,62 @@ class TrainingService:
     # ------------------------------------------------------------------------------ logs & admin
 
     async def log(self, model: RegisteredModel, request: LogRequest) -> dict[str, Any]:
-        """Record evaluation groups at the current step: history row + trajectories file."""
-        rewards = [t.reward for g in request.groups for t in g.trajectories]
-        metrics = reward_metrics(rewards)
-        per_metric: dict[str, list[float]] = {}
-        non_finite = 0  # a trajectory's inf or NaN metric: left out of its mean, counted
-        for group in request.groups:
-            for trajectory in group.trajectories:
-                for key, value in trajectory.metrics.items():
-                    if math.isfinite(value):
-                        per_metric.setdefault(key, []).append(value)
-                    else:
-                        non_finite += 1
-        metrics.update({key: mean_and_std(values)[0] for key, values in per_metric.items()})
-        metrics["exceptions"] = float(sum(len(g.exceptions) for g in request.groups))
-        metrics["trajectories"] = float(len(rewards))
-        for group in request.groups:
-            for key, value in group.metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + value
-        metrics["dropped/non_finite_metrics"] = float(non_finite)
+        """Record groups and/or metrics at a step: one "log" history row + trajectories file.
+
+        The rule that keeps a trained step from counting twice: a step is its one "train" row,
+        written by the train call (its trajectories in train/<step - 1>). A log never writes a
+        "train" row. A train-split log at a step with a train row (ART's
+        `model.log(groups, metrics=result.metrics, step=result.step, split="train")`) keeps
+        out of its row the metrics that row already holds with the same value, and writes no
+        trajectory whose id the train split already holds at that step or the one before; the
+        answer counts them in `already_recorded`.
+        """
+        step = model.step if request.step is None else request.step
+        if step > model.step:
+            raise InvalidRequestError(
+                f"step {step} is ahead of the model's step {model.step}: log at a step it has "
+                "reached (result.step of a train call, or None for the current one).",
+                param="step",
+            )
+        if not request.groups and not request.metrics:
+            raise InvalidRequestError(
+                "Nothing to log: pass trajectory groups, metrics= or both.", param="groups"
+            )
+        metrics = _group_metrics(request.groups) if request.groups else {}
+        metrics.update(request.metrics)  # the caller's own, as ART merges them
         metrics = finite_metrics(metrics)
-        model.store.append_history(
-            {"type": "log", "split": request.split, "step": model.step, "metrics": metrics}
-        )
-        await self._in_trainer_thread(
-            model.store.write_trajectories,
-            request.split,
-            model.step,
-            trajectory_rows(request.groups),
-        )
-        return {"step": model.step, "split": request.split, "metrics": metrics}
+        if not request.groups and not metrics["dropped/non_finite_metrics"]:
+            del metrics["dropped/non_finite_metrics"]  # a metrics-only log holds just those
+        rows = trajectory_rows(request.groups)
+        repeated_metrics: list[str] = []
+        known_ids: set[str] = set()
+        if request.split == "train":
+            trained = [
+                row
+                for row in model.store.read_history()
+                if row.get("type") == "train" and row.get("step") == step
+            ]
+            for row in trained:
+                for key, value in row.get("metrics", {}).items():
+                    if metrics.get(key) == value:
+                        repeated_metrics.append(key)
+                        del metrics[key]
+            known_ids = await self._in_trainer_thread(_logged_ids, model.store, "train", step)
+        written = [row for row in rows if row.get("id") is None or row["id"] not in known_ids]
+        record: dict[str, Any] = {
+            "type": "log", "split": request.split, "step": step, "metrics": metrics,
+        }  # fmt: skip
+        if repeated_metrics or len(written) < len(rows):
+            record["already_recorded"] = {
+                "metrics": sorted(repeated_metrics),
+                "trajectories": len(rows) - len(written),
+            }
+        model.store.append_history(record)
+        if written:
+            await self._in_trainer_thread(
+                model.store.write_trajectories, request.split, step, written
+            )
+        return {k: v for k, v in record.items() if k != "type"}
 
     async def delete_checkpoints(
         self, model: RegisteredModel, request: DeleteCheckpointsRequest
@@ -589,14 +673,59 @@ class TrainingService:
         return {"kept": sorted(keep), "deleted": deleted, "best_step": best}
 
 
+def _group_metrics(groups: list[GroupPayload]) -> dict[str, float]:
+    """A log's summary of its groups: reward mean/std, each trajectory metric's mean, counts."""
+    rewards = [t.reward for g in groups for t in g.trajectories]
+    metrics = reward_metrics(rewards)
+    per_metric: dict[str, list[float]] = {}
+    non_finite = 0  # a trajectory's inf or NaN metric: left out of its mean, counted
+    for group in groups:
+        for trajectory in group.trajectories:
+            for key, value in trajectory.metrics.items():
+                if math.isfinite(value):
+                    per_metric.setdefault(key, []).append(value)
+                else:
+                    non_finite += 1
+    metrics.update({key: mean_and_std(values)[0] for key, values in per_metric.items()})
+    metrics["exceptions"] = float(sum(len(g.exceptions) for g in groups))
+    metrics["trajectories"] = float(len(rewards))
+    for group in groups:
+        for key, value in group.metrics.items():
+            metrics[key] = metrics.get(key, 0.0) + value
+    metrics["dropped/non_finite_metrics"] = float(non_finite)
+    return metrics
+
+
+def _logged_ids(store: ModelStore, split: str, step: int) -> set[str]:
+    """Trajectory ids the split's files of `step` and `step - 1` already hold."""
+    ids: set[str] = set()
+    for at in (step - 1, step):
+        path = store.trajectories_path(split, at) if at >= 0 else None
+        if path is not None and path.is_file():
+            ids.update(str(row["id"]) for row in read_trajectories(path) if "id" in row)
+    return ids
+
+
 def release_free_memory() -> None:
     """Hand memory freed by a step back to the OS (glibc keeps it otherwise); no-op elsewhere."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _loss_config(config: TrainSettings):
-    overrides: dict[str, Any] = {}
+def loss_config_for(config: TrainSettings) -> LossConfig:
+    """The preset `config.loss` names, with the config's fields over it (None keeps the preset's)."""
+    overrides: dict[str, Any] = {
+        "advantage_balance": config.advantage_balance,
+        "kl_penalty_coef": config.kl_penalty_coef,
+        "kl_penalty_source": config.kl_penalty_source,
+        "ratio_max": config.max_negative_advantage_importance_sampling_weight,
+        "mask_ratio": config.mask_prob_ratio,
+        "kimi_k2_tau": config.kimi_k2_tau,
+        "precalculate_logprobs": config.precalculate_logprobs,
+        "truncated_is_max": config.truncated_importance_sampling,
+    }
+    if config.importance_sampling_level is not None:
+        overrides["ratio_level"] = config.importance_sampling_level
     if config.scale_rewards is not None:
         overrides["scale_rewards"] = config.scale_rewards
     if config.epsilon is not None:

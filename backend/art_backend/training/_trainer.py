@@ -59,6 +59,7 @@ class StepMetrics:
     loss: float = 0.0
     entropy_sum: float = 0.0
     kl_sum: float = 0.0
+    kl_policy_ref_sum: float = 0.0
     clipped_sum: float = 0.0
     ratio_sum: float = 0.0
     logprob_diff_sum: float = 0.0
@@ -67,7 +68,9 @@ class StepMetrics:
     micro_batches: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
-    def as_dict(self, seconds: float, grad_norm: float, with_kl: bool) -> dict[str, float]:
+    def as_dict(
+        self, seconds: float, grad_norm: float, with_kl: bool, with_kl_penalty: bool = False
+    ) -> dict[str, float]:
         tokens = max(self.trained_tokens, 1)
         metrics = {
             "loss": self.loss,
@@ -85,6 +88,8 @@ class StepMetrics:
             metrics["logprob_abs_diff"] = self.logprob_diff_sum / tokens
         if with_kl:
             metrics["kl"] = self.kl_sum / tokens
+        if with_kl_penalty:  # ART's name: mean logp_source - logp_ref over trained tokens
+            metrics["kl_policy_ref"] = self.kl_policy_ref_sum / tokens
         return metrics
 
 
@@ -135,9 +140,11 @@ class LoraTrainer:
         started = time.perf_counter()
         totals = StepMetrics()
         denominator = loss_denominator(rows.trained_mask, loss_config)
+        # The reference (the base model: adapter disabled) for beta's KL and ART's KL penalty.
+        with_reference = beta > 0 or loss_config.kl_penalty_coef > 0
         for batch in micro_batches(rows, token_budget=settings.micro_batch_tokens):
             with self.engine.exclusive() as model:
-                ref = self._reference_logprobs(model, batch) if beta > 0 else None
+                ref = self._reference_logprobs(model, batch) if with_reference else None
                 with self._training(model, settings):
                     new, entropy = self._logprobs(model, batch)
                     loss, parts = policy_loss(
@@ -158,11 +165,17 @@ class LoraTrainer:
             totals.ratio_sum += float(parts["ratio_mean"]) * tokens
             totals.logprob_diff_sum += float(parts["logprob_abs_diff"]) * tokens
             totals.kl_sum += float(parts.get("kl", 0.0)) * tokens
+            totals.kl_policy_ref_sum += float(parts.get("kl_policy_ref", 0.0)) * tokens
             totals.trained_tokens += tokens
             totals.processed_tokens += int(batch.attention_mask.sum())
             totals.micro_batches += 1
         grad_norm = self._optimizer_step(settings)
-        return totals.as_dict(time.perf_counter() - started, grad_norm, with_kl=beta > 0)
+        return totals.as_dict(
+            time.perf_counter() - started,
+            grad_norm,
+            with_kl=beta > 0,
+            with_kl_penalty=loss_config.kl_penalty_coef > 0,
+        )
 
     def sft_step(self, rows: Rows, settings: OptimizerSettings) -> dict[str, float]:
         """One optimizer step of cross-entropy on the trained (assistant) tokens of `rows`."""

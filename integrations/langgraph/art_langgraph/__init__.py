@@ -11,10 +11,11 @@ Or change nothing but the URL: a stock `ChatOpenAI(base_url=r.base_url, api_key=
 model=r.model)` inside `async with model.rollout() as r:` is recorded by the server too.
 """
 
-from art_langgraph._chat_model import TrainableChatModel, init_chat_model
+from art_langgraph._chat_model import ModelNameMismatchError, TrainableChatModel, init_chat_model
 from art_langgraph._scope import NoRolloutError, current_rollout, rollout, wrap_rollout
 
 __all__ = [
+    "ModelNameMismatchError",
     "NoRolloutError",
     "TrainableChatModel",
     "current_rollout",

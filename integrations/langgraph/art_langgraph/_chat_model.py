@@ -80,14 +80,56 @@ def _count_unplaced_call(model: art.TrainableModel) -> None:
         )
 
 
-def init_chat_model(model: art.Model | None = None, **kwargs: Any) -> TrainableChatModel:
-    """A `TrainableChatModel` for `model`, or for the current rollout's model when omitted."""
-    if model is None:
-        scope = current_rollout()
-        if scope is None:
-            raise NoRolloutError(
-                "init_chat_model() without a model needs a rollout scope: call it inside "
-                "`async with art_langgraph.rollout(model):`, or pass the model."
-            )
-        model = scope.trainable_model
+def init_chat_model(
+    model: art.Model | str | None = None,
+    *,
+    model_provider: str | None = None,
+    configurable_fields: None = None,
+    config_prefix: str | None = None,
+    **kwargs: Any,
+) -> TrainableChatModel:
+    """A `TrainableChatModel` for `model`, or for the current rollout's model.
+
+    ART's signature: `init_chat_model(model.name, temperature=1.0)` inside a rollout names the
+    rollout's model by name (`name` or its `name@step`); omitted, it is the rollout's model too.
+    `model_provider` ("openai" or None: the backend's endpoint is OpenAI-compatible) and
+    `config_prefix` (unused without configurable fields) are accepted as ART accepts them; other
+    keywords go to `ChatOpenAI`.
+    """
+    if configurable_fields is not None:
+        raise art.UnsupportedOptionError(
+            "init_chat_model(configurable_fields=...) is not supported: the model is the "
+            "rollout's trainable model. Pass ChatOpenAI keywords (temperature=...) instead."
+        )
+    if model_provider not in (None, "openai"):
+        raise art.UnsupportedOptionError(
+            f"init_chat_model(model_provider={model_provider!r}): the trainable model is served "
+            "by this backend's OpenAI-compatible endpoint; leave model_provider out (or 'openai')."
+        )
+    if model is None or isinstance(model, str):
+        model = _rollout_model(model)
     return TrainableChatModel(model, **kwargs)
+
+
+def _rollout_model(name: str | None) -> art.Model:
+    """The current rollout's model, checked against the name the caller gave (if any)."""
+    scope = current_rollout()
+    if scope is None:
+        called = "init_chat_model()" if name is None else f"init_chat_model({name!r})"
+        raise NoRolloutError(
+            f"{called} needs a rollout scope to find its model: call it inside "
+            "`async with art_langgraph.rollout(model):` or a `wrap_rollout(model, fn)` function, "
+            "or pass the model object itself."
+        )
+    trainable = scope.trainable_model
+    if name is not None and name not in (trainable.name, trainable.get_inference_name()):
+        raise ModelNameMismatchError(
+            f"init_chat_model({name!r}) inside a rollout of model {trainable.name!r}: the name "
+            f"must be the rollout's model ({trainable.name!r} or "
+            f"{trainable.get_inference_name()!r}). For another model use a ChatOpenAI of its own."
+        )
+    return trainable
+
+
+class ModelNameMismatchError(art.ArtError, ValueError):
+    """`init_chat_model("<name>")` named a model other than the current rollout's."""

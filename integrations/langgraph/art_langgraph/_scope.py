@@ -12,7 +12,7 @@ import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, overload
 
 import art_core as art
 from art_core import RolloutCapture
@@ -47,25 +47,60 @@ async def rollout(model: art.TrainableModel, scenario: Any = None) -> AsyncItera
             _current.reset(token)
 
 
+RolloutFunction = Callable[..., Awaitable[Any]]
+WrappedRollout = Callable[..., Awaitable[art.Trajectory]]
+
+
+@overload
+def wrap_rollout(model: art.TrainableModel, fn: RolloutFunction) -> WrappedRollout: ...
+@overload
 def wrap_rollout(
-    model: art.TrainableModel, fn: Callable[..., Awaitable[Any]]
-) -> Callable[..., Awaitable[art.Trajectory]]:
-    """`fn` run as one rollout; returns its trajectory.
+    model: art.TrainableModel, fn: None = None
+) -> Callable[[RolloutFunction], WrappedRollout]: ...
+def wrap_rollout(
+    model: art.TrainableModel, fn: RolloutFunction | None = None
+) -> WrappedRollout | Callable[[RolloutFunction], WrappedRollout]:
+    """`fn` run as one rollout; the wrapped function returns its trajectory.
 
-    `fn` may return the reward (a number), or None after setting `current_rollout().reward`.
+    `fn` may return (ART's contract) its `art.Trajectory`, or a subclass with fields of its own:
+    it keeps its reward, metrics, metadata and fields, and gets the captured conversation(s).
+    Or it returns the reward (a number), or None after setting `current_rollout().reward`.
+    `wrap_rollout(model)` without `fn` is a decorator.
     """
+    if fn is None:
+        return functools.partial(wrap_rollout, model)
+    rollout_fn = fn
 
-    @functools.wraps(fn)
+    @functools.wraps(rollout_fn)
     async def wrapped(*args: Any, **kwargs: Any) -> art.Trajectory:
         async with rollout(model) as capture:
-            result = await fn(*args, **kwargs)
+            result = await rollout_fn(*args, **kwargs)
             if isinstance(result, int | float) and not isinstance(result, bool):
                 capture.reward = float(result)
-            elif result is not None:
+            elif result is not None and not isinstance(result, art.Trajectory):
                 raise TypeError(
-                    f"{getattr(fn, '__name__', 'the rollout')} returned {type(result).__name__}: "
-                    "return the reward (a number) or None after setting current_rollout().reward"
+                    f"{getattr(rollout_fn, '__name__', 'the rollout')} returned "
+                    f"{type(result).__name__}: return its art.Trajectory, the reward (a number), "
+                    "or None after setting current_rollout().reward"
                 )
+        if isinstance(result, art.Trajectory):
+            return _with_captured_calls(result, capture.trajectory)
         return capture.trajectory
 
     return wrapped
+
+
+def _with_captured_calls(returned: art.Trajectory, captured: art.Trajectory) -> art.Trajectory:
+    """The rollout's own trajectory, given the conversations the rollout's calls recorded.
+
+    As in ART, recorded calls replace the returned conversation (a rollout built on
+    `init_chat_model` returns an empty one); without recorded calls it is kept as returned.
+    Metadata and metrics merge, the rollout's own values winning.
+    """
+    if captured.messages_and_choices or captured.additional_histories:
+        returned.messages_and_choices = captured.messages_and_choices
+        returned.tools = captured.tools
+        returned.additional_histories = captured.additional_histories
+    returned.metadata = {**captured.metadata, **returned.metadata}
+    returned.metrics = {**captured.metrics, **returned.metrics}
+    return returned

@@ -35,7 +35,7 @@ def greedy_ids(client: openai.OpenAI, model: str) -> list[int]:
 
 def test_checkpoints_under_path_are_served_at_startup(adapter_server):
     client = openai.OpenAI(base_url=f"{adapter_server.url}/v1", api_key="x", max_retries=0)
-    assert [model.id for model in client.models.list()] == ["tiny", "agent@1", "agent@2"]
+    assert [model.id for model in client.models.list()] == ["tiny", "agent", "agent@1", "agent@2"]
 
 
 def test_each_step_answers_with_its_own_weights(adapter_server):

@@ -91,7 +91,7 @@ def test_integer_rewards_and_unknown_scaling():
 
 
 def test_presets_and_their_conventions():
-    assert sorted(LOSS_PRESETS) == ["cispo", "dr_grpo", "grpo", "gspo"]
+    assert sorted(LOSS_PRESETS) == ["cispo", "dr_grpo", "grpo", "gspo", "ppo"]
     grpo = loss_preset("grpo")
     assert (grpo.eps_low, grpo.eps_high, grpo.aggregation) == (0.2, 0.28, "token_mean")
     assert loss_preset("dr_grpo").scale_rewards == "none"  # Dr. GRPO: advantages are not std-scaled
@@ -100,8 +100,8 @@ def test_presets_and_their_conventions():
 
 
 def test_unknown_preset_raises_and_lists_the_presets():
-    with pytest.raises(ValueError, match="grpo, dr_grpo, gspo, cispo"):
-        loss_preset("ppo")
+    with pytest.raises(ValueError, match="grpo, dr_grpo, gspo, cispo, ppo"):
+        loss_preset("reinforce")
 
 
 def test_constant_aggregation_needs_max_completion_length():

@@ -39,7 +39,7 @@ def group(reward: object = 1.0) -> dict:
             "config.learning_rate",
             "greater than 0",
         ),
-        ({"groups": [group()], "config": {"loss": "ppo"}}, "config.loss", "grpo"),
+        ({"groups": [group()], "config": {"loss": "reinforce"}}, "config.loss", "grpo"),
         ({"groups": [group("x")]}, "groups[0].trajectories[0].reward", "number"),
         ({"groups": "nope"}, "groups", "list"),
     ],

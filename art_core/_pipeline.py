@@ -1,0 +1,698 @@
+"""Asynchronous pipeline training (ART's `art.pipeline_trainer.PipelineTrainer`).
+
+Rollout workers keep sampling while the trainer trains:
+
+    scenarios --> worker 1..W: rollout_fn(model, scenario, config) --> bounded queue --> trainer
+                  (waits while the policy is too far behind)   (a full queue     |  batches of
+                                                                 makes workers    |  min..max groups
+                                                                 wait)            v
+                                                         backend.train -> step N+1 -> workers sample it
+
+Staleness. Each group remembers the step its rollouts were sampled at: `model.step` read just
+before `rollout_fn` runs, which is the step `model.get_inference_name()` serves to that rollout
+(`<name>@<step>`; served names always carry their step). The trainer moving from policy `s` to
+`s + 1` takes a group sampled at `k` only if `k >= s - max_steps_off_policy`; older groups are
+dropped and counted (`state.discarded_stale_groups`, and `discarded/step/stale_groups` in that
+step's metrics). Workers also wait before starting a rollout that would already be too old.
+
+Off-policy correction needs nothing from the client: the server recorded the sampler's token
+logprobs with every completion, the trainer uses them as `old_logprobs` in the importance ratio
+(`backend/art_backend/training/_rows.py`, `_trainer.LoraTrainer.grpo_step`,
+`_grpo.policy_loss`), so a group sampled at step k is corrected against step k's policy.
+
+Counted, never lost silently (ART's rules): a group whose rewards are all equal is dropped
+(`discarded_zero_variance_groups`; too many in one step stops training as a collapse); a
+`rollout_fn` that raises is counted (`state.failed_rollouts`) and the worker goes on; a group
+whose every rollout raised stops training with `TooManyExceptionsError`. An error of the trainer
+stops the workers and is raised; cancelling `train()` cancels them.
+
+Evaluation runs between two steps (ART runs it beside training): our `model.log` records at the
+server's current step, so `eval_fn(model, step, config)` must run while `step` is current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, Field
+
+from art_core._backend import Backend
+from art_core._config import TrainConfig, TrainResult
+from art_core._errors import TooManyExceptionsError
+from art_core._gather import gather_trajectory_groups
+from art_core._model import TrainableModel
+from art_core._strict import StrictModel, check_names
+from art_core._trajectory import Trajectory, TrajectoryGroup
+
+logger = logging.getLogger("art_core.pipeline")
+
+ScenarioT = TypeVar("ScenarioT")
+ConfigT = TypeVar("ConfigT")
+
+RolloutFn = Callable[[TrainableModel, ScenarioT, ConfigT], Awaitable[TrajectoryGroup]]
+SingleRolloutFn = Callable[[TrainableModel, ScenarioT, ConfigT], Awaitable[Trajectory]]
+EvalItems = Sequence[Trajectory | TrajectoryGroup]
+EvalFn = Callable[
+    [TrainableModel, int, ConfigT], Awaitable[EvalItems | Mapping[str, EvalItems] | None]
+]
+
+# Where a group keeps the step it was sampled at (ART keeps it on each trajectory).
+POLICY_VERSION_KEY = "initial_policy_version"
+_END = object()  # the scenarios ran out (or training stops): no more groups will come
+
+# ART's PipelineTrainer keywords this trainer does not have, and what to use instead.
+_UNSUPPORTED_HINTS = {
+    "autotune": "Pipeline autotuning is not implemented: set the pipeline sizes yourself.",
+    "loss_fn_config": "Pass our TrainConfig fields as train_config=art.TrainConfig(...).",
+    "kl_penalty_coef": "Our KL term is to the base model: train_config=art.TrainConfig(beta=...).",
+    "save_checkpoint": "Every step is a checkpoint here (served as <name>@<step>).",
+    "resume": "train() always resumes from the model's current step on the backend.",
+    "limit_mean_steps_off_policy": "Use max_steps_off_policy (a strict bound).",
+}
+_UNSUPPORTED_HINT = (
+    "ART's {name!r} has no counterpart in art_core's PipelineTrainer (see its docstring)."
+)
+
+
+class PipelineRuntimeConfig(StrictModel):
+    """How many rollout workers run, how many groups a step trains, and the queue's bound.
+
+    `max_batch_size` None: 10 x `min_batch_size` (ART's default). `queue_maxsize` None:
+    `max(1, max_steps_off_policy x max_batch_size)` (1 step's worth with no bound), as ART.
+    """
+
+    num_rollout_workers: int = Field(16, ge=1)
+    min_batch_size: int = Field(4, ge=1)
+    max_batch_size: int | None = Field(None, ge=1)
+    queue_maxsize: int | None = Field(None, ge=1)
+
+
+@dataclass
+class PipelineState:
+    """What the pipeline has done so far (ART's names; `failed_rollouts`, `failed_evals` ours)."""
+
+    policy_version: int = 0  # the step served now, which new rollouts sample
+    next_training_step: int = 0  # policy_version + 1 while a step trains
+    scenario_offset: int = 0
+    total_scenarios_consumed: int = 0
+    last_eval_step: int = 0
+    accepted_trainable_groups: int = 0
+    discarded_stale_groups: int = 0
+    discarded_zero_variance_groups: int = 0
+    failed_rollouts: int = 0
+    failed_evals: int = 0
+    max_queue_depth: int = 0
+    collapse_detected: bool = False
+    done: bool = False
+    completed_eval_steps: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _StepCounts:
+    """What was dropped while the next step's batch was collected (reported with that step)."""
+
+    stale: int = 0
+    zero_variance: int = 0
+    failed_rollouts: int = 0
+    zero_variance_groups: list[TrajectoryGroup] = field(default_factory=list)
+
+
+def make_group_rollout_fn(
+    single_rollout_fn: SingleRolloutFn[ScenarioT, ConfigT], n: int = 4
+) -> RolloutFn[ScenarioT, ConfigT]:
+    """A RolloutFn that runs `single_rollout_fn` n times concurrently; exceptions stay on the group."""
+
+    async def group_rollout(
+        model: TrainableModel, scenario: ScenarioT, config: ConfigT
+    ) -> TrajectoryGroup:
+        results = await asyncio.gather(
+            *(single_rollout_fn(model, scenario, config) for _ in range(n)),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result  # a cancellation or KeyboardInterrupt is not a failed rollout
+        return TrajectoryGroup(results)  # type: ignore[arg-type]
+
+    return group_rollout
+
+
+class PipelineTrainer(Generic[ScenarioT, ConfigT]):
+    """Rollouts, training and evaluation at once: workers sample while the trainer trains.
+
+    `rollout_fn(model, scenario, config)` returns one TrajectoryGroup (pending rollouts in it
+    are run); `eval_fn(model, step, config)` returns trajectories or groups to log as "val" (or
+    a mapping split -> them; None if it logged itself). `await trainer.train()` runs until the
+    scenarios run out, `max_steps` steps are trained, or `request_stop()`.
+    """
+
+    def __init__(
+        self,
+        model: TrainableModel,
+        backend: Backend,
+        rollout_fn: RolloutFn[ScenarioT, ConfigT],
+        scenarios: Iterable[ScenarioT] | AsyncIterator[ScenarioT],
+        config: ConfigT,
+        eval_fn: EvalFn[ConfigT] | None = None,
+        *,
+        num_rollout_workers: int | None = None,
+        min_batch_size: int | None = None,
+        max_batch_size: int | None = None,
+        queue_maxsize: int | None = None,
+        pipeline: PipelineRuntimeConfig | None = None,
+        learning_rate: float | None = None,
+        loss_fn: str | None = None,
+        normalize_advantages: bool = True,
+        train_config: TrainConfig | None = None,
+        max_steps: int | None = None,
+        discard_queue_multiplier: int = 100,
+        max_steps_off_policy: int | None = 4,
+        eval_every_n_steps: int = 20,
+        eval_at_start: bool = True,
+        checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
+        checkpoint_retention_interval: int = 1,
+        **unsupported: Any,
+    ) -> None:
+        check_names(
+            "PipelineTrainer()",
+            unsupported,
+            _KNOWN_KEYWORDS,
+            hints={
+                name: _UNSUPPORTED_HINTS.get(name, _UNSUPPORTED_HINT.format(name=name))
+                for name in unsupported
+            },
+        )
+        direct = {
+            key: value
+            for key, value in {
+                "num_rollout_workers": num_rollout_workers,
+                "min_batch_size": min_batch_size,
+                "max_batch_size": max_batch_size,
+                "queue_maxsize": queue_maxsize,
+            }.items()
+            if value is not None
+        }
+        if pipeline is not None and direct:
+            raise ValueError(
+                "Pass the pipeline sizes either as pipeline=PipelineRuntimeConfig(...) or as "
+                f"keywords, not both (got pipeline= and {', '.join(direct)})."
+            )
+        pipeline = pipeline or PipelineRuntimeConfig(**direct)
+        if (
+            pipeline.max_batch_size is not None
+            and pipeline.max_batch_size < pipeline.min_batch_size
+        ):
+            raise ValueError("max_batch_size must be >= min_batch_size")
+        for name, value, low in (
+            ("max_steps", max_steps, 0),
+            ("max_steps_off_policy", max_steps_off_policy, 0),
+            ("eval_every_n_steps", eval_every_n_steps, 0),
+            ("discard_queue_multiplier", discard_queue_multiplier, 1),
+            ("checkpoint_retention_interval", checkpoint_retention_interval, 1),
+        ):
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if checkpoint_retention_strategy is not None:
+            # Deleting chosen steps needs a server route that does not exist yet: the one
+            # route (model.delete_checkpoints) keeps only the latest and the best checkpoint,
+            # which would delete steps in-flight rollouts still sample.
+            raise NotImplementedError(
+                "checkpoint_retention_strategy needs the backend to delete chosen checkpoint "
+                "steps, which this backend cannot do yet. Leave it out, and after training call "
+                "`await model.delete_checkpoints('val/reward')` (keeps the latest and the best)."
+            )
+        self.model = model
+        self.backend = backend
+        self.rollout_fn = rollout_fn
+        self.config = config
+        self.eval_fn = eval_fn
+        self.pipeline = pipeline
+        self.num_rollout_workers = pipeline.num_rollout_workers
+        self.min_batch_size = pipeline.min_batch_size
+        self.max_batch_size = pipeline.max_batch_size or 10 * pipeline.min_batch_size
+        self.max_steps_off_policy = max_steps_off_policy
+        window = 1 if max_steps_off_policy is None else max_steps_off_policy
+        self.queue_maxsize = pipeline.queue_maxsize or max(1, window * self.max_batch_size)
+        self.train_config = _train_config(
+            train_config, learning_rate, loss_fn, normalize_advantages
+        )
+        self.max_steps = max_steps
+        self.discard_queue_multiplier = discard_queue_multiplier
+        self.eval_every_n_steps = eval_every_n_steps
+        self.eval_at_start = eval_at_start
+        self.checkpoint_retention_strategy = checkpoint_retention_strategy
+        self.checkpoint_retention_interval = checkpoint_retention_interval
+        self.state = PipelineState()
+        self._scenarios = _async_iterator(scenarios)
+        self._scenario_lock = asyncio.Lock()
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.queue_maxsize)
+        self._stop = asyncio.Event()
+        self._policy_changed = asyncio.Event()
+        self._counts = _StepCounts()
+        self._workers_running = 0
+        self._worker_error: BaseException | None = None
+        self._main_task: asyncio.Task[Any] | None = None
+
+    # ------------------------------------------------------------------------------ the run
+
+    async def train(self, *, handle_signals: bool = True) -> None:
+        """Run workers and trainer until the scenarios end, `max_steps`, or `request_stop()`.
+
+        `handle_signals`: Ctrl-C / SIGTERM ask for a clean stop (the step in progress finishes).
+        """
+        start_step = await self.model.get_step()
+        self.state = PipelineState(
+            policy_version=start_step, next_training_step=start_step, last_eval_step=start_step
+        )
+        self._queue = asyncio.Queue(maxsize=self.queue_maxsize)
+        self._stop = asyncio.Event()
+        self._policy_changed = asyncio.Event()
+        self._counts = _StepCounts()
+        self._worker_error = None
+        self._workers_running = self.num_rollout_workers
+        self._main_task = asyncio.current_task()
+        workers = [
+            asyncio.create_task(self._rollout_worker(index), name=f"rollout_worker_{index}")
+            for index in range(self.num_rollout_workers)
+        ]
+        for worker in workers:
+            worker.add_done_callback(self._worker_finished)
+        with self._stop_on_signals(handle_signals):
+            try:
+                if self.eval_fn is not None and self.eval_at_start:
+                    await self._run_eval(start_step)
+                await self._training_stage(start_step)
+            finally:
+                self.request_stop()
+                for worker in workers:
+                    worker.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+        if self._worker_error is not None:
+            raise self._worker_error
+
+    def request_stop(self) -> None:
+        """Ask for a clean stop: no new rollouts; the trainer ends after its current step."""
+        self.state.done = True
+        self._stop.set()
+
+    async def _training_stage(self, step: int) -> None:
+        stop_at = None if self.max_steps is None else step + self.max_steps
+        while stop_at is None or step < stop_at:
+            waited = time.monotonic()
+            batch, ended = await self._collect_batch(step)
+            if self._worker_error is not None:
+                raise self._worker_error
+            if not batch:
+                return
+            idle_seconds = time.monotonic() - waited
+            counts, self._counts = self._counts, _StepCounts()
+            metrics = self._step_metrics(step, batch, counts, idle_seconds)
+            self.state.next_training_step = step + 1
+            result = await self._train_step(batch, metrics)
+            if self.model.step != result.step:  # a backend call that did not update the model
+                await self.model.get_step()
+            step = result.step
+            self.state.policy_version = self.state.next_training_step = step
+            self.state.accepted_trainable_groups += len(batch)
+            self._wake_workers()
+            if counts.zero_variance_groups:
+                # ART keeps up to 50 of a step's dropped groups for inspection.
+                await self.model.log(counts.zero_variance_groups[:50], split="discarded")
+            if self._should_eval(step):
+                await self._run_eval(step)
+            if ended or self.state.done:
+                return
+
+    async def _train_step(
+        self, groups: list[TrajectoryGroup], client_metrics: dict[str, float]
+    ) -> TrainResult:
+        """The one call that trains; `client_metrics` are added to the step's metrics.
+
+        model.train sends `model.pending_metrics` as the step's client metrics. Once
+        backend.train takes ART's keywords, this becomes
+        `await self.backend.train(self.model, groups, learning_rate=..., client_metrics=...)`.
+        """
+        self.model.pending_metrics.update(client_metrics)
+        return await self.model.train(groups, config=self.train_config)
+
+    def _step_metrics(
+        self, step: int, batch: list[TrajectoryGroup], counts: _StepCounts, idle: float
+    ) -> dict[str, float]:
+        """The pipeline's counts for one step, under ART's metric names where ART has one."""
+        ages = [step - _policy_version(group, step) for group in batch]
+        state = self.state
+        return {
+            "discarded/step/stale_groups": float(counts.stale),
+            "discarded/step/zero_variance_groups": float(counts.zero_variance),
+            "discarded/step/failed_rollouts": float(counts.failed_rollouts),
+            "discarded/cum/stale_groups": float(state.discarded_stale_groups),
+            "discarded/cum/zero_variance_groups": float(state.discarded_zero_variance_groups),
+            "discarded/cum/failed_rollouts": float(state.failed_rollouts),
+            "offpolicy/policy_age_steps_mean": sum(ages) / len(ages),
+            "offpolicy/policy_age_steps_max": float(max(ages)),
+            "queue/groups_depth": float(self._queue.qsize()),
+            "queue/groups_depth_max": float(self.queue_maxsize),
+            "time/step_trainer_idle_s": idle,
+        }
+
+    async def _collect_batch(self, step: int) -> tuple[list[TrajectoryGroup], bool]:
+        """min_batch_size groups (waiting), then up to max_batch_size that are ready now.
+
+        Returns the batch and whether no more groups will come (scenarios ended, or stopped).
+        """
+        batch: list[TrajectoryGroup] = []
+        while len(batch) < self.max_batch_size:
+            if len(batch) < self.min_batch_size:
+                if self._queue.empty() and self._workers_running == 0:
+                    return batch, True
+                got, item = await self._until_stopped(self._queue.get())
+                if not got:
+                    return batch, True
+            else:
+                try:
+                    item = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+            if item is _END:
+                return batch, True
+            group: TrajectoryGroup = item
+            if not group.trajectories and group.exceptions:
+                first = group.exceptions[0]
+                raise TooManyExceptionsError(
+                    f"All {len(group.exceptions)} rollouts of a group raised "
+                    f"({first.type}: {first.message}): the rollout function fails every time, "
+                    "training stopped.",
+                    first_traceback=first.traceback,
+                )
+            if self._is_stale(group, step):
+                self.state.discarded_stale_groups += 1
+                self._counts.stale += 1
+                continue
+            if _zero_variance(group):
+                self.state.discarded_zero_variance_groups += 1
+                self._counts.zero_variance += 1
+                self._counts.zero_variance_groups.append(group)
+                if (
+                    self._counts.zero_variance
+                    >= self.discard_queue_multiplier * self.min_batch_size
+                ):
+                    self._collapse()
+                    return [], True
+                continue
+            batch.append(group)
+        return batch, False
+
+    def _is_stale(self, group: TrajectoryGroup, step: int) -> bool:
+        if self.max_steps_off_policy is None:
+            return False
+        return _policy_version(group, step) < step - self.max_steps_off_policy
+
+    def _collapse(self) -> None:
+        self.state.collapse_detected = True
+        logger.error(
+            "Model collapse suspected: %d groups in a row had zero reward variance; training "
+            "stopped. Lower the learning rate, check that the reward varies and the scenarios "
+            "are diverse, or raise discard_queue_multiplier (now %d x min_batch_size %d).",
+            self._counts.zero_variance,
+            self.discard_queue_multiplier,
+            self.min_batch_size,
+        )
+        self.request_stop()
+
+    def _should_eval(self, step: int) -> bool:
+        if self.eval_fn is None or self.eval_every_n_steps <= 0:
+            return False
+        return step - self.state.last_eval_step >= self.eval_every_n_steps
+
+    async def _run_eval(self, step: int) -> None:
+        """eval_fn at `step`, its results logged; a failing eval is logged and counted (ART)."""
+        assert self.eval_fn is not None
+        self.state.last_eval_step = step
+        try:
+            result = await self.eval_fn(self.model, step, self.config)
+            splits = result if isinstance(result, Mapping) else {"val": result}
+            for split, items in splits.items():
+                groups = _eval_groups(items)
+                if groups:
+                    await self.model.log(groups, split=split)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - an eval failure does not stop training (ART)
+            self.state.failed_evals += 1
+            logger.warning("eval at step %d failed: %s: %s", step, type(error).__name__, error)
+            return
+        self.state.completed_eval_steps.add(step)
+
+    # --------------------------------------------------------------------------- the workers
+
+    async def _rollout_worker(self, index: int) -> None:
+        try:
+            while not self.state.done:
+                scenario = await self._next_scenario()
+                if scenario is _END or not await self._wait_for_policy():
+                    return
+                version = self.state.policy_version
+                try:
+                    group = await self.rollout_fn(self.model, scenario, self.config)
+                    if not isinstance(group, TrajectoryGroup):
+                        raise TypeError(
+                            f"rollout_fn must return an art.TrajectoryGroup, got "
+                            f"{type(group).__name__}"
+                        )
+                    if group._pending:
+                        await gather_trajectory_groups(
+                            [group], pbar_desc=None, max_exceptions=len(group._pending)
+                        )
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - a failed rollout is counted (ART)
+                    self.state.failed_rollouts += 1
+                    self._counts.failed_rollouts += 1
+                    logger.warning(
+                        "rollout worker %d: rollout failed (%s: %s); counted in "
+                        "discarded/step/failed_rollouts",
+                        index,
+                        type(error).__name__,
+                        error,
+                    )
+                    continue
+                group.metadata[POLICY_VERSION_KEY] = version
+                if not (await self._until_stopped(self._queue.put(group)))[0]:
+                    return
+                self.state.max_queue_depth = max(self.state.max_queue_depth, self._queue.qsize())
+        finally:
+            self._workers_running -= 1
+            if self._workers_running == 0:
+                # The last worker out wakes a trainer waiting for groups; a full queue needs no
+                # wake-up (the trainer sees no worker left once it has drained it).
+                with contextlib.suppress(asyncio.QueueFull):
+                    self._queue.put_nowait(_END)
+
+    def _worker_finished(self, task: asyncio.Task[None]) -> None:
+        """A worker that crashed (not a rollout failing: a bug) stops the pipeline."""
+        if task.cancelled() or task.exception() is None:
+            return
+        if self._worker_error is None:
+            self._worker_error = task.exception()
+        self.request_stop()
+
+    async def _next_scenario(self) -> Any:
+        async with self._scenario_lock:
+            try:
+                got, scenario = await self._until_stopped(anext(self._scenarios))
+            except StopAsyncIteration:
+                return _END
+            if not got:
+                return _END
+            self.state.scenario_offset += 1
+            self.state.total_scenarios_consumed += 1
+            return scenario
+
+    async def _wait_for_policy(self) -> bool:
+        """Wait while a rollout started now would be too old to train; False when stopping."""
+        if self.max_steps_off_policy is None:
+            return not self.state.done
+        while self.state.policy_version < self.state.next_training_step - self.max_steps_off_policy:
+            if not (await self._until_stopped(self._policy_changed.wait()))[0]:
+                return False
+        return not self.state.done
+
+    def _wake_workers(self) -> None:
+        changed, self._policy_changed = self._policy_changed, asyncio.Event()
+        changed.set()
+
+    async def _until_stopped(self, awaitable: Awaitable[Any]) -> tuple[bool, Any]:
+        """(True, result) when `awaitable` finishes first; (False, None) once a stop is asked."""
+        if self._stop.is_set():
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            return False, None
+        operation = asyncio.ensure_future(awaitable)
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait((operation, stopped), return_when=asyncio.FIRST_COMPLETED)
+            if operation.done():
+                return True, operation.result()
+            return False, None
+        finally:
+            for task in (operation, stopped):
+                task.cancel()
+            await asyncio.gather(operation, stopped, return_exceptions=True)
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self, enabled: bool) -> Iterator[None]:
+        """SIGINT/SIGTERM call request_stop() while training (main thread only), then restore."""
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        installed: dict[signal.Signals, Any] = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(sig)
+            try:
+                loop.add_signal_handler(sig, self._stop_requested_by_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            installed[sig] = previous
+        try:
+            yield
+        finally:
+            for sig, previous in installed.items():
+                loop.remove_signal_handler(sig)
+                with contextlib.suppress(TypeError, ValueError):
+                    signal.signal(sig, previous)
+
+    def _stop_requested_by_signal(self, sig: signal.Signals) -> None:
+        if self.state.done and self._main_task is not None:
+            self._main_task.cancel()  # asked twice: stop now (workers are cancelled too)
+            return
+        logger.warning(
+            "%s: finishing the current step, then stopping (again to stop at once)", sig.name
+        )
+        self.request_stop()
+
+
+# ------------------------------------------------------------------------- checkpoint retention
+
+
+class CheckpointInfo(BaseModel):
+    """One checkpoint a retention strategy may keep or delete, with its logged metrics."""
+
+    step: int
+    path: str | None = None
+    created_at: datetime | None = None
+    is_eval_step: bool = False
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class CheckpointRetentionContext(BaseModel):
+    """The checkpoints a strategy may delete (current and in-use steps are never among them)."""
+
+    current_step: int
+    checkpoints: list[CheckpointInfo] = Field(default_factory=list)
+
+
+# A strategy returns the steps, among the context's checkpoints, to keep; the rest are deleted.
+CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], Iterable[int]]
+
+
+def keep_recent_and_top(
+    *, recent: int = 5, top: int = 2, metric: str = "val/reward"
+) -> CheckpointRetentionStrategy:
+    """Keep the `recent` latest checkpoints and the `top` best by `metric` (higher is better)."""
+    if recent < 0 or top < 0:
+        raise ValueError(f"recent and top must be >= 0, got recent={recent}, top={top}")
+
+    def strategy(context: CheckpointRetentionContext) -> set[int]:
+        by_step = sorted(context.checkpoints, key=lambda checkpoint: checkpoint.step)
+        keep = (
+            {checkpoint.step for checkpoint in by_step[len(by_step) - recent :]}
+            if recent
+            else set()
+        )
+        scored = [c for c in context.checkpoints if metric in c.metrics]
+        scored.sort(key=lambda c: (c.metrics[metric], c.step), reverse=True)
+        return keep | {checkpoint.step for checkpoint in scored[:top]}
+
+    return strategy
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+_KNOWN_KEYWORDS = [
+    "num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize", "pipeline",
+    "learning_rate", "loss_fn", "normalize_advantages", "train_config", "max_steps",
+    "discard_queue_multiplier", "max_steps_off_policy", "eval_every_n_steps", "eval_at_start",
+    "checkpoint_retention_strategy", "checkpoint_retention_interval",
+]  # fmt: skip
+
+
+def _train_config(
+    base: TrainConfig | None,
+    learning_rate: float | None,
+    loss_fn: str | None,
+    normalize_advantages: bool,
+) -> TrainConfig:
+    """The TrainConfig of every step: `base` (ours) with ART's keywords on top.
+
+    What neither sets takes ART's PipelineTrainer defaults: learning_rate 1e-5, loss_fn "cispo".
+    `loss_fn` is ART's "cispo" or "ppo", or one of our presets; TrainConfig validates it.
+    """
+    fields = base.model_dump(exclude_unset=True) if base is not None else {}
+    if learning_rate is not None or "learning_rate" not in fields:
+        fields["learning_rate"] = 1e-5 if learning_rate is None else learning_rate
+    if loss_fn is not None or "loss" not in fields:
+        fields["loss"] = loss_fn or "cispo"
+    if not normalize_advantages:
+        fields["scale_rewards"] = "none"
+    return TrainConfig(**fields)
+
+
+def _policy_version(group: TrajectoryGroup, default: int) -> int:
+    version = group.metadata.get(POLICY_VERSION_KEY)
+    return int(version) if isinstance(version, int) else default
+
+
+def _zero_variance(group: TrajectoryGroup) -> bool:
+    """ART's test: fewer than two rewards, or all equal (GRPO learns nothing from it)."""
+    rewards = group.rewards
+    return len(rewards) <= 1 or all(abs(reward - rewards[0]) <= 1e-12 for reward in rewards)
+
+
+def _eval_groups(items: EvalItems | None) -> list[TrajectoryGroup]:
+    """Groups as given, loose trajectories gathered into one more group."""
+    if not items:
+        return []
+    groups = [item for item in items if isinstance(item, TrajectoryGroup)]
+    loose = [item for item in items if isinstance(item, Trajectory)]
+    if len(groups) + len(loose) != len(items):
+        raise TypeError("eval_fn must return art.Trajectory / art.TrajectoryGroup items")
+    return [*groups, TrajectoryGroup(loose)] if loose else groups
+
+
+def _async_iterator(scenarios: Iterable[Any] | AsyncIterator[Any]) -> AsyncIterator[Any]:
+    if isinstance(scenarios, AsyncIterator):
+        return scenarios
+
+    async def iterate() -> AsyncIterator[Any]:
+        for scenario in scenarios:
+            yield scenario
+
+    return iterate()

@@ -1,0 +1,8 @@
+"""ART's `art.utils`: training-loop helpers (`from art_core.utils import iterate_dataset`).
+
+The supervised fine-tuning helpers are in `art_core.utils.sft`, as ART's are in `art.utils.sft`.
+"""
+
+from art_core._utils import DatasetBatch, iterate_dataset, limit_concurrency, retry
+
+__all__ = ["DatasetBatch", "iterate_dataset", "limit_concurrency", "retry"]
