@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 from fastapi import FastAPI, Request
@@ -39,6 +39,9 @@ logger = logging.getLogger("art_backend.app")
 
 DISCONNECT_POLL_SECONDS = 0.5
 PARSE_ON_LOOP_MAX_BYTES = 256 * 1024  # larger chat bodies are parsed on a worker thread
+
+
+RequestT = TypeVar("RequestT")
 
 
 def create_app(
@@ -75,16 +78,7 @@ def create_app(
     # ----------------------------------------------------------------------------- completions
 
     async def chat_completions(raw: Request, rollout_id: str | None = None):
-        # The rollout-scoped URL wins over the header; either is validated the same way.
-        rollout_id = rollout_id or raw.headers.get("x-rollout-id")
-        if rollout_id is not None:
-            validate_rollout_id(rollout_id)
-        body = await raw.body()
-        if len(body) > PARSE_ON_LOOP_MAX_BYTES:
-            # Parsing and validating megabytes takes long enough to stall every other client.
-            request = await asyncio.to_thread(_parse_chat_request, body)
-        else:
-            request = _parse_chat_request(body)
+        rollout_id, request = await _parsed_request(raw, rollout_id, _parse_chat_request)
         if request.stream:
             lines = await service.stream(request, rollout_id)
             return StreamingResponse(lines, media_type="text/event-stream")
@@ -140,14 +134,7 @@ def create_app(
     responses = app.state.responses = ResponsesService(service)
 
     async def create_response(raw: Request, rollout_id: str | None = None):
-        rollout_id = rollout_id or raw.headers.get("x-rollout-id")
-        if rollout_id is not None:
-            validate_rollout_id(rollout_id)
-        body = await raw.body()
-        if len(body) > PARSE_ON_LOOP_MAX_BYTES:
-            request = await asyncio.to_thread(responses.parse, body)
-        else:
-            request = responses.parse(body)
+        rollout_id, request = await _parsed_request(raw, rollout_id, responses.parse)
         if request.stream:
             events = await responses.stream(request, rollout_id)
             return StreamingResponse(events, media_type="text/event-stream")
@@ -231,6 +218,20 @@ def create_app(
 
     app.openapi = lambda: describe_api(app, keyed=bool(api_key))  # type: ignore[method-assign]
     return app
+
+
+async def _parsed_request(
+    raw: Request, rollout_id: str | None, parse: Callable[[bytes], RequestT]
+) -> tuple[str | None, RequestT]:
+    """The rollout id (the rollout-scoped URL wins over the header, both validated) and the body
+    parsed by `parse`; megabytes are parsed off the event loop so other clients do not stall."""
+    rollout_id = rollout_id or raw.headers.get("x-rollout-id")
+    if rollout_id is not None:
+        validate_rollout_id(rollout_id)
+    body = await raw.body()
+    if len(body) > PARSE_ON_LOOP_MAX_BYTES:
+        return rollout_id, await asyncio.to_thread(parse, body)
+    return rollout_id, parse(body)
 
 
 async def _unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> Any:

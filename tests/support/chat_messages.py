@@ -22,3 +22,22 @@ def assistant_tool_calls(*calls: tuple[str, str]) -> dict:
 def tool_result(call_id: str, content: str) -> dict:
     """The tool message answering one call."""
     return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+# A function tool in the Chat Completions shape, with arguments a grammar can bound.
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two small numbers.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "minimum": 0, "maximum": 9},
+                "b": {"type": "integer", "minimum": 0, "maximum": 9},
+            },
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}

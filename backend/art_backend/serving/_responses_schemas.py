@@ -25,7 +25,13 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from art_backend.serving._schemas import SEED_RANGE, TOOL_NAME_PATTERN
+from art_backend.serving._schemas import (
+    SEED_RANGE,
+    check_logit_bias,
+    check_parameters_schema,
+    check_stop_sequences,
+    check_tool_name,
+)
 
 FORMAT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -198,20 +204,12 @@ class FunctionTool(BaseModel):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, name: str) -> str:
-        if not TOOL_NAME_PATTERN.match(name):
-            raise ValueError("must be 1-64 characters of a-z, A-Z, 0-9, underscore or dash")
-        return name
+        return check_tool_name(name)
 
     @field_validator("parameters")
     @classmethod
     def _object_schema(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
-        if parameters is None:
-            return None
-        if parameters.get("type", "object") != "object":
-            raise ValueError('must be a JSON schema of "type": "object"')
-        if "properties" in parameters and not isinstance(parameters["properties"], dict):
-            raise ValueError("`properties` must be an object")
-        return parameters
+        return check_parameters_schema(parameters)
 
     @field_validator("defer_loading")
     @classmethod
@@ -404,21 +402,12 @@ class ResponseCreateRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _at_most_four_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(stop, list) and len(stop) > 4:
-            raise ValueError("at most 4 stop sequences")
-        if isinstance(stop, list) and any(not s for s in stop):
-            raise ValueError("stop sequences must not be empty")
-        return stop
+        return check_stop_sequences(stop)
 
     @field_validator("logit_bias")
     @classmethod
     def _bias_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        for token, value in (bias or {}).items():
-            if not token.lstrip("-").isdigit():
-                raise ValueError(f"keys must be token ids, got {token!r}")
-            if not -100 <= value <= 100:
-                raise ValueError(f"bias for token {token} must be in [-100, 100]")
-        return bias
+        return check_logit_bias(bias)
 
     @field_validator(*UNSUPPORTED_FIELDS, mode="before")
     @classmethod

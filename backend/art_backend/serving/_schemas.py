@@ -42,6 +42,43 @@ UNSUPPORTED_FIELDS = {
 }
 
 
+def check_tool_name(name: str) -> str:
+    """A function name OpenAI accepts (chat tools and Responses tools alike)."""
+    if not TOOL_NAME_PATTERN.match(name):
+        raise ValueError("must be 1-64 characters of a-z, A-Z, 0-9, underscore or dash")
+    return name
+
+
+def check_parameters_schema(parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A tool's `parameters`: a JSON schema of an object (None: no parameters given)."""
+    if parameters is None:
+        return None
+    if parameters.get("type", "object") != "object":
+        raise ValueError('must be a JSON schema of "type": "object"')
+    if "properties" in parameters and not isinstance(parameters["properties"], dict):
+        raise ValueError("`properties` must be an object")
+    return parameters
+
+
+def check_stop_sequences(stop: str | list[str] | None) -> str | list[str] | None:
+    """At most four non-empty stop sequences, as OpenAI allows."""
+    if isinstance(stop, list) and len(stop) > 4:
+        raise ValueError("at most 4 stop sequences")
+    if isinstance(stop, list) and any(not s for s in stop):
+        raise ValueError("stop sequences must not be empty")
+    return stop
+
+
+def check_logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
+    """`logit_bias` keys are token ids and values lie in [-100, 100]."""
+    for token, value in (bias or {}).items():
+        if not token.lstrip("-").isdigit():
+            raise ValueError(f"keys must be token ids, got {token!r}")
+        if not -100 <= value <= 100:
+            raise ValueError(f"bias for token {token} must be in [-100, 100]")
+    return bias
+
+
 class FunctionCall(BaseModel):
     name: str
     arguments: str
@@ -82,18 +119,12 @@ class FunctionDefinition(BaseModel):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, name: str) -> str:
-        if not TOOL_NAME_PATTERN.match(name):
-            raise ValueError("must be 1-64 characters of a-z, A-Z, 0-9, underscore or dash")
-        return name
+        return check_tool_name(name)
 
     @field_validator("parameters")
     @classmethod
-    def _object_schema(cls, parameters: dict[str, Any]) -> dict[str, Any]:
-        if parameters.get("type", "object") != "object":
-            raise ValueError('must be a JSON schema of "type": "object"')
-        if "properties" in parameters and not isinstance(parameters["properties"], dict):
-            raise ValueError("`properties` must be an object")
-        return parameters
+    def _object_schema(cls, parameters: dict[str, Any]) -> dict[str, Any] | None:
+        return check_parameters_schema(parameters)
 
 
 class Tool(BaseModel):
@@ -158,21 +189,12 @@ class ChatCompletionRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _at_most_four_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(stop, list) and len(stop) > 4:
-            raise ValueError("at most 4 stop sequences")
-        if isinstance(stop, list) and any(not s for s in stop):
-            raise ValueError("stop sequences must not be empty")
-        return stop
+        return check_stop_sequences(stop)
 
     @field_validator("logit_bias")
     @classmethod
     def _bias_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        for token, value in (bias or {}).items():
-            if not token.lstrip("-").isdigit():
-                raise ValueError(f"keys must be token ids, got {token!r}")
-            if not -100 <= value <= 100:
-                raise ValueError(f"bias for token {token} must be in [-100, 100]")
-        return bias
+        return check_logit_bias(bias)
 
     @field_validator("response_format")
     @classmethod

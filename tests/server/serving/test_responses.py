@@ -22,26 +22,14 @@ from transformers import AutoTokenizer
 import art_core as art
 from art_backend.serving._records import estimated_bytes
 from art_backend.serving._responses import StoredResponses
+from tests.support.chat_messages import ADD_TOOL as CHAT_ADD_TOOL
 from tests.support.servers import RunningServer
 
 QUESTION = "What is the capital of France?"
 # Greedy and deterministic; the penalty stops the random model repeating one token.
 VARIED_GREEDY = {"temperature": 0.0, "extra_body": {"frequency_penalty": 2.0}}
-ADD_TOOL = {
-    "type": "function",
-    "name": "add",
-    "description": "Add two small numbers.",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "a": {"type": "integer", "minimum": 0, "maximum": 9},
-            "b": {"type": "integer", "minimum": 0, "maximum": 9},
-        },
-        "required": ["a", "b"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+# The same tool in the Responses shape: flattened, and strict so its arguments are enforced.
+ADD_TOOL = {"type": "function", **CHAT_ADD_TOOL["function"], "strict": True}
 # One forced call, then the end: with parallel calls allowed the random model may chain them.
 ONE_FORCED_CALL = {"tools": [ADD_TOOL], "tool_choice": "required", "parallel_tool_calls": False}
 # A bounded tool argument: unbounded, greedy decoding writes digits until the token budget ends.

@@ -17,7 +17,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.support.chat_messages import assistant_tool_calls, tool_result
+from tests.support.chat_messages import ADD_TOOL, assistant_tool_calls, tool_result
 from tests.support.servers import RunningServer
 
 MESSAGES = [
@@ -39,22 +39,6 @@ WEATHER_TOOL = {
                 "unit": {"type": "string", "enum": ["c", "f"]},
             },
             "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-ADD_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two small numbers.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "a": {"type": "integer", "minimum": 0, "maximum": 9},
-                "b": {"type": "integer", "minimum": 0, "maximum": 9},
-            },
-            "required": ["a", "b"],
             "additionalProperties": False,
         },
     },
