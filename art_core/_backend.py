@@ -83,6 +83,10 @@ class Backend(Protocol):
     async def delete_checkpoints(
         self, model: ModelRef, best_checkpoint_metric: str, maximize: bool
     ) -> dict[str, Any]: ...
+    async def delete_checkpoint_steps(
+        self, model: ModelRef, steps: list[int]
+    ) -> dict[str, Any]: ...
+    async def checkpoint_steps(self, model: ModelRef) -> list[int]: ...
     async def rollout_records(self, rollout_id: str) -> list[dict[str, Any]]: ...
     async def discard_rollout(self, rollout_id: str) -> int: ...
     async def close(self) -> None: ...
@@ -307,6 +311,16 @@ class RemoteBackend:
     ) -> dict[str, Any]:
         body = {"best_checkpoint_metric": best_checkpoint_metric, "maximize": maximize}
         return await self._request("POST", f"{self._model_path(model)}/delete_checkpoints", body)
+
+    async def delete_checkpoint_steps(self, model: ModelRef, steps: list[int]) -> dict[str, Any]:
+        """Delete exactly these checkpoint steps (never the latest: that is a 400)."""
+        body = {"steps": list(steps)}
+        return await self._request("POST", f"{self._model_path(model)}/delete_checkpoints", body)
+
+    async def checkpoint_steps(self, model: ModelRef) -> list[int]:
+        """The steps the model has a complete checkpoint for, oldest first."""
+        info = await self._request("GET", self._model_path(model))
+        return [int(step) for step in info["checkpoints"]]
 
     async def rollout_records(self, rollout_id: str) -> list[dict[str, Any]]:
         return (await self._request("GET", f"/v1/rollouts/{rollout_id}"))["completions"]

@@ -75,6 +75,8 @@ EvalFn = Callable[
 
 # Where a group keeps the step it was sampled at (ART keeps it on each trajectory).
 POLICY_VERSION_KEY = "initial_policy_version"
+# The server's bound on served steps per model (backend/art_backend/training/_schemas.py).
+MAX_SERVED_STEPS = 16
 _END = object()  # the scenarios ran out (or training stops): no more groups will come
 
 # ART's PipelineTrainer keywords this trainer does not have, and what to use instead.
@@ -119,6 +121,8 @@ class PipelineState:
     failed_rollouts: int = 0
     failed_evals: int = 0
     max_queue_depth: int = 0
+    accepted_steps: int = 0
+    deleted_checkpoints: int = 0  # by checkpoint_retention_strategy
     collapse_detected: bool = False
     done: bool = False
     completed_eval_steps: set[int] = field(default_factory=set)
@@ -229,15 +233,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         ):
             if value is not None and value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
-        if checkpoint_retention_strategy is not None:
-            # Deleting chosen steps needs a server route that does not exist yet: the one
-            # route (model.delete_checkpoints) keeps only the latest and the best checkpoint,
-            # which would delete steps in-flight rollouts still sample.
-            raise NotImplementedError(
-                "checkpoint_retention_strategy needs the backend to delete chosen checkpoint "
-                "steps, which this backend cannot do yet. Leave it out, and after training call "
-                "`await model.delete_checkpoints('val/reward')` (keeps the latest and the best)."
-            )
         self.model = model
         self.backend = backend
         self.rollout_fn = rollout_fn
@@ -278,6 +273,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         `handle_signals`: Ctrl-C / SIGTERM ask for a clean stop (the step in progress finishes).
         """
         start_step = await self.model.get_step()
+        # Rollouts sampled up to max_steps_off_policy steps back may still be running: the
+        # server keeps that many older steps loaded, or their next call would find no model.
+        await self.backend.register(self.model, served_steps=self._served_window() + 1)
         self.state = PipelineState(
             policy_version=start_step, next_training_step=start_step, last_eval_step=start_step
         )
@@ -331,26 +329,73 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             step = result.step
             self.state.policy_version = self.state.next_training_step = step
             self.state.accepted_trainable_groups += len(batch)
+            self.state.accepted_steps += 1
             self._wake_workers()
             if counts.zero_variance_groups:
                 # ART keeps up to 50 of a step's dropped groups for inspection.
                 await self.model.log(counts.zero_variance_groups[:50], split="discarded")
             if self._should_eval(step):
                 await self._run_eval(step)
+            if self.checkpoint_retention_strategy is not None and (
+                self.state.accepted_steps % self.checkpoint_retention_interval == 0
+            ):
+                await self._apply_retention(step)
             if ended or self.state.done:
                 return
 
     async def _train_step(
         self, groups: list[TrajectoryGroup], client_metrics: dict[str, float]
     ) -> TrainResult:
-        """The one call that trains; `client_metrics` are added to the step's metrics.
+        """The one call that trains; `client_metrics` are added to the step's metrics."""
+        return await self.backend.train(
+            self.model, groups, self.train_config, client_metrics=client_metrics
+        )
 
-        model.train sends `model.pending_metrics` as the step's client metrics. Once
-        backend.train takes ART's keywords, this becomes
-        `await self.backend.train(self.model, groups, learning_rate=..., client_metrics=...)`.
+    def _served_window(self) -> int:
+        """How many steps behind the current one a running rollout may be sampling."""
+        if self.max_steps_off_policy is None:
+            return MAX_SERVED_STEPS - 1
+        return min(self.max_steps_off_policy, MAX_SERVED_STEPS - 1)
+
+    async def _apply_retention(self, step: int) -> None:
+        """Ask the strategy which old checkpoints to keep; delete the others.
+
+        Never offered to it: the current step and the ones rollouts may still sample (the
+        served window), so a deletion cannot pull a model from under a running rollout.
         """
-        self.model.pending_metrics.update(client_metrics)
-        return await self.model.train(groups, config=self.train_config)
+        assert self.checkpoint_retention_strategy is not None
+        oldest_in_use = step - self._served_window()
+        eligible = [s for s in await self.backend.checkpoint_steps(self.model) if s < oldest_in_use]
+        if not eligible:
+            return
+        metrics: dict[int, dict[str, float]] = {}
+        for row in await self.backend.history(self.model):
+            if row.get("type") == "log" and row.get("step") in eligible:
+                logged = metrics.setdefault(row["step"], {})
+                for key, value in row.get("metrics", {}).items():
+                    if isinstance(value, int | float):
+                        logged[f"{row.get('split')}/{key}"] = float(value)
+        context = CheckpointRetentionContext(
+            current_step=step,
+            checkpoints=[
+                CheckpointInfo(
+                    step=s,
+                    is_eval_step=s in self.state.completed_eval_steps,
+                    metrics=metrics.get(s, {}),
+                )
+                for s in eligible
+            ],
+        )
+        keep = set(self.checkpoint_retention_strategy(context))
+        if unknown := keep - set(eligible):
+            raise ValueError(
+                f"checkpoint_retention_strategy kept steps {sorted(unknown)} that it was not "
+                f"offered (offered: {eligible}); return steps from context.checkpoints only."
+            )
+        delete = sorted(set(eligible) - keep)
+        if delete:
+            await self.backend.delete_checkpoint_steps(self.model, delete)
+            self.state.deleted_checkpoints += len(delete)
 
     def _step_metrics(
         self, step: int, batch: list[TrajectoryGroup], counts: _StepCounts, idle: float

@@ -52,7 +52,9 @@ async def main(steps: int, path: str) -> None:
             pbar_desc=f"gather step {step}",
             max_exceptions=0.1,
         )
-        result = await model.train(groups, config=art.TrainConfig(learning_rate=1e-4))
+        # ART 0.5.23's backend-first form: train, then log the step's metrics yourself.
+        result = await backend.train(model, groups, learning_rate=1e-4)
+        await model.log(groups, metrics=result.metrics, step=result.step, split="train")
         print(f"step {result.step}: reward {result.metrics['reward']:.3f}")
     await backend.close()
 

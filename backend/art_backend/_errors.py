@@ -23,6 +23,13 @@ class InvalidRequestError(BackendError):
     error_type = "invalid_request_error"
 
 
+class ConflictError(BackendError):
+    """The request clashes with the server's state (HTTP 409); the message says how to resolve it."""
+
+    status_code = 409
+    error_type = "conflict_error"
+
+
 class ContextLengthError(InvalidRequestError):
     """Prompt plus max_tokens do not fit in the model's context window (HTTP 400)."""
 

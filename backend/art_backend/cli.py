@@ -228,9 +228,17 @@ def discover_checkpoints(
     from art_backend.store._checkpoints import ModelStore
 
     found, skipped = [], []
+    projects: dict[str, str] = {}  # served name -> the project it was loaded from
     for checkpoints in sorted(art_path.glob("*/models/*/checkpoints")):
         model_dir = checkpoints.parent
         project, name = model_dir.parent.parent.name, model_dir.name
+        if name in projects:
+            # Served names carry no project (ART's names): the first project keeps the name.
+            skipped.append(
+                f"{project}/{name}: the name is already served for project {projects[name]!r} "
+                "(served names carry no project); serve this project from its own --path"
+            )
+            continue
         try:
             store = ModelStore(art_path, project, name)
             # Any PEFT folder named by its step (step.json marks the trainer's own).
@@ -249,6 +257,7 @@ def discover_checkpoints(
                 f"({len(steps)} checkpoint(s))"
             )
             continue
+        projects[name] = project
         for step_dir in steps[-per_model:]:
             found.append((f"{name}@{int(step_dir.name)}", step_dir))
     return found, skipped

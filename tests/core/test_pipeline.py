@@ -358,11 +358,6 @@ def test_unknown_and_unsupported_keywords_are_errors_that_say_what_to_do():
         )  # fmt: skip
     with pytest.raises(ValueError, match="loss"):
         PipelineTrainer(model, None, varied_rollout, [], None, loss_fn="dpo")
-    with pytest.raises(NotImplementedError, match="delete_checkpoints"):
-        PipelineTrainer(
-            model, None, varied_rollout, [], None,
-            checkpoint_retention_strategy=keep_recent_and_top(),
-        )  # fmt: skip
 
 
 def test_defaults_follow_art():
@@ -398,3 +393,46 @@ def test_keep_recent_and_top_keeps_the_latest_and_the_best():
     assert set(keep_recent_and_top(recent=0, top=0)(context)) == set()
     with pytest.raises(ValueError, match="recent"):
         keep_recent_and_top(recent=-1)
+
+
+async def test_retention_deletes_old_steps_but_never_the_served_window(model: art.TrainableModel):
+    evaluated = iter([0.1, 0.9, 0.2, 0.3, 0.4, 0.5, 0.6])
+
+    async def evaluate(model: art.TrainableModel, step: int, config: Any) -> list[art.Trajectory]:
+        return [art.Trajectory(messages_and_choices=[], reward=next(evaluated))]
+
+    offered: list[list[int]] = []
+    strategy = keep_recent_and_top(recent=1, top=1)
+
+    def recording(context: CheckpointRetentionContext) -> set[int]:
+        offered.append([checkpoint.step for checkpoint in context.checkpoints])
+        return set(strategy(context))
+
+    trainer = PipelineTrainer(
+        model, model.backend, varied_rollout, QUESTIONS, config=None, eval_fn=evaluate,
+        num_rollout_workers=2, min_batch_size=1, max_batch_size=1, max_steps=5,
+        max_steps_off_policy=1, eval_every_n_steps=1, learning_rate=1e-3,
+        checkpoint_retention_strategy=recording,
+    )  # fmt: skip
+    await trainer.train()
+    assert model.step == 5
+    # Steps 5 (current) and 4 (a rollout may still sample it) are never offered.
+    assert all(max(steps) < step - 1 for steps, step in zip(offered, range(3, 6), strict=False))
+    # Kept: the best by val/reward (step 1: 0.9) and the most recent offered (3), plus the
+    # served window (4, 5); the rest went.
+    assert await model.backend.checkpoint_steps(model) == [1, 3, 4, 5]
+    assert trainer.state.deleted_checkpoints == 2
+    served = [m.id for m in (await model.openai_client().models.list()).data]
+    assert {f"{model.name}@4", f"{model.name}@5"} <= set(served)
+
+
+async def test_a_strategy_that_keeps_unknown_steps_is_an_error(model: art.TrainableModel):
+    trainer = PipelineTrainer(
+        model, model.backend, varied_rollout, QUESTIONS, config=None,
+        num_rollout_workers=1, min_batch_size=1, max_batch_size=1, max_steps=3,
+        max_steps_off_policy=0, eval_at_start=False, learning_rate=1e-3,
+        checkpoint_retention_strategy=lambda context: {99},
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="not offered"):
+        await trainer.train()
+    assert 0 in await model.backend.checkpoint_steps(model)  # nothing deleted

@@ -177,6 +177,46 @@ async def test_delete_checkpoints_keeps_latest_and_best(model: art.TrainableMode
     assert result["kept"] == [1, 3] and result["deleted"] == [0, 2]
 
 
+async def test_delete_chosen_steps_never_the_latest(model: art.TrainableModel):
+    for _ in range(3):
+        await model.train(varied_group(await groups_for(model, QUESTIONS)))
+    backend = model.backend
+    assert await backend.checkpoint_steps(model) == [0, 1, 2, 3]
+    with pytest.raises(art.BackendRequestError, match="latest step"):
+        await backend.delete_checkpoint_steps(model, [1, 3])
+    with pytest.raises(art.BackendRequestError, match=r"no checkpoint for step\(s\) \[7\]"):
+        await backend.delete_checkpoint_steps(model, [0, 7])
+    assert await backend.checkpoint_steps(model) == [0, 1, 2, 3]  # a refused request deletes none
+    result = await backend.delete_checkpoint_steps(model, [0, 2])
+    assert result["deleted"] == [0, 2] and result["kept"] == [1, 3]
+    assert await backend.checkpoint_steps(model) == [1, 3]
+    served = [m.id for m in (await model.openai_client().models.list()).data]
+    assert f"{model.name}@2" not in served and f"{model.name}@3" in served
+
+
+async def test_served_steps_keeps_older_steps_loaded(model: art.TrainableModel):
+    async def served() -> set[str]:
+        names = [m.id for m in (await model.openai_client().models.list()).data]
+        return {name for name in names if name.startswith(f"{model.name}@")}
+
+    await model.backend.register(model, served_steps=3)  # resumes, widens the window
+    for _ in range(3):
+        await model.train(varied_group(await groups_for(model, QUESTIONS)))
+    assert await served() == {f"{model.name}@{step}" for step in (1, 2, 3)}
+    await model.backend.register(model, served_steps=1)  # narrowing unloads at once
+    assert await served() == {f"{model.name}@3"}
+    with pytest.raises(art.BackendRequestError, match="served_steps") as refused:
+        await model.backend.register(model, served_steps=0)
+    assert refused.value.status_code == 400
+
+
+async def test_one_name_cannot_be_served_for_two_projects(model: art.TrainableModel):
+    twin = art.TrainableModel(name=model.name, project="other", base_model=model.base_model)
+    with pytest.raises(art.BackendRequestError, match="another name") as refused:
+        await twin.register(model.backend)
+    assert refused.value.status_code == 409
+
+
 async def test_zero_change_rollout_capture_trains(model: art.TrainableModel):
     trajectories = []
     sampled_tokens = 0

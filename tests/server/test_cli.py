@@ -178,3 +178,16 @@ def test_art_server_makes_openmp_threads_wait_passively_unless_told_otherwise():
         check=True,
     )
     assert chosen.stdout.strip().splitlines()[-1] == "ACTIVE"
+
+
+def test_startup_discovery_serves_a_name_for_one_project_only(tmp_path: Path):
+    from art_backend.cli import discover_checkpoints
+
+    for project in ("alpha", "beta"):
+        step_dir = tmp_path / project / "models" / "agent" / "checkpoints" / "0001"
+        step_dir.mkdir(parents=True)
+        (step_dir / "adapter_config.json").write_text("{}")
+    found, skipped = discover_checkpoints(tmp_path)
+    assert [name for name, _ in found] == ["agent@1"]
+    assert found[0][1].parts[-5] == "alpha"
+    assert len(skipped) == 1 and skipped[0].startswith("beta/agent: the name is already served")

@@ -25,6 +25,8 @@ from art_core.names import check_name, check_split
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # Content parts an SFT message may hold, as serving reads them: part type -> key of its text.
 TEXT_PARTS = {"text": "text", "refusal": "refusal"}
+# Each served step is one LoRA adapter in the engine's memory (and a vLLM LoRA slot).
+MAX_SERVED_STEPS = 16
 
 
 class _Strict(BaseModel):
@@ -62,6 +64,9 @@ class RegisterRequest(_ModelName):
     lora: LoraSettings = LoraSettings()
     fork_from: ForkFrom | None = None
     seed: int = Field(0, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    # How many of its newest steps the engine keeps loaded (`name@step`): rollouts that started
+    # on an older step must still reach it. A pipeline trainer asks for max_steps_off_policy + 1.
+    served_steps: int = Field(2, ge=1, le=MAX_SERVED_STEPS)
 
 
 class TurnRef(_Strict):
@@ -214,8 +219,22 @@ class LogRequest(_Strict):
 
 
 class DeleteCheckpointsRequest(_Strict):
+    """Either keep the latest and the best step by a logged metric (ART's form), or delete
+    exactly `steps` (a retention strategy's choice; the latest step is never deleted)."""
+
     best_checkpoint_metric: str = "val/reward"
     maximize: bool = True
+    steps: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> DeleteCheckpointsRequest:
+        chosen = {"best_checkpoint_metric", "maximize"} & self.model_fields_set
+        if self.steps is not None and chosen:
+            raise ValueError(
+                f"give either steps (delete exactly those) or {' and '.join(sorted(chosen))} "
+                "(keep the latest and the best), not both"
+            )
+        return self
 
 
 def trajectory_rows(

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from art_backend._errors import BackendError, InvalidRequestError
+from art_backend._errors import BackendError, ConflictError, InvalidRequestError
 from art_backend.serving._engine import Engine, TrainableEngine
 from art_backend.serving._loading import unmatched_target_modules
 from art_backend.serving._records import CompletionRecords
@@ -78,8 +78,6 @@ from art_backend.training._trainer import (
 
 logger = logging.getLogger("art_backend.training")
 
-SERVED_STEPS_PER_MODEL = 2  # the newest step and the one before it (rollouts still finishing)
-
 
 class ModelNotRegisteredError(BackendError):
     """Training or logging for a model this backend has not registered (HTTP 404)."""
@@ -96,6 +94,8 @@ class RegisteredModel:
     base_model: str
     lora: dict[str, Any]
     served: list[int] = field(default_factory=list)  # steps loaded in the engine, oldest first
+    # How many steps stay loaded: the newest and the ones rollouts may still be finishing on.
+    served_steps: int = 2
 
     @property
     def name(self) -> str:
@@ -179,9 +179,31 @@ class TrainingService:
         _check_rank(getattr(self.engine, "max_lora_rank", None), request.lora.r)
         key = (request.project, request.name)
         async with self._step_lock:
+            self._check_name_free(request)
             if key in self.models:
-                return {**self.models[key].info(), "resumed": True, "repairs": []}
+                model = self.models[key]
+                if request.served_steps != model.served_steps:
+                    await self._in_trainer_thread(
+                        self._set_served_steps, model, request.served_steps
+                    )
+                return {**model.info(), "resumed": True, "repairs": []}
             return await self._in_trainer_thread(self._register_blocking, request)
+
+    def _check_name_free(self, request: RegisterRequest) -> None:
+        """Served names are `name` and `name@step` without the project (ART's names, which
+        clients send as `model=`), so one server cannot serve one name for two projects."""
+        for project, name in self.models:
+            if name == request.name and project != request.project:
+                raise ConflictError(
+                    f"Model name {name!r} is already registered on this backend by project "
+                    f"{project!r}; served names carry no project, so a second {name!r} would "
+                    "answer for the first. Give this model another name, or start another "
+                    "backend (its own --path and port) for this project."
+                )
+
+    def _set_served_steps(self, model: RegisteredModel, served_steps: int) -> None:
+        model.served_steps = served_steps
+        self._trim_served(model)
 
     def _register_blocking(self, request: RegisterRequest) -> dict[str, Any]:
         store = ModelStore(self.art_path, request.project, request.name)
@@ -225,7 +247,9 @@ class TrainingService:
         except BaseException:
             trainer.close()  # its adapter must not stay in the engine's model
             raise
-        model = RegisteredModel(store, trainer, latest, request.base_model, lora)
+        model = RegisteredModel(
+            store, trainer, latest, request.base_model, lora, served_steps=request.served_steps
+        )
         # Steps the server already serves (found at startup) count toward the served window.
         model.served = sorted(
             step
@@ -286,7 +310,10 @@ class TrainingService:
     def _serve_step(self, model: RegisteredModel, step: int) -> None:
         self.engine.load_adapter(model.inference_name(step), model.store.checkpoint_dir(step))
         model.served.append(step)
-        while len(model.served) > SERVED_STEPS_PER_MODEL:
+        self._trim_served(model)
+
+    def _trim_served(self, model: RegisteredModel) -> None:
+        while len(model.served) > model.served_steps:
             old = model.served.pop(0)
             if model.inference_name(old) in self.engine.adapters:
                 self.engine.unload_adapter(model.inference_name(old))
@@ -645,7 +672,10 @@ class TrainingService:
     async def delete_checkpoints(
         self, model: RegisteredModel, request: DeleteCheckpointsRequest
     ) -> dict[str, Any]:
-        """Delete all checkpoints but the latest and the best by a logged metric."""
+        """Delete all checkpoints but the latest and the best by a logged metric, or exactly
+        `request.steps` (a retention strategy's choice)."""
+        if request.steps is not None:
+            return await self._delete_steps(model, sorted(set(request.steps)))
         split, _, metric = request.best_checkpoint_metric.rpartition("/")
         split = split or "val"
         scores = {
@@ -659,18 +689,39 @@ class TrainingService:
             (max if request.maximize else min)(scored, key=lambda s: scores[s]) if scored else None
         )
         keep = {model.step, *([best] if best is not None else [])}
-        deleted = []
         async with self._step_lock:
-            for step in steps:
-                if step in keep:
-                    continue
-                served_name = model.inference_name(step)
-                if served_name in self.engine.adapters:
-                    await self._in_trainer_thread(self.engine.unload_adapter, served_name)
-                    model.served.remove(step)
-                await self._in_trainer_thread(model.store.delete_checkpoint, step)
-                deleted.append(step)
+            deleted = await self._delete_unlocked(model, [s for s in steps if s not in keep])
         return {"kept": sorted(keep), "deleted": deleted, "best_step": best}
+
+    async def _delete_steps(self, model: RegisteredModel, steps: list[int]) -> dict[str, Any]:
+        async with self._step_lock:  # model.step cannot move while the choice is checked
+            if model.step in steps:
+                raise InvalidRequestError(
+                    f"Step {model.step} is {model.name}'s latest step, which it serves and trains "
+                    "from; it is never deleted. Leave it out of steps.",
+                    param="steps",
+                )
+            present = set(model.store.checkpoint_steps())
+            if missing := [step for step in steps if step not in present]:
+                raise InvalidRequestError(
+                    f"{model.name} has no checkpoint for step(s) {missing}; its checkpoints are "
+                    f"{sorted(present)}.",
+                    param="steps",
+                )
+            deleted = await self._delete_unlocked(model, steps)
+        kept = sorted(present - set(deleted))
+        return {"kept": kept, "deleted": deleted, "best_step": None}
+
+    async def _delete_unlocked(self, model: RegisteredModel, steps: list[int]) -> list[int]:
+        """Unload (if served) and delete each step; the caller holds the step lock."""
+        for step in steps:
+            served_name = model.inference_name(step)
+            if served_name in self.engine.adapters:
+                await self._in_trainer_thread(self.engine.unload_adapter, served_name)
+            if step in model.served:
+                model.served.remove(step)
+            await self._in_trainer_thread(model.store.delete_checkpoint, step)
+        return steps
 
 
 def _group_metrics(groups: list[GroupPayload]) -> dict[str, float]:
