@@ -311,12 +311,24 @@ class TrainableModel(Model):
         self,
         trajectories: list[Trajectory],
         config: TrainSFTConfig | Mapping[str, Any] | None = None,
+        _config: Mapping[str, Any] | None = None,
+        verbose: bool = False,
+        log_metrics: bool = True,
         **config_overrides: Any,
     ) -> TrainResult:
         """Supervised steps on the trajectories' assistant turns (a warm start before RL).
 
-        `config_overrides` are TrainSFTConfig fields (`epochs=2`) over `config`.
+        `config_overrides` are TrainSFTConfig fields (`epochs=2`) over `config`. ART's other
+        keywords: `verbose=True` logs the result's metrics; `log_metrics` is accepted for ART's
+        signature (the server records every SFT step in the model's history either way, so a
+        crash never loses what was trained); ART's experimental `_config` is refused when set.
         """
+        if _config:
+            raise UnsupportedOptionError(
+                f"train_sft(_config={dict(_config)!r}): ART's experimental SFT settings have no "
+                "counterpart here; use TrainSFTConfig fields (learning_rate, batch_size, "
+                "assistant_turns, ...)."
+            )
         config = _config_with(
             TrainSFTConfig, config, config_overrides, owner="model.train_sft()", keywords=["config"]
         )
@@ -329,6 +341,8 @@ class TrainableModel(Model):
                 )
         result = await self.backend.train_sft(self, trajectories, config)
         self._step = result.step
+        if verbose:
+            logger.info("SFT step %d: %s", result.step, result.metrics)
         return result
 
     async def log(

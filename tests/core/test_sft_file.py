@@ -148,8 +148,13 @@ async def test_batch_size_auto_is_two_trajectories_a_step(
         art.Trajectory(messages_and_choices=line["messages"], tools=line.get("tools"))
         for line in conversations()[:5]
     ]
-    result = await model.train_sft(examples, art.TrainSFTConfig(learning_rate=1e-4))
+    # ART's call shape: positional config, verbose and log_metrics keywords.
+    result = await model.train_sft(
+        examples, art.TrainSFTConfig(learning_rate=1e-4), verbose=True, log_metrics=True
+    )
     assert art.TrainSFTConfig().batch_size == "auto"
+    with pytest.raises(art.UnsupportedOptionError, match="TrainSFTConfig fields"):
+        await model.train_sft(examples, _config={"packing": True})
     assert result.metrics["batch_size"] == 2 and result.metrics["optimizer_steps"] == 3
     from_file = await train_sft_from_file(model, str(sft_file), batch_size="auto")
     assert from_file is not None and from_file.metrics["optimizer_steps"] == 3
