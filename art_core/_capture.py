@@ -46,21 +46,17 @@ import contextlib
 import contextvars
 import datetime
 import logging
-import threading
 import weakref
 from collections.abc import Awaitable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, overload
-from urllib.parse import urlsplit
-
-import httpx
 
 import art_core._model as model_module
-from art_core._backend import Backend, _raise_for_status, new_rollout_id
+from art_core._backend import Backend, new_rollout_id
+from art_core._capture_http import get_records_sync, install_patches, origin
 from art_core._errors import (
     ArtError,
-    BackendCrashedError,
     InvalidTrajectoryError,
     ModelNotRegisteredError,
 )
@@ -70,7 +66,6 @@ from art_core._trajectory import RolloutException, Trajectory, TrajectoryGroup
 
 logger = logging.getLogger("art_core.capture")
 
-ROLLOUT_HEADER = "x-rollout-id"
 # A failed run's records are fetched and released within this; the run's own error matters more.
 CLEANUP_SECONDS = 10.0
 
@@ -187,7 +182,7 @@ class TrajectoryScope:
         if self._entered:
             raise RuntimeError("an art.trajectory() scope is entered once: open a new one")
         self._entered = True
-        _install_patches()
+        install_patches(_rollout_id_for)
         self._token = _scopes.set((*_scopes.get(), self._scope))
         return self._scope.trajectory
 
@@ -211,12 +206,12 @@ class TrajectoryScope:
         records: list[dict[str, Any]] = []
         with no_capture():  # our own requests belong to no enclosing scope
             if error is None:
-                records = [r for b in scope.used for r in _get_sync(b, scope.rollout_id)]
+                records = [r for b in scope.used for r in get_records_sync(b, scope.rollout_id)]
             else:
                 try:
                     for backend in scope.used:
-                        records += _get_sync(backend, scope.rollout_id)
-                        _get_sync(backend, scope.rollout_id, method="DELETE")
+                        records += get_records_sync(backend, scope.rollout_id)
+                        get_records_sync(backend, scope.rollout_id, method="DELETE")
                 except Exception as cleanup_error:  # noqa: BLE001 - the run's error matters more
                     _cleanup_failed(scope, cleanup_error)
         if error is None:
@@ -521,135 +516,21 @@ def _result_of(
 # ------------------------------------------------------------------ which requests are tagged
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    try:
-        port = parts.port or {"http": 80, "https": 443}.get(scheme)
-    except ValueError:  # a malformed port: not one of ours
-        return scheme, "", None
-    return scheme, (parts.hostname or "").lower(), port
-
-
 def _rollout_id_for(url: str) -> str | None:
     """The rollout id a request to `url` carries: the innermost scope's, when `url` is ours."""
     scopes = _scopes.get()
     if not scopes:
         return None  # the common case, every request outside a scope: nothing to compute
     scope = scopes[-1]
-    origin = _origin(url)
+    wanted = origin(url)
     candidates = scope.backends if scope.backends is not None else _known_backends()
     for backend in candidates:
         try:
             base = backend.inference_base_url
         except Exception:  # noqa: BLE001 - a backend not started yet has no URL to match
             continue
-        if _origin(base) == origin:
+        if origin(base) == wanted:
             if not any(used is backend for used in scope.used):
                 scope.used.append(backend)
             return scope.rollout_id
     return None
-
-
-# --------------------------------------------------------------- the patches, installed once
-
-_install_lock = threading.Lock()
-_PATCHED = "_art_core_capture"
-
-
-def _install_patches() -> None:
-    """Patch httpx (and httpx2, which openai>=3 uses), requests and aiohttp where installed;
-    idempotent and thread-safe."""
-    with _install_lock:
-        _patch_httpx(httpx)
-        with contextlib.suppress(ImportError):
-            import httpx2
-
-            _patch_httpx(httpx2)
-        with contextlib.suppress(ImportError):
-            _patch_requests()
-        with contextlib.suppress(ImportError):
-            _patch_aiohttp()
-
-
-def _patch_httpx(module: Any) -> None:
-    """`Client.send` and `AsyncClient.send`: every request of every transport passes there."""
-    if getattr(module.Client.send, _PATCHED, False):
-        return
-    original_send, original_async_send = module.Client.send, module.AsyncClient.send
-
-    def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        _tag(request.headers, str(request.url))
-        return original_send(self, request, *args, **kwargs)
-
-    async def async_send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        _tag(request.headers, str(request.url))
-        return await original_async_send(self, request, *args, **kwargs)
-
-    setattr(send, _PATCHED, True)
-    setattr(async_send, _PATCHED, True)
-    module.Client.send = send
-    module.AsyncClient.send = async_send
-
-
-def _tag(headers: Any, url: str) -> None:
-    """Add the header to a request's (case-insensitive) headers when `url` is one of ours."""
-    if ROLLOUT_HEADER in headers:
-        return  # the caller named a rollout itself (art_langgraph does): it wins
-    rollout_id = _rollout_id_for(url)
-    if rollout_id is not None:
-        headers[ROLLOUT_HEADER] = rollout_id
-
-
-def _patch_requests() -> None:
-    import requests
-
-    if getattr(requests.Session.send, _PATCHED, False):
-        return
-    original_send = requests.Session.send
-
-    def send(self: Any, request: Any, **kwargs: Any) -> Any:
-        _tag(request.headers, str(request.url))  # a redirect comes here too, with its own URL
-        return original_send(self, request, **kwargs)
-
-    setattr(send, _PATCHED, True)
-    session_class: Any = requests.Session  # assigned through Any: mypy refuses method assignment
-    session_class.send = send
-
-
-def _patch_aiohttp() -> None:
-    import aiohttp
-    from multidict import CIMultiDict
-
-    if getattr(aiohttp.ClientSession._request, _PATCHED, False):
-        return
-    original_request = aiohttp.ClientSession._request
-
-    async def request(self: aiohttp.ClientSession, method: str, url: Any, **kwargs: Any) -> Any:
-        # A relative URL is resolved against the session's base_url, as aiohttp will.
-        build_url = getattr(self, "_build_url", None)
-        absolute = str(build_url(url) if build_url is not None else url)
-        if ROLLOUT_HEADER not in self.headers:  # the session's own headers apply too
-            headers = CIMultiDict(kwargs.get("headers") or {})
-            _tag(headers, absolute)
-            kwargs["headers"] = headers
-        return await original_request(self, method, url, **kwargs)
-
-    setattr(request, _PATCHED, True)
-    session_class: Any = aiohttp.ClientSession
-    session_class._request = request
-
-
-# ------------------------------------------------- the records, fetched without an event loop
-
-
-def _get_sync(backend: Backend, rollout_id: str, method: str = "GET") -> list[dict[str, Any]]:
-    """`GET` (the records) or `DELETE` (release them) `/v1/rollouts/{id}`, for a `with` block."""
-    headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
-    url = f"{backend.inference_base_url}/rollouts/{rollout_id}"
-    try:
-        response = httpx.request(method, url, headers=headers, timeout=30.0)
-    except httpx.TransportError as error:
-        raise BackendCrashedError(f"The backend at {url} is unreachable: {error}") from error
-    _raise_for_status(response)
-    return response.json().get("completions", [])

@@ -48,16 +48,19 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from art_core._backend import Backend
 from art_core._config import TrainConfig, TrainResult
 from art_core._errors import TooManyExceptionsError
 from art_core._gather import gather_trajectory_groups
 from art_core._model import TrainableModel
+from art_core._retention import (
+    CheckpointRetentionStrategy,
+    apply_retention,
+)
 from art_core._strict import StrictModel, check_names
 from art_core._trajectory import Trajectory, TrajectoryGroup
 
@@ -358,44 +361,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         return min(self.max_steps_off_policy, MAX_SERVED_STEPS - 1)
 
     async def _apply_retention(self, step: int) -> None:
-        """Ask the strategy which old checkpoints to keep; delete the others.
-
-        Never offered to it: the current step and the ones rollouts may still sample (the
-        served window), so a deletion cannot pull a model from under a running rollout.
-        """
+        """Offer the checkpoints no rollout may still sample to the strategy; delete the rest."""
         assert self.checkpoint_retention_strategy is not None
-        oldest_in_use = step - self._served_window()
-        eligible = [s for s in await self.backend.checkpoint_steps(self.model) if s < oldest_in_use]
-        if not eligible:
-            return
-        metrics: dict[int, dict[str, float]] = {}
-        for row in await self.backend.history(self.model):
-            if row.get("type") == "log" and row.get("step") in eligible:
-                logged = metrics.setdefault(row["step"], {})
-                for key, value in row.get("metrics", {}).items():
-                    if isinstance(value, int | float):
-                        logged[f"{row.get('split')}/{key}"] = float(value)
-        context = CheckpointRetentionContext(
-            current_step=step,
-            checkpoints=[
-                CheckpointInfo(
-                    step=s,
-                    is_eval_step=s in self.state.completed_eval_steps,
-                    metrics=metrics.get(s, {}),
-                )
-                for s in eligible
-            ],
+        self.state.deleted_checkpoints += await apply_retention(
+            self.backend,
+            self.model,
+            self.checkpoint_retention_strategy,
+            step,
+            oldest_in_use=step - self._served_window(),
+            eval_steps=self.state.completed_eval_steps,
         )
-        keep = set(self.checkpoint_retention_strategy(context))
-        if unknown := keep - set(eligible):
-            raise ValueError(
-                f"checkpoint_retention_strategy kept steps {sorted(unknown)} that it was not "
-                f"offered (offered: {eligible}); return steps from context.checkpoints only."
-            )
-        delete = sorted(set(eligible) - keep)
-        if delete:
-            await self.backend.delete_checkpoint_steps(self.model, delete)
-            self.state.deleted_checkpoints += len(delete)
 
     def _step_metrics(
         self, step: int, batch: list[TrajectoryGroup], counts: _StepCounts, idle: float
@@ -632,51 +607,6 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "%s: finishing the current step, then stopping (again to stop at once)", sig.name
         )
         self.request_stop()
-
-
-# ------------------------------------------------------------------------- checkpoint retention
-
-
-class CheckpointInfo(BaseModel):
-    """One checkpoint a retention strategy may keep or delete, with its logged metrics."""
-
-    step: int
-    path: str | None = None
-    created_at: datetime | None = None
-    is_eval_step: bool = False
-    metrics: dict[str, float] = Field(default_factory=dict)
-
-
-class CheckpointRetentionContext(BaseModel):
-    """The checkpoints a strategy may delete (current and in-use steps are never among them)."""
-
-    current_step: int
-    checkpoints: list[CheckpointInfo] = Field(default_factory=list)
-
-
-# A strategy returns the steps, among the context's checkpoints, to keep; the rest are deleted.
-CheckpointRetentionStrategy = Callable[[CheckpointRetentionContext], Iterable[int]]
-
-
-def keep_recent_and_top(
-    *, recent: int = 5, top: int = 2, metric: str = "val/reward"
-) -> CheckpointRetentionStrategy:
-    """Keep the `recent` latest checkpoints and the `top` best by `metric` (higher is better)."""
-    if recent < 0 or top < 0:
-        raise ValueError(f"recent and top must be >= 0, got recent={recent}, top={top}")
-
-    def strategy(context: CheckpointRetentionContext) -> set[int]:
-        by_step = sorted(context.checkpoints, key=lambda checkpoint: checkpoint.step)
-        keep = (
-            {checkpoint.step for checkpoint in by_step[len(by_step) - recent :]}
-            if recent
-            else set()
-        )
-        scored = [c for c in context.checkpoints if metric in c.metrics]
-        scored.sort(key=lambda c: (c.metrics[metric], c.step), reverse=True)
-        return keep | {checkpoint.step for checkpoint in scored[:top]}
-
-    return strategy
 
 
 # ------------------------------------------------------------------------------------ helpers
