@@ -39,12 +39,10 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -52,73 +50,44 @@ from pathlib import Path
 from typing import Any
 
 from _machine import cpu_field, machine_info
+from _serve_processes import (
+    BusyLoad,
+    RssSampler,
+    free_port,
+    other_load,
+    stop_process_group,
+    tail,
+    wait_for_quiet,
+    wait_healthy,
+)
+from _serve_report import engines_section, markdown_section, ratios, write_markdown
+from _serve_settings import (
+    ADAPTER_ALPHA,
+    ADAPTER_B_STD,
+    ADAPTER_NAME,
+    ADAPTER_RANK,
+    ADAPTER_TARGETS,
+    ALL_CONTENDERS,
+    BENCHMARKS_MD,
+    CLASSIC_CONTENDERS,
+    CONTENDED_CORES,
+    DEFAULT_DTYPE,
+    LORA_SERVERS,
+    REQUEST_TIMEOUT,
+    ROOT,
+    SERVED_NAME,
+    VENV_BIN,
+    VLLM_CONTENDERS,
+    VLLM_KV_CACHE_GB,
+    VLLM_MAX_MODEL_LEN,
+    report_suffix,
+    results_path,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "serve_throughput.json"
-BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
-VENV_BIN = Path(sys.executable).parent
-
-
-def _auto_dtype() -> str:
-    """What `--dtype auto` gives on this machine's CPU: bf16 only with native bf16 instructions."""
-    from art_backend.serving._loading import cpu_supports_bf16
-
-    return "bfloat16" if cpu_supports_bf16() else "float32"
-
-
-DEFAULT_DTYPE = _auto_dtype()  # the dtype users get by default here
 DTYPE = DEFAULT_DTYPE  # --dtype: the same for every contender
-SERVED_NAME = "smol"
 THREADS: int | None = None  # --threads: OMP_NUM_THREADS for every contender
 BUSY = 0  # --busy: foreign busy processes during every timed run
 VLLM_PYTHON: str | None = None  # --vllm-python: the interpreter with vLLM installed
-
-STARTUP_TIMEOUT = 600.0  # model load on a busy 2-core machine
-REQUEST_TIMEOUT = 900.0  # one request, including queueing behind 15 others on a sequential server
-STOP_TIMEOUT = 30.0
-SECTION_START = "<!-- serve_throughput:start -->"  # the default dtype's section
-SECTION_END = "<!-- serve_throughput:end -->"
-
-CLASSIC_CONTENDERS = ("ours", "transformers_serve", "transformers_serve_cb", "offline_generate")
-VLLM_CONTENDERS = ("ours_vllm", "vllm")  # need vLLM; only run when named in --only
-LORA_SERVERS = ("ours", "ours_vllm", "vllm")  # each has a `<name>_lora` variant
-ALL_CONTENDERS = (
-    *CLASSIC_CONTENDERS,
-    *VLLM_CONTENDERS,
-    *(f"{server}_lora" for server in LORA_SERVERS),
-)
-
-# The adapter of the `_lora` contenders: random, with B != 0 so its outputs differ from the base.
-ADAPTER_NAME = "smol-lora@1"  # our server serves adapters as `<name>@<step>`
-ADAPTER_RANK, ADAPTER_ALPHA = 16, 32
-ADAPTER_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
-ADAPTER_B_STD = 0.02  # PEFT starts B at zero (a no-op adapter); this changes outputs, not fluency
-VLLM_MAX_MODEL_LEN = 2048  # raw vLLM's context; ours starts vLLM with the model's own
-VLLM_KV_CACHE_GB = 2  # VLLM_CPU_KVCACHE_SPACE, the same as art-server's --vllm-kv-cache-gb default
-
-
-def report_suffix(dtype: str, engines: bool, busy: int) -> str:
-    """The name of a run's results: "" (default dtype), "_float32", "_engines", "_engines_busy"..."""
-    if engines:
-        parts = ["engines"] + ([] if dtype == "float32" else [dtype])
-    else:
-        parts = [] if dtype == DEFAULT_DTYPE else [dtype]
-    if busy:
-        parts.append("busy")
-    return "".join(f"_{part}" for part in parts)
-
-
-def results_path(suffix: str) -> Path:
-    """serve_throughput<suffix>.json beside the default run's serve_throughput.json."""
-    return RESULTS.with_name(f"serve_throughput{suffix}.json")
-
-
-def section_markers(suffix: str) -> tuple[str, str]:
-    """The engine runs, quiet and busy, share one section; every other run has its own."""
-    if suffix == "":
-        return SECTION_START, SECTION_END
-    key = suffix.removesuffix("_busy") if suffix.startswith("_engines") else suffix
-    return f"<!-- serve_throughput{key}:start -->", f"<!-- serve_throughput{key}:end -->"
 
 
 TOPICS = [
@@ -142,16 +111,8 @@ TOPICS = [
 PROMPTS = [f"Write a long story about {topic}." for topic in TOPICS]
 SINGLE_PROMPT = "Write a long story about a old clockmaker and his apprentice."
 
-RSS_TARGET_MB = 1536.0
-
 
 # ------------------------------------------------------------------------------------ helpers
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -164,201 +125,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-_BUSY_PIDS: set[int] = set()  # never counted as a contender's own CPU use
-
-
-class BusyLoad:
-    """`--busy N`: N foreign `while True: pass` processes, running only during each timed run."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self._processes: list[subprocess.Popen] = []
-        self._started = 0.0
-
-    def start(self) -> None:
-        for _ in range(self.count):
-            process = subprocess.Popen(
-                [sys.executable, "-c", "while True: pass"], start_new_session=True
-            )
-            self._processes.append(process)
-            _BUSY_PIDS.add(process.pid)
-        self._started = time.perf_counter()
-
-    def stop(self) -> float | None:
-        """Stop them; returns the CPU cores they used meanwhile (None when there are none)."""
-        if not self._processes:
-            return None
-        import psutil
-
-        wall = time.perf_counter() - self._started
-        cpu = 0.0
-        for process in self._processes:
-            with contextlib.suppress(psutil.Error):
-                times = psutil.Process(process.pid).cpu_times()
-                cpu += times.user + times.system
-            process.kill()
-            process.wait(10)
-            _BUSY_PIDS.discard(process.pid)
-        self._processes = []
-        return round(cpu / wall, 2) if wall > 0 else None
-
-
 def contended_above() -> float:
     """Foreign load (cores) above which a run is repeated; `--busy` processes are expected."""
     return CONTENDED_CORES + BUSY
-
-
-class RssSampler:
-    """Peak resident memory of a process and its children, sampled every `interval` seconds."""
-
-    def __init__(self, pid: int, interval: float = 0.05) -> None:
-        import psutil
-
-        self._psutil = psutil
-        self._root = psutil.Process(pid)
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.peak_bytes = 0
-        self.window_peak_bytes = 0  # peak since the last `reset_window`
-        self.samples = 0
-        self.seen: dict[int, Any] = {}  # every process of the tree, to end leftovers at the end
-
-    def _tree(self) -> list[Any]:
-        try:
-            processes = [self._root, *self._root.children(recursive=True)]
-        except self._psutil.Error:
-            return []
-        return [process for process in processes if process.pid not in _BUSY_PIDS]
-
-    def _sample(self) -> int:
-        total = 0
-        processes = self._tree()
-        for process in processes:
-            self.seen.setdefault(process.pid, process)
-            with contextlib.suppress(self._psutil.Error):
-                total += process.memory_info().rss
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            rss = self._sample()
-            self.peak_bytes = max(self.peak_bytes, rss)
-            self.window_peak_bytes = max(self.window_peak_bytes, rss)
-            self.samples += 1
-            self._stop.wait(self._interval)
-
-    def start(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def reset_window(self) -> None:
-        self.window_peak_bytes = 0
-
-    def kill_leftovers(self) -> list[int]:
-        """SIGKILL what is left of the tree after its root stopped (vLLM's engine workers)."""
-        killed = []
-        for pid, process in self.seen.items():
-            with contextlib.suppress(self._psutil.Error):
-                if process.is_running() and process.status() != self._psutil.STATUS_ZOMBIE:
-                    process.kill()
-                    killed.append(pid)
-        return killed
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def cpu_snapshot(self) -> tuple[float, float, float]:
-        """(time, CPU seconds busy on the whole machine, CPU seconds of the tree and of us)."""
-        times = self._psutil.cpu_times()
-        busy = sum(
-            getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq")
-        )
-        ours = 0.0
-        processes = self._tree()
-        processes.append(self._psutil.Process())
-        for process in {p.pid: p for p in processes}.values():
-            with contextlib.suppress(self._psutil.Error):
-                cpu = process.cpu_times()
-                ours += cpu.user + cpu.system
-        return time.perf_counter(), busy, ours
-
-
-def other_load(start: tuple[float, float, float], end: tuple[float, float, float]) -> float:
-    """Mean CPU cores used by processes outside this benchmark between two snapshots."""
-    wall = end[0] - start[0]
-    if wall <= 0:
-        return 0.0
-    return round(max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / wall, 2)
-
-
-def wait_for_quiet(max_wait: float = 60.0, threshold: float = 25.0) -> dict[str, float]:
-    """Before loading a contender, wait (bounded) until other processes leave the CPUs mostly idle.
-
-    The machine is shared; this does not make it quiet, it only avoids starting in a burst.
-    """
-    import psutil
-
-    started = time.perf_counter()
-    quiet = 0
-    percent = psutil.cpu_percent(interval=1.0)
-    while time.perf_counter() - started < max_wait:
-        quiet = quiet + 1 if percent <= threshold else 0
-        if quiet >= 3:
-            break
-        percent = psutil.cpu_percent(interval=1.0)
-    return {
-        "waited_seconds": round(time.perf_counter() - started, 1),
-        "cpu_percent_before": percent,
-        "loadavg_1min_before": round(os.getloadavg()[0], 2),
-        "python_loop_seconds": python_loop_seconds(),
-    }
-
-
-def python_loop_seconds(iterations: int = 5_000_000) -> float:
-    """A fixed pure-Python loop, timed just before a contender starts: how fast the shared host
-    runs now (the host's other tenants do not show in the other-load check)."""
-    started = time.perf_counter()
-    total = 0
-    for index in range(iterations):
-        total += index
-    return round(time.perf_counter() - started, 3)
-
-
-def stop_process_group(process: subprocess.Popen) -> None:
-    """SIGTERM the server's own process group (it was started in a new session), then SIGKILL."""
-    from art_backend.serving._vllm_process import stop_process_group as stop_group
-
-    stop_group(process, STOP_TIMEOUT)
-
-
-def tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-async def wait_healthy(base_url: str, process: subprocess.Popen, log: Path) -> float:
-    import httpx
-
-    started = time.perf_counter()
-    async with httpx.AsyncClient(timeout=5.0) as client:
-        while time.perf_counter() - started < STARTUP_TIMEOUT:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"server exited with code {process.returncode} before /health:\n{tail(log)}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                response = await client.get(f"{base_url}/health")
-                if response.status_code == 200:
-                    return time.perf_counter() - started
-            await asyncio.sleep(0.5)
-    raise TimeoutError(f"no healthy /health after {STARTUP_TIMEOUT:.0f} s:\n{tail(log)}")
-
-
-# ---------------------------------------------------------------------------------- workloads
 
 
 def _messages(prompt: str) -> list[dict[str, str]]:
@@ -437,9 +206,6 @@ async def streamed_run(client: Any, model: str, prompt: str, max_tokens: int) ->
         else None,
         "total_seconds": round(time.perf_counter() - started, 3),
     }
-
-
-CONTENDED_CORES = 0.3  # other processes' mean CPU use above which a run is repeated
 
 
 async def measured(
@@ -859,276 +625,6 @@ def vllm_version() -> str | None:
         ).stdout.strip()
         return output or None
     return None
-
-
-# Each ratio: (our contender, the peer, the target; None where only reported).
-RATIOS: dict[str, tuple[str, str, float | None]] = {
-    "ours_vs_transformers_serve": ("ours", "transformers_serve", 3.0),
-    "ours_vs_transformers_serve_cb": ("ours", "transformers_serve_cb", 1.2),
-    "ours_vs_offline_generate": ("ours", "offline_generate", 0.8),
-    "ours_vllm_vs_vllm": ("ours_vllm", "vllm", 0.9),
-    "ours_vllm_lora_vs_vllm_lora": ("ours_vllm_lora", "vllm_lora", 0.9),
-    "ours_lora_vs_vllm_lora": ("ours_lora", "vllm_lora", 1.0),
-    "ours_vs_vllm": ("ours", "vllm", None),
-    "ours_vs_ours_vllm": ("ours", "ours_vllm", None),
-}
-TARGETS = {key: target for key, (_, _, target) in RATIOS.items() if target is not None}
-
-
-def ratios(contenders: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Every ratio one of whose contenders ran, and our peak RSS; a side not measured is noted."""
-    out: dict[str, Any] = {}
-    for key, (ours_key, peer_key, target) in RATIOS.items():
-        if ours_key not in contenders and peer_key not in contenders:
-            continue
-        ours, peer = contenders.get(ours_key, {}), contenders.get(peer_key, {})
-        entry: dict[str, Any] = {"ratio": None, "target": target}
-        ratio = None
-        if ours.get("ok") and peer.get("ok") and peer["median_tokens_per_second"]:
-            ratio = ours["median_tokens_per_second"] / peer["median_tokens_per_second"]
-            entry["ratio"] = round(ratio, 3)
-        else:
-            entry["note"] = "not measured"
-        if target is not None:
-            entry["met"] = ratio is not None and ratio >= target  # unrounded: 0.997 misses 1.0
-        out[key] = entry
-    if "ours" in contenders:
-        ours = contenders["ours"]
-        rss = ours.get("peak_rss_mb")
-        out["ours_peak_rss_mb"] = {
-            "value": rss,
-            "target": f"<= {RSS_TARGET_MB:.0f}",
-            "met": bool(ours.get("ok") and rss is not None and rss <= RSS_TARGET_MB),
-        }
-    return out
-
-
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def markdown_section(report: dict[str, Any]) -> str:
-    machine, work, contenders, rat = (
-        report["machine"],
-        report["workload"],
-        report["contenders"],
-        report["ratios"],
-    )
-    flags = "" if machine["dtype"] == DEFAULT_DTYPE else f" --dtype {machine['dtype']}"
-    flags += f" --busy {work['busy_processes']}" if work.get("busy_processes") else ""
-    lines = [
-        SECTION_START,
-        f"## Serving throughput, {machine['dtype']} (`benchmarks/serve_throughput.py{flags}`)",
-        "",
-        f'{work["requests"]} concurrent chat requests (different "Write a long story about ..." '
-        f"prompts), max {work['max_tokens']} new tokens, temperature 0, model "
-        f"{work['model']} in {machine['dtype']} for every contender; median of {work['runs']} "
-        f"runs after one warm-up request. Measured {machine['date']} on {machine['cpu_count']} x "
-        f"{machine['cpu_model']} (native bf16: {machine['native_bf16']}), torch "
-        f"{machine['torch']}, transformers {machine['transformers']}.",
-        "",
-        "| contender | tok/s (median) | runs | mean tokens/request | TTFT (s) | single-request tok/s "
-        "| peak RSS (MB) | other load (cores) |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    labels = {
-        "ours": "ours (`art-server`)",
-        "transformers_serve": "`transformers serve`",
-        "transformers_serve_cb": "`transformers serve --continuous-batching`",
-        "offline_generate": "offline batched `generate()`",
-    }
-    for key, label in labels.items():
-        c = contenders.get(key)
-        if c is None:
-            continue
-        if not c.get("ok"):
-            lines.append(f"| {label} | failed: {c.get('error', '?')[:80]} | | | | | | |")
-            continue
-        runs = ", ".join(
-            f"{r['tokens_per_second']:.1f}{'*' if r.get('contended') else ''}" for r in c["runs"]
-        )
-        lines.append(
-            f"| {label} | {_fmt(c['median_tokens_per_second'])} | {runs} | "
-            f"{_fmt(c['mean_tokens_per_request'])} | {_fmt(c.get('ttft_seconds'), 2)} | "
-            f"{_fmt(c.get('single_tokens_per_second'))} | {_fmt(c.get('peak_rss_mb'), 0)} | "
-            f"{_fmt(c.get('other_load_cores'), 2)} |"
-        )
-    lines += ["", "| target | measured | met |", "|---|---:|---|"]
-    names = {
-        "ours_vs_transformers_serve": "ours / `transformers serve` >= 3x",
-        "ours_vs_transformers_serve_cb": "ours / `transformers serve --continuous-batching` >= 1.2x",
-        "ours_vs_offline_generate": "ours / offline batched `generate()` >= 0.8x",
-    }
-    for key, label in names.items():
-        entry = rat.get(key, {"ratio": None, "met": False})
-        ratio = entry["ratio"]
-        lines.append(
-            f"| {label} | {'-' if ratio is None else f'{ratio:.2f}x'} | "
-            f"{'yes' if entry['met'] else 'no'} |"
-        )
-    rss = rat.get("ours_peak_rss_mb", {"value": None, "met": False})
-    lines.append(
-        f"| ours peak RSS <= {RSS_TARGET_MB:.0f} MB | {_fmt(rss['value'], 0)} MB | "
-        f"{'yes' if rss['met'] else 'no'} |"
-    )
-    lines += [
-        "",
-        "TTFT and single-request tok/s: one streamed request of the same length, alone on the "
-        "server (median of the runs). Peak RSS: the server's process tree over its whole life "
-        "(loading included), sampled every 50 ms. Lengths are not forced (no server here accepts "
-        "a minimum-tokens field): tokens/s counts the completion tokens each server reports in "
-        "`usage`, so compare the mean tokens per request column. Other load: mean CPU cores "
-        "used by processes outside the benchmark during the timed runs (the machine is shared; "
-        "2 cores in all); a run is repeated (`--retries`, default 2) while that exceeds "
-        f"{CONTENDED_CORES} cores, and `*` marks a run kept although contended. Raw numbers: "
-        f"`benchmarks/results/{report['results_file']}`.",
-        SECTION_END,
-    ]
-    return "\n".join(lines) + "\n"
-
-
-ENGINE_LABELS = {
-    "ours": ("ours, torch engine (`art-server`)", "base"),
-    "ours_lora": ("ours, torch engine (`art-server`)", "adapter"),
-    "ours_vllm": ("ours, vLLM engine (`art-server --engine vllm`)", "base"),
-    "ours_vllm_lora": ("ours, vLLM engine (`art-server --engine vllm`)", "adapter"),
-    "vllm": ("raw vLLM (`vllm.entrypoints.openai.api_server`)", "base"),
-    "vllm_lora": ("raw vLLM (`vllm.entrypoints.openai.api_server`)", "adapter"),
-}
-ENGINE_RATIO_LABELS = {
-    "ours_vllm_vs_vllm": "ours on vLLM / raw vLLM, base model >= 0.9x",
-    "ours_vllm_lora_vs_vllm_lora": "ours on vLLM / raw vLLM, adapter >= 0.9x",
-    "ours_lora_vs_vllm_lora": "ours on torch / raw vLLM, adapter >= 1.0x",
-    "ours_vs_vllm": "ours on torch / raw vLLM, base model (reported)",
-    "ours_vs_ours_vllm": "ours on torch / ours on vLLM, base model (reported)",
-}
-
-
-def _condition(report: dict[str, Any]) -> str:
-    busy = report["workload"].get("busy_processes", 0)
-    if not busy:
-        return "quiet machine"
-    return "one busy process (`--busy 1`)" if busy == 1 else f"{busy} busy processes"
-
-
-def engines_section(quiet: dict[str, Any] | None, busy: dict[str, Any] | None) -> str:
-    """The engine comparison: one table per condition (quiet, busy), then the ratios of both."""
-    start, end = section_markers("_engines")
-    reports = [r for r in (quiet, busy) if r is not None]
-    first = reports[0]
-    machine, work = first["machine"], first["workload"]
-    lines = [
-        start,
-        "## Serving engines: torch vs vLLM on this CPU "
-        "(`benchmarks/serve_throughput.py --only ours,ours_vllm,vllm --lora`)",
-        "",
-        f"{work['requests']} concurrent chat requests x max {work['max_tokens']} new tokens, "
-        f"temperature 0, {work['model']} in {machine['dtype']}, addressed to the base model and "
-        f"then, on the same server start, to a LoRA adapter (r {ADAPTER_RANK}, alpha "
-        f"{ADAPTER_ALPHA}, {', '.join(ADAPTER_TARGETS)}; random, B ~ N(0, {ADAPTER_B_STD}), "
-        f"loaded at run time); median of {work['runs']} runs after one warm-up request. "
-        f"{machine['cpu_count']} x {machine['cpu_model']}, torch {machine['torch']}, "
-        f"transformers {machine['transformers']}, {machine.get('vllm') or 'vLLM'} (its own venv).",
-    ]
-    for report in reports:
-        contenders = report["contenders"]
-        lines += [
-            "",
-            f"### {_condition(report)[0].upper()}{_condition(report)[1:]}, measured "
-            f"{report['machine']['date']}",
-            "",
-            "| contender | model | tok/s (median) | runs | mean tokens/request | TTFT (s) "
-            "| single-request tok/s | start-up (s) | adapter load (s) | peak RSS (MB) "
-            "| other load (cores) |",
-            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for key, (label, served) in ENGINE_LABELS.items():
-            c = contenders.get(key)
-            if c is None:
-                continue
-            if not c.get("ok"):
-                error = " ".join(c.get("error", "?").split())[:80]
-                lines.append(f"| {label} | {served} | failed: {error} | | | | | | | | |")
-                continue
-            runs = ", ".join(
-                f"{r['tokens_per_second']:.1f}{'*' if r.get('contended') else ''}"
-                for r in c["runs"]
-            )
-            lines.append(
-                f"| {label} | {served} | {_fmt(c['median_tokens_per_second'])} | {runs} | "
-                f"{_fmt(c['mean_tokens_per_request'])} | {_fmt(c.get('ttft_seconds'), 2)} | "
-                f"{_fmt(c.get('single_tokens_per_second'))} | {_fmt(c.get('startup_seconds'))} | "
-                f"{_fmt(c.get('adapter_load_seconds'), 2)} | {_fmt(c.get('peak_rss_mb'), 0)} | "
-                f"{_fmt(c.get('other_load_cores'), 2)} |"
-            )
-    header = " | ".join(_condition(r) for r in reports)
-    lines += [
-        "",
-        f"| ratio (target) | {header} | met |",
-        "|---|" + "---:|" * len(reports) + "---|",
-    ]
-    for key, label in ENGINE_RATIO_LABELS.items():
-        entries = [r["ratios"].get(key) for r in reports]
-        if all(entry is None for entry in entries):
-            continue
-        cells = [
-            "-" if entry is None or entry["ratio"] is None else f"{entry['ratio']:.3f}x"
-            for entry in entries
-        ]
-        if RATIOS[key][2] is None:
-            met = "-"
-        else:
-            met = " / ".join("yes" if entry and entry.get("met") else "no" for entry in entries)
-        lines.append(f"| {label} | {' | '.join(cells)} | {met} |")
-    files = ", ".join(f"`benchmarks/results/{r['results_file']}`" for r in reports)
-    lines += [
-        "",
-        "Start-up: from launch to a healthy `/health` (ours on vLLM: our model load plus the vLLM "
-        "child's start). Peak RSS: the server's whole process tree (ours on vLLM: our server, "
-        "which keeps the trainer's copy of the weights, plus vLLM and its engine process), over "
-        "its life. TTFT and single-request tok/s: one streamed request alone on the server. "
-        "Other load: mean CPU cores used outside the benchmark during the timed runs (2 cores in "
-        "all); in the busy table that is the `while True: pass` process started for each timed "
-        "run and stopped after it (a run is repeated only when foreign load exceeds the busy "
-        f"processes plus {CONTENDED_CORES} cores; `*` marks a run kept although contended). "
-        "Raw vLLM runs as `python -m vllm.entrypoints.openai.api_server --dtype "
-        f"{machine['dtype']} --max-model-len {VLLM_MAX_MODEL_LEN} --enable-lora --max-lora-rank "
-        f"{ADAPTER_RANK} --max-loras 4` with VLLM_CPU_KVCACHE_SPACE={VLLM_KV_CACHE_GB}; the "
-        f"adapter is loaded with `POST /v1/load_lora_adapter` (ours: `POST /v1/adapters`). Raw "
-        f"numbers: {files}.",
-        end,
-    ]
-    return "\n".join(lines) + "\n"
-
-
-INTRO = """# Benchmarks
-
-Speed is measured here, not timed in tests. Each script in `benchmarks/` runs our side and the
-peer side by side in one invocation, writes the raw numbers and ratios to
-`benchmarks/results/*.json`, and regenerates its section of this file.
-
-Run them with `make bench`. The numbers below come from a shared, noisy 2-core machine without a
-GPU: they are medians of several runs, and the ratios (measured in the same run) matter more than
-the absolute tokens/s.
-
-"""
-
-
-def write_markdown(section: str, suffix: str) -> None:
-    start, end = section_markers(suffix)
-    section = section.replace(SECTION_START, start).replace(SECTION_END, end)
-    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else INTRO
-    if start in text and end in text:
-        before = text.split(start, 1)[0]
-        after = text.split(end, 1)[1].lstrip("\n")
-        text = before + section + ("\n" + after if after else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    BENCHMARKS_MD.write_text(text)
 
 
 # ------------------------------------------------------------------------------------- main
