@@ -29,6 +29,7 @@ import math
 import time
 import traceback
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -39,7 +40,7 @@ from openai.types.chat.chat_completion_message_param import ChatCompletionMessag
 from openai.types.chat.chat_completion_tool_param import ChatCompletionToolParam
 from pydantic import ConfigDict, Field, SkipValidation, field_validator
 
-from art_core._errors import InvalidTrajectoryError
+from art_core._errors import InvalidTrajectoryError, UnknownFieldError
 from art_core._strict import StrictModel
 
 # ART's type aliases (`art.types`), for annotations in user code. The fields below take Any:
@@ -50,9 +51,10 @@ Messages = list[Message]
 MessagesAndChoices = list[MessageOrChoice]
 Tools = list[ChatCompletionToolParam]
 
-# `messages=` is what an OpenAI user writes; it is refused rather than taken as an alias: ART has
-# no such field either (`messages()` is the method that reads the conversation back), and the
-# name hides that the Choice objects, not plain dicts, are what trains.
+# `messages=` was the field's name in ART's first releases, and tutorials still write
+# `art.Trajectory(messages=[..., {"role": "assistant", "content": answer}])`: it is taken as
+# `messages_and_choices=` (with a DeprecationWarning naming the current field). Its plain-dict
+# assistant turns train when they match a completion the server recorded (see the README).
 _MESSAGES_HINT = (
     "Pass the conversation as messages_and_choices=[...]: message dicts for context and the "
     "`Choice` objects of your completions (`response.choices[0]`) for the turns to train; "
@@ -60,14 +62,40 @@ _MESSAGES_HINT = (
 )
 
 
+def _messages_alias(owner: str, data: dict[str, Any]) -> dict[str, Any]:
+    """`messages=` (ART's first field name) as `messages_and_choices=`; both at once: an error."""
+    if "messages_and_choices" in data:
+        raise UnknownFieldError(
+            f"{owner}: messages= and messages_and_choices= are one field (messages is its old "
+            f"name): pass one. {_MESSAGES_HINT}",
+            unknown=["messages"],
+            known=sorted(History.model_fields),
+        )
+    warnings.warn(
+        f"{owner}(messages=...) is ART's old name: write messages_and_choices=...",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    data = dict(data)
+    data["messages_and_choices"] = data.pop("messages")
+    return data
+
+
 class History(StrictModel):
     """One more conversation of a trajectory (a sub-agent, a parallel branch), same reward."""
 
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-    unknown_field_hints: ClassVar[dict[str, str]] = {"messages": _MESSAGES_HINT}
 
     messages_and_choices: list[Any] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
+
+    def __init__(self, /, **data: Any) -> None:
+        if "messages" in data:
+            data = _messages_alias(type(self).__name__, data)
+        super().__init__(**data)
+
+    # As StrictModel's: validation from data (model_validate, the server) does not call it.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     def messages(self) -> list[dict[str, Any]]:
         """The conversation as plain message dicts, as ART's `messages()` gives it: a choice

@@ -140,16 +140,7 @@ async def test_multiplication_tutorial_registers_and_answers_by_model_name(
         assert completion.model == "agent-001@0"  # the latest step answered
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=art.UnknownFieldError,
-    reason=(
-        "The tutorial builds `art.Trajectory(messages=...)`. ART's Trajectory silently drops the "
-        "unknown field (the trajectory would train on nothing); ours refuses it on purpose with "
-        "UnknownFieldError naming messages_and_choices= (art_core/_trajectory.py). A decision "
-        "for the owner of Trajectory (H4, plain-dict assistant turns), not a missing feature."
-    ),
-)
+@pytest.mark.filterwarnings("ignore:Trajectory\\(messages=:DeprecationWarning")
 async def test_multiplication_tutorial_rollouts_as_written(
     multiplication_backend: art.LocalBackend, tiny_model_dir: Path
 ):
@@ -192,3 +183,13 @@ async def test_multiplication_tutorial_rollouts_as_written(
         trajectories = await asyncio.gather(*trajectories)
         avg_reward = sum(t.reward for t in trajectories) / len(trajectories)
         assert -1.0 <= avg_reward <= 1.0
+
+    # Beyond the tutorial (its training is pseudo-code): the trajectories it built from the
+    # answer text, with ART's first field name `messages=`, train on the exact tokens the server
+    # sampled, matched by conversation and answer.
+    for index, trajectory in enumerate(trajectories):
+        trajectory.reward = float(index % 2)  # a spread, so the group trains
+    result = await model.train([art.TrajectoryGroup(trajectories)])
+    assert result.metrics["matched_assistant_messages"] == rollouts_per_step
+    assert result.metrics.get("dropped/unmatched_assistant_messages", 0) == 0
+    assert result.metrics["trained_tokens"] > 0

@@ -30,16 +30,10 @@ def _assign(target: Any, name: str, value: Any) -> Callable[[], None]:
 SYNC_CASES: list[tuple[Callable[[], Any], str, str | None, Callable[[], Any]]] = [
     (lambda: art.Trajectory(rewrd=5), "rewrd", "reward", lambda: art.Trajectory(reward=5)),  # type: ignore[call-arg]
     (
-        lambda: art.Trajectory(messages=[{"role": "user", "content": "hi"}]),  # type: ignore[call-arg]
-        "messages",
+        lambda: art.Trajectory(mesages_and_choices=[{"role": "user", "content": "hi"}]),  # type: ignore[call-arg]
+        "mesages_and_choices",
         "messages_and_choices",
         lambda: art.Trajectory(messages_and_choices=[{"role": "user", "content": "hi"}]),
-    ),
-    (
-        lambda: art.History(messages=[]),  # type: ignore[call-arg]
-        "messages",
-        "messages_and_choices",
-        lambda: art.History(messages_and_choices=[]),
     ),
     (
         _assign(art.Trajectory(), "rewad", 1.0),
@@ -147,9 +141,16 @@ async def test_an_unknown_keyword_is_named_before_any_work(
     _check(raised.value, unknown, suggestion)
 
 
-def test_trajectory_messages_points_to_messages_and_choices_and_its_choices():
-    with pytest.raises(art.UnknownFieldError, match=r"messages_and_choices=\[\.\.\.\].*Choice"):
-        art.Trajectory(messages=[{"role": "user", "content": "hi"}], reward=1.0)
+def test_messages_is_arts_old_name_for_messages_and_choices():
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    with pytest.warns(DeprecationWarning, match="messages_and_choices"):
+        trajectory = art.Trajectory(messages=conversation, reward=1.0)  # type: ignore[call-arg]
+    assert trajectory.messages_and_choices == conversation and trajectory.reward == 1.0
+    with pytest.warns(DeprecationWarning):
+        history = art.History(messages=conversation[:1])  # type: ignore[call-arg]
+    assert history.messages() == conversation[:1]
+    with pytest.raises(art.UnknownFieldError, match=r"one field.*messages_and_choices=\[\.\.\.\]"):
+        art.Trajectory(messages=conversation, messages_and_choices=conversation)  # type: ignore[call-arg]
 
 
 async def test_arts_dev_config_keyword_is_explained():

@@ -131,7 +131,9 @@ def turns_from_record(record: dict[str, Any]) -> list[TurnRecord]:
 
 def message_key(message: dict[str, Any]) -> tuple[Any, ...]:
     """A conversation turn as matching sees it: role, text (None and "" alike; text parts
-    joined) and tool calls (name, arguments); ids and other fields ignored."""
+    joined; surrounding whitespace ignored, since tutorial code keeps `content.strip()`) and
+    tool calls (name, arguments); ids and other fields ignored. The tokens trained are always
+    the recorded ones, whitespace included."""
     content = message.get("content") or ""
     if isinstance(content, list):
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
@@ -143,7 +145,7 @@ def message_key(message: dict[str, Any]) -> tuple[Any, ...]:
         for call in message.get("tool_calls") or []
         if isinstance(call, dict)
     )
-    return message.get("role"), str(content), calls
+    return message.get("role"), str(content).strip(), calls
 
 
 class RecordedAnswers:

@@ -55,7 +55,8 @@ def test_the_same_conversation_and_answer_give_the_recorded_tokens():
 
 def test_an_edited_answer_or_another_conversation_matches_nothing():
     records = [record({"content": "4"})]
-    assert find(records, {"content": "4 "}) is None
+    assert find(records, {"content": "4."}) is None
+    assert find(records, {"content": "four"}) is None
     other = RecordedAnswers(records).find(
         [{"role": "user", "content": "3+1?"}], {"role": "assistant", "content": "4"}
     )
@@ -88,3 +89,9 @@ def test_message_key_joins_text_parts_and_ignores_other_fields():
         "content": [{"type": "text", "text": "2+"}, {"type": "text", "text": "2?"}],
     }
     assert message_key(parts) == message_key({"role": "user", "content": "2+2?", "name": "x"})
+
+
+def test_a_stripped_answer_trains_the_recorded_tokens_whitespace_included():
+    # Tutorials keep `completion.choices[0].message.content.strip()` as the answer.
+    turn = find([record({"content": " 4\n"}, tokens=[5, 40, 9])], {"content": "4"})
+    assert turn is not None and turn.token_ids == [5, 40, 9]
