@@ -33,7 +33,7 @@ import warnings
 from collections.abc import AsyncIterator, Awaitable, Generator, Iterable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar, Protocol
+from typing import Annotated, Any, Protocol
 
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_param import ChatCompletionMessageParam
