@@ -47,6 +47,7 @@ from art_core._local_backend import LocalBackend
 from art_core._model import Model, RolloutCapture, TrainableModel, trajectory_from_records
 from art_core._observers import StepObserver
 from art_core._pipeline import PipelineTrainer
+from art_core._preflight import PreflightError, PreflightResult, preflight
 from art_core._ruler import RulerScore, ruler, ruler_score_group
 from art_core._ruler_prompt import DEFAULT_RUBRIC
 from art_core._scenarios import (
@@ -99,6 +100,8 @@ __all__ = [
     "NoTrajectoryError",
     "NotTrainableError",
     "PipelineTrainer",
+    "PreflightError",
+    "PreflightResult",
     "RemoteBackend",
     "ResponseCache",
     "RolloutCapture",
@@ -130,6 +133,7 @@ __all__ = [
     "limit_concurrency",
     "load_scenarios",
     "no_capture",
+    "preflight",
     "resolve_model",
     "retry",
     "ruler",

@@ -136,7 +136,7 @@ async def autorl(
         "judge_tokens": usage.prompt_tokens + usage.completion_tokens,
         "judge_cost_usd": round(usage.cost_usd, 4),
         "minutes": round((time.monotonic() - started) / 60, 1),
-        "trained_steps": sum(1 for r in results if r.metrics.get("trained")),
+        "trained_steps": sum(1 for r in results if r.metrics.get("groups/trainable", 0) > 0),
         "warnings": " ".join(warnings) or "none",
     }
     report = None

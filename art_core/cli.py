@@ -2,10 +2,12 @@
 
     art mcp-train <URL> | --stdio "<command>" --model ... --steps ...   (art_mcp, extra [mcp])
     art review --path .art [--port 8080] [--api-key KEY]             (art_backend, extra [backend])
+    art preflight FILE.py:rollout --scenarios S.jsonl --base-url URL --model NAME   (art_core)
 
 Each subcommand is a declared entry point of the group `art_trainer.commands` (pyproject.toml),
 so art_core itself never imports MCP or the backend; a subcommand whose extra is not installed
-says which one to install.
+says which one to install. `art preflight` needs nothing more than art_core: it is dispatched
+here directly (`art_core._preflight.preflight_command`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ ENTRY_POINT_GROUP = "art_trainer.commands"
 SUBCOMMANDS = {
     "mcp-train": ("mcp", "train an agent against an MCP server"),
     "review": ("backend", "browse trajectories, flag what not to train"),
+    "preflight": ("", "will this learn? a few groups without training, and a verdict"),
 }
 
 
@@ -28,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         lines = [f"  {name:<12} {about}" for name, (_, about) in SUBCOMMANDS.items()]
         print("usage: art <command> [options]\n\ncommands:\n" + "\n".join(lines))
         return 0 if argv and argv[0] in ("-h", "--help") else 2
+    if argv[0] == "preflight":  # art_core's own command: no entry point, no extra
+        from art_core._preflight import preflight_command
+
+        return preflight_command(argv[1:])
     extra, _ = SUBCOMMANDS[argv[0]]
     declared = {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
     if argv[0] not in declared:

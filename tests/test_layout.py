@@ -176,6 +176,7 @@ PUBLIC_SURFACES = {
         "split_scenarios", "trajectory_from_records",
         "current_trajectory", "no_capture", "trajectory", "trajectory_group",
         "PipelineTrainer",
+        "PreflightError", "PreflightResult", "preflight",
         "Messages", "MessagesAndChoices", "Tools", "limit_concurrency", "trajectory_group_batches",
     ],
     "art_core.pipeline_trainer": [
@@ -201,8 +202,9 @@ PUBLIC_SURFACES = {
         "init_chat_model", "rollout", "wrap_rollout",
     ],
     "art_mcp": [
-        "COMPLETE_TASK", "McpConfigError", "McpContextError", "McpServer", "McpServerError", "McpSession", "McpTool", "ToolNames",
-        "ToolOutcome", "check_context", "describe_server", "generate_scenarios", "result_text", "rollout", "train",
+        "COMPLETE_TASK", "CheckedScenario", "McpConfigError", "McpContextError", "McpScenarioFileError", "McpServer",
+        "McpServerError", "McpSession", "McpTool", "ToolNames", "ToolOutcome", "check_context", "describe_server",
+        "generate_scenarios", "load_scenarios", "result_text", "rollout", "train",
     ],
 }  # fmt: skip
 

@@ -5,22 +5,31 @@
     tools = await server.list_tools()
     trajectory = await art_mcp.rollout(model, server, "Which items are low on stock?")
     result = await art_mcp.train(server, model, judge=judge, steps=4)
+    result = await art_mcp.train(server, model, scenarios="checks.jsonl", sft="demos.jsonl")
 
 Command line: `art mcp-train <URL> | --stdio "<command>" --model ... --steps ...`.
 """
 
 from art_mcp._agent import COMPLETE_TASK, rollout
+from art_mcp._checked import CheckedScenario, load_scenarios
 from art_mcp._content import result_text
 from art_mcp._context import check_context
-from art_mcp._errors import McpConfigError, McpContextError, McpServerError
+from art_mcp._errors import (
+    McpConfigError,
+    McpContextError,
+    McpScenarioFileError,
+    McpServerError,
+)
 from art_mcp._server import McpServer, McpSession, ToolOutcome
 from art_mcp._tools import McpTool, ToolNames
 from art_mcp._train import describe_server, generate_scenarios, train
 
 __all__ = [
     "COMPLETE_TASK",
+    "CheckedScenario",
     "McpConfigError",
     "McpContextError",
+    "McpScenarioFileError",
     "McpServer",
     "McpServerError",
     "McpSession",
@@ -30,6 +39,7 @@ __all__ = [
     "check_context",
     "describe_server",
     "generate_scenarios",
+    "load_scenarios",
     "result_text",
     "rollout",
     "train",

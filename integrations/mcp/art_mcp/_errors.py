@@ -21,3 +21,16 @@ class McpConfigError(art.ArtError, ValueError):
 class McpContextError(art.ArtError):
     """The agent's first request (system prompt and tool schemas) does not fit the model's
     context with room to answer: offer fewer tools (`allowed_tools`) or use a longer context."""
+
+
+class McpScenarioFileError(McpConfigError):
+    """A scenario file (`art mcp-train --scenarios FILE`) that cannot be used: the message names
+    the file, the line and the field, and says what a line must hold."""
+
+    def __init__(
+        self, message: str, *, path: str, line: int | None = None, field: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+        self.field = field

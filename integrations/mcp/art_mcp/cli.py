@@ -2,9 +2,14 @@
 
     art mcp-train http://127.0.0.1:8765/mcp --steps 4
     art mcp-train --stdio "python examples/mcp_servers/inventory_server.py" --judge openai/gpt-4.1-mini
+    art mcp-train --stdio "python examples/mcp_servers/inventory_server.py" \
+        --scenarios examples/mcp_servers/inventory_scenarios.jsonl \
+        --sft examples/mcp_servers/inventory_demos.jsonl
 
-The backend starts on this machine (LocalBackend); the judge and the scenario generator default
-to the base model it serves, so it runs offline. A stronger judge gives better rewards.
+The backend starts on this machine (LocalBackend). With a scenario file (`--scenarios FILE`,
+answers a code check can verify) the reward is code by default and needs no judge; with
+generated scenarios the judge and the generator default to the base model it serves, so it runs
+offline. A stronger judge gives better rewards.
 """
 
 from __future__ import annotations
@@ -18,13 +23,16 @@ from pathlib import Path
 
 import art_core as art
 from art_core.report import print_summary
+from art_core.utils.sft import get_file_row_count
+from art_mcp._checked import load_scenarios
 from art_mcp._server import McpServer
 from art_mcp._train import train
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="art mcp-train", description="Train an agent against an MCP server (RULER rewards)."
+        prog="art mcp-train",
+        description="Train an agent against an MCP server (code-checked or RULER rewards).",
     )
     parser.add_argument("url", nargs="?", help="the server's streamable HTTP URL (.../mcp)")
     parser.add_argument("--stdio", help='a command that serves MCP on stdio, e.g. "python s.py"')
@@ -37,7 +45,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--groups-per-step", type=int, default=2)
     parser.add_argument("--rollouts-per-group", type=int, default=4)
-    parser.add_argument("--scenarios", type=int, default=16)
+    parser.add_argument(
+        "--scenarios",
+        default="16",
+        help="N scenarios to generate (default 16), or a JSONL file of scenarios with "
+        'checkable answers, one a line: {"task": ..., "answer": ..., "tool_calls": [...]}',
+    )
+    parser.add_argument(
+        "--reward",
+        choices=["code", "ruler", "both"],
+        help="code: the scenario file's checks; ruler: the judge ranks each group; both: their "
+        "mean (default: code with a scenario file, else ruler)",
+    )
+    parser.add_argument(
+        "--sft", help="warm start: a JSONL file of demonstrations (OpenAI messages)"
+    )
+    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--sft-learning-rate", type=float, default=5e-4)
+    parser.add_argument("--val-fraction", type=float, default=0.25, help="held-out share")
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        help="code/both rewards: start no step that would end (with the last evaluation) later",
+    )
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
@@ -50,6 +80,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("give the server's URL, or --stdio with the command that starts it")
     if any("=" not in header for header in args.header):
         parser.error("--header takes KEY=VALUE")
+    if args.scenarios.isdigit():
+        args.num_scenarios, args.scenario_file = int(args.scenarios), None
+    else:
+        args.num_scenarios, args.scenario_file = 0, args.scenarios
+        if args.reward in ("code", None) and args.generator:
+            parser.error("--generator writes scenarios; a scenario file needs none")
+    if args.reward in ("code", "both") and args.scenario_file is None:
+        parser.error(f"--reward {args.reward} needs --scenarios FILE (answers to check)")
     return args
 
 
@@ -68,14 +106,21 @@ def server_from_args(args: argparse.Namespace) -> McpServer:
 
 async def run(args: argparse.Namespace) -> art.AutoRLResult:
     server = server_from_args(args)
+    # Read before the backend starts: a bad line fails in a second, naming line and field.
+    scenarios = load_scenarios(args.scenario_file) if args.scenario_file else None
+    if args.sft:
+        get_file_row_count(args.sft)  # every line checked; InvalidSFTFileError names a bad one
     backend = art.LocalBackend(path=args.path)
     name = args.name or time.strftime("mcp-%Y%m%d-%H%M%S")
     model = art.TrainableModel(name=name, project=args.project, base_model=args.model)
     print(f"Starting the backend ({args.model}) under {args.path}/ ...", flush=True)
     await model.register(backend)
-    judge = await art.judge_or_base_model(args.judge, backend, args.model)
-    if not args.judge:
-        print("Judge: the base model itself (offline). A stronger judge gives better rewards.")
+    judge = None
+    # A judge ranks groups (ruler, both) and writes scenarios when there is no file.
+    if args.reward in ("ruler", "both") or args.scenario_file is None:
+        judge = await art.judge_or_base_model(args.judge, backend, args.model)
+        if not args.judge:
+            print("Judge: the base model itself (offline). A stronger judge gives better rewards.")
     try:
         async with server:
             tools = await server.list_tools()
@@ -88,7 +133,14 @@ async def run(args: argparse.Namespace) -> art.AutoRLResult:
                 steps=args.steps,
                 groups_per_step=args.groups_per_step,
                 rollouts_per_group=args.rollouts_per_group,
-                num_scenarios=args.scenarios,
+                num_scenarios=args.num_scenarios,
+                scenarios=scenarios,
+                reward=args.reward,
+                sft=args.sft,
+                sft_epochs=args.sft_epochs,
+                sft_learning_rate=args.sft_learning_rate,
+                val_fraction=args.val_fraction,
+                max_minutes=args.max_minutes,
                 max_turns=args.max_turns,
                 max_tokens=args.max_tokens,
                 config=art.TrainConfig(learning_rate=args.learning_rate),
@@ -97,7 +149,14 @@ async def run(args: argparse.Namespace) -> art.AutoRLResult:
     finally:
         await backend.close()
     print_summary(result.before, result.after, result.report)
-    print(f"\nJudge and generator: {result.judge_usage.summary()}")
+    if "held_out_after_sft" in result.settings:
+        print(
+            f"\nHeld-out reward: {result.before.metrics['reward']:.3f} at the start, "
+            f"{result.settings['held_out_after_sft']:.3f} after the warm start, "
+            f"{result.after.metrics['reward']:.3f} after RL"
+        )
+    if judge is not None:
+        print(f"\nJudge and generator: {result.judge_usage.summary()}")
     return result
 
 

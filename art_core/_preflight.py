@@ -1,0 +1,583 @@
+"""Preflight: "will this learn?" — a couple of groups rolled out and judged, without training.
+
+    result = await art.preflight(model, rollout, scenarios, judge=judge, steps=20)
+    print(result)            # the numbers, the verdict and the one change most likely to help
+
+GRPO learns only from differences inside a group: a run's advantage is its reward minus its
+group's mean. So before paying for a run, preflight measures what makes that difference exist:
+how many groups are flat (zero variance: no gradient at all), how often the judge gives two
+different runs the same score (ties), how much its scores move when the same runs are shown in
+the other order (position gap: a ranking by position, not by content), how far rewards spread
+inside a group, and what a step costs here (seconds, judge tokens and dollars).
+
+The thresholds (see `THRESHOLDS`) and why:
+
+- rollouts failing >= 50%: a failed rollout gives no reward; most of each step would be lost.
+- judge tie rate >= 50% of pairs of different runs: at least half of the ranking the judge is
+  paid for is missing, and a group whose runs all tie is flat. Measured: the 135M offline judge
+  ties nearly every pair; a competent judge ties few.
+- judge position gap >= 0.2 (mean |score change| on the 0–1 scale when the order flips): as
+  large as a typical within-group reward spread, so the gradient would follow the position.
+- zero-variance groups >= 75%: (with 2 groups: both) essentially no gradient -> will not learn;
+  >= 50%: half the rollout compute trains nothing -> may learn slowly.
+- within-group reward spread (mean standard deviation) < 0.05 on a 0–1 reward: the runs are
+  nearly equal; GRPO's normalised advantages then amplify noise.
+
+The one change is chosen from what the flat groups look like: identical runs -> a higher
+temperature; a metric that differs where the reward does not -> a shaped reward; every run at
+no reward -> an SFT warm start (the model never succeeds on its own); flat groups beside groups
+that do differ, or flat at different values -> a larger group (the chance that every run of a
+group gets the same reward falls geometrically with its size); a judge that ties or follows the
+position -> a better judge.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from art_core._errors import ArtError, JudgeError
+from art_core._gather import gather_trajectory_groups
+from art_core._model import Model
+from art_core._ruler import RULER_OPTIONS, judged_messages, ruler
+from art_core._ruler_prompt import DEFAULT_RUBRIC
+from art_core._strict import check_names
+from art_core._structured import JudgeUsage, resolve_model
+from art_core._trajectory import Trajectory, TrajectoryGroup
+
+PreflightRollout = Callable[[Any, Any], Awaitable[Trajectory]]  # rollout(model, scenario)
+
+THRESHOLDS = {
+    "failed_rollouts": 0.5,
+    "judge_tie_rate": 0.5,
+    "judge_position_gap": 0.2,
+    "zero_variance_blocks": 0.75,
+    "zero_variance_slows": 0.5,
+    "min_reward_spread": 0.05,
+}
+
+# The one change preflight can recommend, with what to do.
+CHANGES = {
+    "fix the rollout": "most rollouts raise; fix the error below before anything else",
+    "a better judge": "use a stronger judge (e.g. --judge openai/gpt-4.1-mini), or a code reward",
+    "higher temperature": "the runs of a group are identical; sample at temperature 1.0 or more",
+    "a shaped reward": "pay partial credit so that different runs get different rewards",
+    "SFT warm start": "the model never earns reward on its own; train_sft on a few dozen "
+    "demonstrations first, then RL",
+    "larger group": "raise rollouts_per_group (e.g. 8) so a group more often holds a different run",
+}
+
+_TIE = 1e-9
+_OPTIONS = [
+    "groups",
+    "rollouts_per_group",
+    "judge",
+    "rubric",
+    "judge_options",
+    "steps",
+    "groups_per_step",
+    "train_seconds_per_step",
+    "show_progress",
+]
+
+
+class PreflightError(ArtError, ValueError):
+    """Preflight cannot run as asked (no scenarios, a group smaller than 2, ...); says why."""
+
+
+@dataclass
+class PreflightResult:
+    """What a preflight measured, its verdict and the one change most likely to help.
+
+    Rewards are the judge's (the mean of both orders) when a judge was given, else the
+    rollouts'. `*_per_step` figures are scaled from the preflight's groups to `groups_per_step`;
+    `expected_wall_seconds` is `steps * seconds_per_step` and includes training only when
+    `train_seconds_per_step` was given (preflight does not train).
+    """
+
+    groups: int
+    rollouts_per_group: int
+    rollouts: int
+    failed_rollouts: int
+    zero_variance_share: float
+    reward_mean: float
+    reward_min: float
+    reward_max: float
+    reward_spread: float
+    identical_run_share: float
+    judged: bool
+    judge_tie_rate: float | None
+    judge_position_gap: float | None
+    judge_failures: int
+    rollout_seconds_per_step: float
+    judge_seconds_per_step: float
+    train_seconds_per_step: float | None
+    seconds_per_step: float
+    judge_tokens_per_step: float
+    judge_cost_usd_per_step: float
+    steps: int
+    groups_per_step: int
+    expected_wall_seconds: float
+    verdict: str
+    change: str | None
+    advice: str
+    reasons: list[str] = field(default_factory=list)
+    first_error: str | None = None
+
+    @property
+    def will_learn(self) -> bool:
+        """True for "likely to learn" and "may learn slowly"."""
+        return self.verdict.startswith(("likely", "may"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able numbers and strings (`art preflight --json`)."""
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def text(self) -> str:
+        """The readable rendering: numbers, verdict, the change and why."""
+
+        def pct(value: float | None) -> str:
+            return "n/a (no judge)" if value is None else f"{value:.0%}"
+
+        train = (
+            f"{self.train_seconds_per_step:.1f} s"
+            if self.train_seconds_per_step is not None
+            else "not measured (preflight does not train)"
+        )
+        lines = [
+            f"Preflight: {self.groups} groups x {self.rollouts_per_group} rollouts "
+            f"({self.failed_rollouts} of {self.rollouts} failed)",
+            f"  zero-variance groups   {self.zero_variance_share:.0%}"
+            f"   (identical runs in {self.identical_run_share:.0%} of groups)",
+            f"  reward                 mean {self.reward_mean:.3f}, range "
+            f"{self.reward_min:.3f}..{self.reward_max:.3f}, spread {self.reward_spread:.3f}",
+            f"  judge tie rate         {pct(self.judge_tie_rate)}",
+            "  judge position gap     "
+            + (
+                "n/a (no judge)"
+                if self.judge_position_gap is None
+                else f"{self.judge_position_gap:.3f}"
+            )
+            + (f"   ({self.judge_failures} groups failed)" if self.judge_failures else ""),
+            f"  seconds per step       {self.seconds_per_step:.1f} (rollouts "
+            f"{self.rollout_seconds_per_step:.1f}, judge {self.judge_seconds_per_step:.1f}, "
+            f"training {train})",
+            f"  judge per step         {self.judge_tokens_per_step:.0f} tokens, "
+            f"${self.judge_cost_usd_per_step:.4f}",
+            f"  expected wall time     {self.expected_wall_seconds / 60:.1f} min for "
+            f"{self.steps} steps x {self.groups_per_step} groups",
+            f"Verdict: {self.verdict}",
+        ]
+        if self.change:
+            lines.append(f"One change: {self.change} — {self.advice}")
+        lines += [f"  - {reason}" for reason in self.reasons]
+        if self.first_error:
+            lines.append(f"First rollout error: {self.first_error}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+
+async def preflight(
+    model: Model,
+    rollout: PreflightRollout,
+    scenarios: Sequence[Any],
+    **options: Any,
+) -> PreflightResult:
+    """Run `groups` groups of `rollout(model, scenario)` without training; measure and judge.
+
+    Options: `groups` (2), `rollouts_per_group` (4, the configured run's group size),
+    `judge` (an `art.Model` or `"<provider>/<model>"`: RULER scores each group in both orders),
+    `rubric`, `judge_options` (passed to `art.ruler`; the cache is off unless given, so the
+    cost and time are real), `steps` (10) and `groups_per_step` (default `groups`) of the
+    configured run, `train_seconds_per_step` (a measured training step, added to the estimate),
+    `show_progress` (False). Unknown options raise `UnknownFieldError`; impossible ones
+    `PreflightError`. The scenarios used are the first `groups` (repeated when fewer).
+    """
+    check_names("preflight()", options, _OPTIONS)
+    groups = options.get("groups", 2)
+    size = options.get("rollouts_per_group", 4)
+    judge = options.get("judge")
+    steps = options.get("steps", 10)
+    groups_per_step = options.get("groups_per_step") or groups
+    train_seconds = options.get("train_seconds_per_step")
+    judge_options = dict(options.get("judge_options") or {})
+    check_names("preflight(judge_options=...)", judge_options, [*RULER_OPTIONS])
+    judge_options.pop("usage", None)
+    judge_options.setdefault("cache", False)
+    if not scenarios:
+        raise PreflightError("preflight() needs at least one scenario; got none.")
+    if not callable(rollout):
+        raise PreflightError(
+            f"rollout must be an async function (model, scenario); got {rollout!r}"
+        )
+    for name, value, low in (
+        ("rollouts_per_group", size, 2),
+        ("groups", groups, 1),
+        ("steps", steps, 1),
+        ("groups_per_step", groups_per_step, 1),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            why = " (GRPO compares the runs of a group)" if name == "rollouts_per_group" else ""
+            raise PreflightError(
+                f"preflight(): {name} must be an integer >= {low}{why}; got {value!r}"
+            )
+    judge_model = resolve_model(judge) if judge is not None else None
+    chosen = [scenarios[k % len(scenarios)] for k in range(groups)]
+
+    started = time.monotonic()
+    gathered = await gather_trajectory_groups(
+        (TrajectoryGroup(rollout(model, s) for _ in range(size)) for s in chosen),
+        pbar_desc="preflight",
+        max_exceptions=groups * size,
+        show_progress=bool(options.get("show_progress", False)),
+    )
+    rollout_seconds = time.monotonic() - started
+    failed = sum(len(g.exceptions) for g in gathered)
+    first_error = next((f"{e.type}: {e.message}" for g in gathered for e in g.exceptions), None)
+
+    usage = JudgeUsage()  # the forward order only: what a training step would pay
+    judge_seconds = 0.0
+    rewards: list[list[float]] = []
+    texts: list[list[str]] = []
+    metrics: list[list[dict[str, float]]] = []
+    ties = pairs = 0
+    gaps: list[float] = []
+    judge_failures = 0
+    for group in gathered:
+        runs = list(group.trajectories)
+        if not runs:
+            continue
+        texts.append([json.dumps(judged_messages(t), sort_keys=True, default=str) for t in runs])
+        metrics.append([_numbers(t.metrics) for t in runs])
+        if judge_model is None:
+            rewards.append([float(t.reward) for t in runs])
+            continue
+        distinct = list(dict.fromkeys(texts[-1]))
+        lists = [judged_messages(runs[texts[-1].index(key)]) for key in distinct]
+        tools = next((t.tools for t in runs if t.tools), None)
+        t0 = time.monotonic()
+        try:
+            forward = await ruler(
+                lists,
+                judge_model,
+                options.get("rubric", DEFAULT_RUBRIC),
+                tools,
+                usage=usage,
+                **judge_options,
+            )
+            judge_seconds += time.monotonic() - t0
+            backward = (
+                list(
+                    reversed(
+                        await ruler(
+                            lists[::-1],
+                            judge_model,
+                            options.get("rubric", DEFAULT_RUBRIC),
+                            tools,
+                            **judge_options,
+                        )
+                    )
+                )
+                if len(lists) > 1
+                else forward
+            )
+        except JudgeError:
+            judge_failures += 1
+            judge_seconds += time.monotonic() - t0
+            continue
+        for order in (forward, backward):
+            for i in range(len(order)):
+                for j in range(i + 1, len(order)):
+                    pairs += 1
+                    ties += abs(order[i].score - order[j].score) < _TIE
+        if len(lists) > 1:
+            gaps += [abs(f.score - b.score) for f, b in zip(forward, backward, strict=True)]
+        mean = {
+            key: (f.score + b.score) / 2
+            for key, f, b in zip(distinct, forward, backward, strict=True)
+        }
+        rewards.append([mean[key] for key in texts[-1]])
+
+    scale = groups_per_step / groups
+    rollout_per_step = rollout_seconds * scale
+    judge_per_step = judge_seconds * scale
+    per_step = rollout_per_step + judge_per_step + (train_seconds or 0.0)
+    flat = [_flat(r) for r in rewards]
+    everything = [x for r in rewards for x in r]
+    numbers = {
+        "failed_share": failed / (groups * size),
+        "zero_variance_share": sum(flat) / len(rewards) if rewards else 1.0,
+        "identical_run_share": (
+            sum(len(set(t)) == 1 for t in texts) / len(texts) if texts else 0.0
+        ),
+        "spread": statistics.fmean(statistics.pstdev(r) for r in rewards) if rewards else 0.0,
+        "tie_rate": (ties / pairs if pairs else None) if judge_model is not None else None,
+        "position_gap": (statistics.fmean(gaps) if gaps else 0.0) if judge_model else None,
+    }
+    verdict, change, reasons = _verdict(
+        numbers, rewards, texts, metrics, judge_model is not None, judge_failures, len(gathered)
+    )
+    return PreflightResult(
+        groups=groups,
+        rollouts_per_group=size,
+        rollouts=groups * size,
+        failed_rollouts=failed,
+        zero_variance_share=numbers["zero_variance_share"],
+        reward_mean=statistics.fmean(everything) if everything else 0.0,
+        reward_min=min(everything, default=0.0),
+        reward_max=max(everything, default=0.0),
+        reward_spread=numbers["spread"],
+        identical_run_share=numbers["identical_run_share"],
+        judged=judge_model is not None,
+        judge_tie_rate=numbers["tie_rate"],
+        judge_position_gap=numbers["position_gap"],
+        judge_failures=judge_failures,
+        rollout_seconds_per_step=rollout_per_step,
+        judge_seconds_per_step=judge_per_step,
+        train_seconds_per_step=train_seconds,
+        seconds_per_step=per_step,
+        judge_tokens_per_step=(usage.prompt_tokens + usage.completion_tokens) * scale,
+        judge_cost_usd_per_step=usage.cost_usd * scale,
+        steps=steps,
+        groups_per_step=groups_per_step,
+        expected_wall_seconds=steps * per_step,
+        verdict=verdict,
+        change=change,
+        advice=CHANGES.get(change or "", ""),
+        reasons=reasons,
+        first_error=first_error,
+    )
+
+
+def _numbers(values: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in values.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def _flat(rewards: list[float]) -> bool:
+    return len(rewards) < 2 or max(rewards) - min(rewards) < _TIE
+
+
+def _verdict(
+    numbers: dict[str, Any],
+    rewards: list[list[float]],
+    texts: list[list[str]],
+    metrics: list[list[dict[str, float]]],
+    judged: bool,
+    judge_failures: int,
+    group_count: int,
+) -> tuple[str, str | None, list[str]]:
+    """The verdict, the one change and the reasons, checked in order of what blocks learning."""
+    limits = THRESHOLDS
+    reasons: list[str] = []
+    if numbers["failed_share"] >= limits["failed_rollouts"]:
+        reasons.append(f"{numbers['failed_share']:.0%} of rollouts raised")
+        return "will not learn: rollouts fail", "fix the rollout", reasons
+    if judged and group_count and judge_failures >= max(1, group_count / 2):
+        reasons.append(f"the judge could not score {judge_failures} of {group_count} groups")
+        return "will not learn: judge fails", "a better judge", reasons
+    tie_rate, gap = numbers["tie_rate"], numbers["position_gap"]
+    if tie_rate is not None and tie_rate >= limits["judge_tie_rate"]:
+        reasons.append(
+            f"the judge gave the same score to {tie_rate:.0%} of pairs of different runs "
+            f"(limit {limits['judge_tie_rate']:.0%})"
+        )
+        return "will not learn: judge ties", "a better judge", reasons
+    if gap is not None and gap >= limits["judge_position_gap"]:
+        reasons.append(
+            f"the judge's scores move by {gap:.2f} on average when the order flips "
+            f"(limit {limits['judge_position_gap']})"
+        )
+        return "unlikely to learn: judge position bias", "a better judge", reasons
+    zero = numbers["zero_variance_share"]
+    flat = [k for k, r in enumerate(rewards) if _flat(r)]
+    if zero >= limits["zero_variance_slows"]:
+        change = _change_for_flat(flat, rewards, texts, metrics, reasons)
+        reasons.insert(0, f"{zero:.0%} of groups have zero reward variance (no gradient)")
+        if zero >= limits["zero_variance_blocks"]:
+            return "will not learn: zero-variance groups", change, reasons
+        return "may learn slowly: many zero-variance groups", change, reasons
+    if numbers["spread"] < limits["min_reward_spread"]:
+        reasons.append(
+            f"rewards inside a group differ by {numbers['spread']:.3f} (std) on average "
+            f"(limit {limits['min_reward_spread']})"
+        )
+        return "may learn slowly: weak reward signal", "a shaped reward", reasons
+    reasons.append(
+        f"{1 - zero:.0%} of groups have reward differences (spread {numbers['spread']:.3f})"
+    )
+    return "likely to learn", None, reasons
+
+
+def _change_for_flat(
+    flat: list[int],
+    rewards: list[list[float]],
+    texts: list[list[str]],
+    metrics: list[list[dict[str, float]]],
+    reasons: list[str],
+) -> str:
+    """Which one change would most likely give the flat groups a reward difference."""
+    identical = [k for k in flat if len(set(texts[k])) == 1]
+    if len(identical) * 2 >= len(flat):
+        reasons.append(f"{len(identical)} of {len(flat)} flat groups hold identical runs")
+        return "higher temperature"
+    varying = sorted(
+        {
+            name
+            for k in flat
+            for name in set().union(*(m.keys() for m in metrics[k]))
+            if len({m.get(name) for m in metrics[k]}) > 1
+        }
+    )
+    if varying:
+        reasons.append(f"metric(s) {', '.join(varying)} differ between runs; the reward does not")
+        return "a shaped reward"
+    values = {rewards[k][0] for k in flat if rewards[k]}
+    everything = [x for r in rewards for x in r]
+    if len(flat) < len(rewards):
+        # Other groups show the reward does tell runs apart: a larger group is more likely to
+        # hold a run that differs (P(flat) falls geometrically with the group size).
+        reasons.append("the other groups do differ: the reward can tell runs apart")
+        return "larger group"
+    if len(values) == 1 and max(everything) <= 0:
+        reasons.append(
+            f"every run got no reward ({max(everything):.3f}); a success rate below "
+            f"1/{len(everything)} is not ruled out: raise `groups` to look harder"
+        )
+        return "SFT warm start"
+    if len(values) > 1:
+        reasons.append("flat groups sit at different rewards: the task, not the run, decides")
+        return "larger group"
+    reasons.append("every run of every group got the same reward, whatever it wrote")
+    return "a shaped reward"
+
+
+# --------------------------------------------------------------------------- `art preflight`
+
+CLI_USAGE = """art preflight FILE.py:FUNCTION | MODULE:FUNCTION --scenarios FILE.jsonl
+                     --base-url URL --model NAME [--api-key KEY]
+                     [--judge PROVIDER/MODEL | --judge-base-url URL --judge-model NAME]
+                     [--groups 2] [--rollouts-per-group 4] [--steps 10] [--groups-per-step N]
+                     [--train-seconds-per-step S] [--json]
+
+FUNCTION is `async def rollout(model, scenario) -> art.Trajectory`; each line of the JSONL file
+is one scenario, passed to it as parsed JSON. The model is `art.Model(name=--model,
+base_url=--base-url)`. Exit status: 0 when the verdict is "likely to learn" or "may learn
+slowly", 1 when it will not (or is unlikely to) learn, 2 for a usage error."""
+
+
+def preflight_command(argv: list[str]) -> int:
+    """`art preflight ...`: load the rollout and the scenarios, run `preflight`, print the result."""
+    import argparse
+    import asyncio
+
+    parser = argparse.ArgumentParser(prog="art preflight", usage=CLI_USAGE)
+    parser.add_argument("rollout", help="FILE.py:FUNCTION or MODULE:FUNCTION")
+    parser.add_argument("--scenarios", required=True, help="a JSONL file, one scenario a line")
+    parser.add_argument("--base-url", required=True, help="the policy's OpenAI-compatible URL")
+    parser.add_argument("--model", required=True, help="the policy's model name at that URL")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--judge", default=None, help="'<provider>/<model>': RULER judges")
+    parser.add_argument("--judge-base-url", default=None)
+    parser.add_argument("--judge-model", default=None)
+    parser.add_argument("--judge-api-key", default=None)
+    parser.add_argument("--groups", type=int, default=2)
+    parser.add_argument("--rollouts-per-group", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--groups-per-step", type=int, default=None)
+    parser.add_argument("--train-seconds-per-step", type=float, default=None)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    try:
+        rollout = load_function(args.rollout)
+        scenarios = load_jsonl(args.scenarios)
+        judge: Model | str | None = args.judge
+        if args.judge_base_url or args.judge_model:
+            if not (args.judge_base_url and args.judge_model) or args.judge:
+                raise PreflightError(
+                    "give either --judge PROVIDER/MODEL or both --judge-base-url and --judge-model"
+                )
+            judge = Model(
+                name=args.judge_model, base_url=args.judge_base_url, api_key=args.judge_api_key
+            )
+        model = Model(name=args.model, base_url=args.base_url, api_key=args.api_key)
+        result = asyncio.run(
+            preflight(
+                model,
+                rollout,
+                scenarios,
+                groups=args.groups,
+                rollouts_per_group=args.rollouts_per_group,
+                judge=judge,
+                steps=args.steps,
+                groups_per_step=args.groups_per_step,
+                train_seconds_per_step=args.train_seconds_per_step,
+            )
+        )
+    except ArtError as error:
+        print(f"art preflight: {error}", file=sys.stderr)
+        return 2
+    print(result.to_json() if args.json else result.text())
+    return 0 if result.will_learn else 1
+
+
+def load_function(spec: str) -> PreflightRollout:
+    """`path/to/file.py:name` or `package.module:name`; the file's folder goes on sys.path so
+    that the file's own sibling imports work."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise PreflightError(f"the rollout is FILE.py:FUNCTION or MODULE:FUNCTION; got {spec!r}")
+    if where.endswith(".py"):
+        path = Path(where).resolve()
+        if not path.is_file():
+            raise PreflightError(f"no such file: {where}")
+        sys.path.insert(0, str(path.parent))
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[path.stem] = module
+        module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as error:
+            raise PreflightError(f"cannot import {where!r}: {error}") from error
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise PreflightError(f"{where} has no function {name!r}")
+    return function  # type: ignore[no-any-return]
+
+
+def load_jsonl(path: str) -> list[Any]:
+    """One JSON value a line (blank lines skipped); a bad line is named."""
+    from pathlib import Path
+
+    file = Path(path)
+    if not file.is_file():
+        raise PreflightError(f"no such scenarios file: {path}")
+    items = []
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                items.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise PreflightError(f"{path}:{number} is not JSON: {error}") from error
+    return items

@@ -1,0 +1,241 @@
+"""Scenarios with checkable answers, and the code reward that checks them.
+
+A scenario file is JSONL, one scenario a line::
+
+    {"task": "How many units of COF-003 are in stock?", "answer": 3,
+     "tool_calls": [{"name": "get_item", "arguments": {"sku": "COF-003"}}]}
+
+- `task` (required): what the user asks the agent.
+- `answer`: a string, a number, or a list of them; each must appear in the agent's final answer
+  (its `complete_task` summary, else its last message). Strings match case-insensitively as
+  text; numbers match any number written in the answer (22 matches "$22.00", not "COF-022").
+- `tool_calls`: tool names, or {"name", "arguments"} objects; the run must have made each call
+  (the arguments given must match, strings case-insensitively; others may be added).
+- `difficulty` (optional, 1-10, default 1).
+
+A line needs `task` and at least one of `answer` / `tool_calls`. The reward of a run is the
+share of those checks it passes (0..1), so partial progress (the right tool, a wrong answer)
+is told apart from nothing. In Python, `check(scenario, trajectory) -> float` (sync or async)
+replaces it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+import art_core as art
+from art_mcp._errors import McpConfigError, McpScenarioFileError
+
+Check = Callable[[art.Scenario, art.Trajectory], "float | Awaitable[float]"]
+
+SCENARIO_KEYS = ("task", "answer", "tool_calls", "difficulty")
+# A number not glued to letters, digits or a dash: "22" in "$22.00", none in "COF-022".
+_NUMBER = re.compile(r"(?<![\w.\-])-?\d[\d,]*(?:\.\d+)?(?![\w])")
+
+
+class CheckedScenario(art.Scenario):
+    """A scenario with what a correct run must do: `answer` items in the final answer and
+    `tool_calls` it must make (see the module doc)."""
+
+    answer: list[str | float] = Field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+
+    @property
+    def checkable(self) -> bool:
+        """Whether there is anything to check."""
+        return bool(self.answer or self.tool_calls)
+
+
+def load_scenarios(path: str | Path) -> list[CheckedScenario]:
+    """The scenarios of a JSONL file (module doc). Every line is checked before any is used; a
+    bad one raises `McpScenarioFileError` naming the file, the line and the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise McpScenarioFileError(f"No scenario file at {path}", path=str(path))
+    scenarios = []
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise McpScenarioFileError(
+                    f"{path}, line {number}: not UTF-8 text ({error.reason})",
+                    path=str(path),
+                    line=number,
+                ) from None
+            if text.strip():
+                scenarios.append(parse_scenario(text, str(path), number))
+    if not scenarios:
+        raise McpScenarioFileError(f"{path} has no scenarios (no non-blank line)", path=str(path))
+    return scenarios
+
+
+def parse_scenario(text: str, path: str = "<scenario>", line: int = 1) -> CheckedScenario:
+    """One line of a scenario file as a `CheckedScenario`; `McpScenarioFileError` if bad."""
+
+    def bad(problem: str, field: str | None = None) -> McpScenarioFileError:
+        where = f"{path}, line {line}" + (f", field {field!r}" if field else "")
+        return McpScenarioFileError(f"{where}: {problem}", path=path, line=line, field=field)
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise bad(f"not JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(data, dict):
+        raise bad(f'expected an object like {{"task": "...", "answer": "..."}}, got {text[:60]!r}')
+    if unknown := sorted(set(data) - set(SCENARIO_KEYS)):
+        raise bad(f"unknown key(s) {unknown}; known keys: {', '.join(SCENARIO_KEYS)}", unknown[0])
+    task = data.get("task")
+    if not isinstance(task, str) or not task.strip():
+        raise bad("required: the task as a non-empty string", "task")
+    answer = data.get("answer", [])
+    answers = answer if isinstance(answer, list) else [answer]
+    for item in answers:
+        if isinstance(item, bool) or not isinstance(item, str | int | float) or item == "":
+            raise bad(
+                f"must be a string, a number or a list of them, got {json.dumps(item)}", "answer"
+            )
+    calls = data.get("tool_calls", [])
+    if not isinstance(calls, list):
+        raise bad('must be a list of tool names or {"name": ..., "arguments": {...}}', "tool_calls")
+    normalized = []
+    for index, call in enumerate(calls):
+        if isinstance(call, str):
+            call = {"name": call}
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("name"), str)
+            or set(call) - {"name", "arguments"}
+            or not isinstance(call.get("arguments", {}), dict)
+        ):
+            raise bad(
+                f'[{index}] must be a tool name or {{"name": "...", "arguments": {{...}}}}, '
+                f"got {json.dumps(call)}",
+                "tool_calls",
+            )
+        normalized.append({"name": call["name"], "arguments": call.get("arguments", {})})
+    if not answers and not normalized:
+        raise bad('nothing to check: give "answer" and/or "tool_calls"')
+    difficulty = data.get("difficulty", 1)
+    if isinstance(difficulty, bool) or not isinstance(difficulty, int) or not 1 <= difficulty <= 10:
+        raise bad(f"must be an integer from 1 to 10, got {json.dumps(difficulty)}", "difficulty")
+    return CheckedScenario(
+        task=task,
+        difficulty=difficulty,
+        expected=", ".join(str(a) for a in answers) or None,
+        answer=answers,
+        tool_calls=normalized,
+    )
+
+
+def final_answer(trajectory: art.Trajectory) -> str:
+    """The run's answer: its `complete_task` summary, else its last assistant message."""
+    if trajectory.metadata.get("summary") is not None:
+        return str(trajectory.metadata["summary"])
+    for message in reversed(trajectory.messages()):
+        if message.get("role") == "assistant" and message.get("content"):
+            return str(message["content"])
+    return ""
+
+
+def made_calls(trajectory: art.Trajectory) -> list[tuple[str, dict[str, Any]]]:
+    """(tool name, arguments) of every tool call the run made, in order (bad JSON: {})."""
+    calls = []
+    for message in trajectory.messages():
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {})
+            try:
+                arguments = json.loads(function.get("arguments") or "{}")
+            except json.JSONDecodeError:
+                arguments = {}
+            calls.append(
+                (function.get("name", ""), arguments if isinstance(arguments, dict) else {})
+            )
+    return calls
+
+
+def score(scenario: CheckedScenario, trajectory: art.Trajectory) -> dict[str, float]:
+    """{"reward": share of checks passed, "answer_correct", "tools_correct"} for one run."""
+    answer = final_answer(trajectory)
+    answer_hits = [_answer_contains(answer, item) for item in scenario.answer]
+    calls = made_calls(trajectory)
+    call_hits = [
+        any(
+            name == want["name"] and _arguments_match(args, want["arguments"])
+            for name, args in calls
+        )
+        for want in scenario.tool_calls
+    ]
+    hits = answer_hits + call_hits
+    return {
+        "reward": sum(hits) / len(hits) if hits else 0.0,
+        "answer_correct": float(all(answer_hits)) if answer_hits else 1.0,
+        "tools_correct": float(all(call_hits)) if call_hits else 1.0,
+    }
+
+
+async def code_reward(
+    scenario: art.Scenario, trajectory: art.Trajectory, check: Check | None
+) -> float:
+    """The run's code reward: `check`'s, else the scenario's checks (`score`); sets the
+    trajectory's reward and metrics and returns the reward."""
+    if check is not None:
+        value = check(scenario, trajectory)
+        if inspect.isawaitable(value):
+            value = await value
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise McpConfigError(
+                f"check() returned {value!r} for the task {scenario.task[:60]!r}: it must return "
+                "a number from 0 to 1"
+            )
+        reward = float(value)
+    elif isinstance(scenario, CheckedScenario) and scenario.checkable:
+        scores = score(scenario, trajectory)
+        reward = scores.pop("reward")
+        trajectory.metrics.update(scores)
+    else:
+        raise McpConfigError(
+            f"The task {scenario.task[:60]!r} has nothing to check: give scenarios from a "
+            "scenario file (answer / tool_calls), a check function, or use reward='ruler'."
+        )
+    trajectory.reward = reward
+    return reward
+
+
+def _answer_contains(answer: str, item: str | float) -> bool:
+    if isinstance(item, str):
+        return " ".join(item.lower().split()) in " ".join(answer.lower().split())
+    for token in _NUMBER.findall(answer):
+        try:
+            if math.isclose(float(token.replace(",", "")), float(item), abs_tol=1e-9):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def _arguments_match(made: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    for key, value in wanted.items():
+        if key not in made:
+            return False
+        got = made[key]
+        if isinstance(value, str) and isinstance(got, str):
+            if got.strip().lower() != value.strip().lower():
+                return False
+        elif isinstance(value, int | float) and isinstance(got, int | float | str):
+            try:
+                if not math.isclose(float(got), float(value)):
+                    return False
+            except ValueError:
+                return False
+        elif got != value:
+            return False
+    return True
