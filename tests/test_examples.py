@@ -24,3 +24,15 @@ def test_example_imports_and_parses_its_defaults(name: str, monkeypatch: pytest.
     spec.loader.exec_module(module)
     args = module.parse_args([])
     assert args.steps > 0 and args.path == ".art"
+
+
+def test_preflight_runs_example_imports_and_names_its_runs(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    spec = importlib.util.spec_from_file_location(
+        "example_preflight", EXAMPLES / "preflight_runs.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "example_preflight", module)
+    spec.loader.exec_module(module)
+    assert module.parse_args([]).examples == ["demo", "autorl", "react", "react-sft"]
