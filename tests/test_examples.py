@@ -13,7 +13,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 @pytest.mark.parametrize(
-    "name", ["demo", "autorl", "langgraph_react_agent", "langgraph_planner_ruler"]
+    "name",
+    ["demo", "autorl", "langgraph_react_agent", "langgraph_planner_ruler", "ruler_oracle_demo"],
 )
 def test_example_imports_and_parses_its_defaults(name: str, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
