@@ -131,20 +131,24 @@ def test_seed_repeats_and_n_differs(client):
 async def test_a_training_step_is_hot_loaded_and_agrees_with_the_sampler(
     remote_backend: art.RemoteBackend, tiny_model_dir: Path, training_server: RunningServer
 ):
-    """After a step vLLM serves name@1 (without a restart) and it answers differently from
-    name@0; the trainer's logprobs of vLLM's sampled tokens agree with vLLM's (ratio ~ 1)."""
+    """After a step vLLM serves name@1 (without a restart) and its policy differs from name@0's
+    (the greedy tokens' logprobs: the tiny random model's greedy text can stay the same, e.g. all
+    newlines); the trainer's logprobs of vLLM's sampled tokens agree with vLLM's (ratio ~ 1)."""
     model = await fresh_model(remote_backend, tiny_model_dir)
     client = model.openai_client()
     question = [{"role": "user", "content": "Say something."}]
 
-    async def greedy(name: str) -> str:
+    async def greedy(name: str) -> tuple[str, list[float]]:
         response = await client.chat.completions.create(
             model=name,
             messages=question,
             max_tokens=16,
             temperature=0.0,  # type: ignore[arg-type]
+            logprobs=True,
         )
-        return response.choices[0].message.content or ""
+        choice = response.choices[0]
+        assert choice.logprobs is not None and choice.logprobs.content is not None
+        return choice.message.content or "", [t.logprob for t in choice.logprobs.content]
 
     before = await greedy(model.get_inference_name(0))
     groups = varied_group(await groups_for(model, ["one", "two", "three"], per_group=4))
@@ -152,7 +156,11 @@ async def test_a_training_step_is_hot_loaded_and_agrees_with_the_sampler(
     assert await model.get_step() == 1
     engine = training_server.service.engine
     assert model.get_inference_name(1) in engine.adapters
-    assert await greedy(model.get_inference_name(1)) != before
+    after = await greedy(model.get_inference_name(1))
+    text_changed = after[0] != before[0]
+    assert (
+        text_changed or max(abs(a - b) for a, b in zip(after[1], before[1], strict=False)) > 1e-3
+    ), after
     history = training_server.art_path / model.project / "models" / model.name / "history.jsonl"
     rows = [json.loads(line) for line in history.read_text().splitlines()]
     trained = next(row["metrics"] for row in rows if row["type"] == "train")
