@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -78,11 +78,7 @@ def create_app(
     # ----------------------------------------------------------------------------- completions
 
     async def chat_completions(raw: Request, rollout_id: str | None = None):
-        rollout_id, request = await _parsed_request(raw, rollout_id, _parse_chat_request)
-        if request.stream:
-            lines = await service.stream(request, rollout_id)
-            return StreamingResponse(lines, media_type="text/event-stream")
-        return await _unless_disconnected(raw, service.complete(request, rollout_id))
+        return await _answer(raw, rollout_id, _parse_chat_request, service.stream, service.complete)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(raw: Request):
@@ -134,11 +130,7 @@ def create_app(
     responses = app.state.responses = ResponsesService(service)
 
     async def create_response(raw: Request, rollout_id: str | None = None):
-        rollout_id, request = await _parsed_request(raw, rollout_id, responses.parse)
-        if request.stream:
-            events = await responses.stream(request, rollout_id)
-            return StreamingResponse(events, media_type="text/event-stream")
-        return await _unless_disconnected(raw, responses.create(request, rollout_id))
+        return await _answer(raw, rollout_id, responses.parse, responses.stream, responses.create)
 
     @app.post("/v1/responses")
     async def create_plain_response(raw: Request):
@@ -232,6 +224,22 @@ async def _parsed_request(
     if len(body) > PARSE_ON_LOOP_MAX_BYTES:
         return rollout_id, await asyncio.to_thread(parse, body)
     return rollout_id, parse(body)
+
+
+async def _answer(
+    raw: Request,
+    rollout_id: str | None,
+    parse: Callable[[bytes], Any],
+    stream: Callable[[Any, str | None], Awaitable[AsyncIterator[str]]],
+    complete: Callable[[Any, str | None], Coroutine[Any, Any, Any]],
+) -> Any:
+    """One generation route (chat completions, responses): parse the body, then stream it as
+    server-sent events or answer once, cancelled if the client goes away."""
+    rollout_id, request = await _parsed_request(raw, rollout_id, parse)
+    if request.stream:
+        events = await stream(request, rollout_id)
+        return StreamingResponse(events, media_type="text/event-stream")
+    return await _unless_disconnected(raw, complete(request, rollout_id))
 
 
 async def _unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> Any:
