@@ -214,10 +214,7 @@ class TrajectoryScope:
                         get_records_sync(backend, scope.rollout_id, method="DELETE")
                 except Exception as cleanup_error:  # noqa: BLE001 - the run's error matters more
                     _cleanup_failed(scope, cleanup_error)
-        if error is None:
-            _fill(scope, records)
-        else:
-            _fail(scope, records, error)
+        _finish(scope, records, error)
 
     async def __aenter__(self) -> Trajectory:
         return self._enter()
@@ -243,10 +240,15 @@ class TrajectoryScope:
                         await asyncio.wait_for(discard(scope.rollout_id), CLEANUP_SECONDS)
                 except Exception as cleanup_error:  # noqa: BLE001 - the run's error matters more
                     _cleanup_failed(scope, cleanup_error)
-        if error is None:
-            _fill(scope, records)
-        else:
-            _fail(scope, records, error)
+        _finish(scope, records, error)
+
+
+def _finish(scope: _OpenScope, records: list[dict[str, Any]], error: BaseException | None) -> None:
+    """A closed scope's end, sync or async alike: the trajectory filled, or the failure kept."""
+    if error is None:
+        _fill(scope, records)
+    else:
+        _fail(scope, records, error)
 
 
 def _fill(scope: _OpenScope, records: list[dict[str, Any]]) -> None:
