@@ -18,6 +18,7 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel
 
 from art_core._backend import Backend, new_rollout_id
+from art_core._clients import shared_client
 from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
 from art_core._errors import (
     InvalidTrajectoryError,
@@ -85,8 +86,6 @@ class Model:
         self.entity = entity
         self.id = id
         self._backend: Backend | None = None
-        self._client: AsyncOpenAI | None = None
-        self._client_key: tuple[str, int] | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, project={self.project!r})"
@@ -122,20 +121,17 @@ class Model:
     def openai_client(self, **kwargs: Any) -> AsyncOpenAI:
         """An AsyncOpenAI client on this model's endpoint, one per event loop (connections reused).
 
-        Keyword arguments (timeout, max_retries, ...) give a new, separate client.
+        Models on the same endpoint share it, and it lives as long as its loop, so dropping a model
+        never drops live connections (see art_core._clients). Keyword arguments (timeout,
+        max_retries, ...) give a copy with those options over the same connection pool.
         """
         base_url, api_key = self.inference_base_url, self.inference_api_key
         if base_url is None:
             raise ModelNotRegisteredError(
                 f"{self!r} has no base_url and no backend: pass base_url= or register it."
             )
-        if kwargs:
-            return AsyncOpenAI(base_url=base_url, api_key=api_key or "unused", **kwargs)
-        key = (base_url, _running_loop_id())
-        if self._client is None or self._client_key != key:
-            self._client = AsyncOpenAI(base_url=base_url, api_key=api_key or "unused")
-            self._client_key = key
-        return self._client
+        client = shared_client(base_url, api_key)
+        return client.with_options(**kwargs) if kwargs else client
 
     async def log(
         self,
@@ -606,13 +602,6 @@ def _as_config(config_class: type[ConfigT], value: ConfigT | Mapping[str, Any]) 
     return (
         config_class(**value) if isinstance(value, Mapping) else config_class.model_validate(value)
     )
-
-
-def _running_loop_id() -> int:
-    try:
-        return id(asyncio.get_running_loop())
-    except RuntimeError:
-        return 0
 
 
 def trajectory_from_records(records: list[dict[str, Any]], **fields: Any) -> Trajectory:
