@@ -282,6 +282,10 @@ def _prometheus_metrics(service: ChatService) -> str:
         "art_decode_steps_total": ("counter", engine_metrics.decode_steps_total),
         "art_prefill_batches_total": ("counter", engine_metrics.prefill_batches_total),
         "art_prefill_tokens_total": ("counter", engine_metrics.prefill_tokens_total),
+        "art_prefill_shared_requests_total": (
+            "counter",
+            engine_metrics.prefill_shared_requests_total,
+        ),
         "art_batch_size_mean": ("gauge", engine_metrics.decode_rows_total / steps),
         "art_batch_size_max": ("gauge", engine_metrics.max_batch_size_seen),
         "art_running_rows": ("gauge", service.engine.running_rows),

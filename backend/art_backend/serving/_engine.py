@@ -102,6 +102,7 @@ class EngineMetrics:
     max_batch_size_seen: int = 0
     prefill_batches_total: int = 0
     prefill_tokens_total: int = 0  # prompt tokens actually run through the model
+    prefill_shared_requests_total: int = 0  # requests whose prompt another one prefilled for them
     busy_seconds_total: float = 0.0
 
 

@@ -326,8 +326,19 @@ class TorchEngine:
                 self._finish_request_early(request, "cancelled", None)
         if not live:
             return
+        # A GRPO group's rollouts send the same prompt at the same moment: each distinct prompt
+        # (and adapter) is prefilled once, and its cache row is repeated for every request and
+        # choice that asked for it, as for the n choices of one request.
+        distinct: dict[tuple[str | None, tuple[int, ...]], int] = {}
+        prompt_rows = [
+            distinct.setdefault((request.adapter, tuple(request.prompt_ids)), len(distinct))
+            for request in live
+        ]
+        prompts = list(
+            {row: request for row, request in zip(prompt_rows, live, strict=True)}.values()
+        )
         try:
-            logits, cache, mask = self._prefill(live)
+            logits, cache, mask = self._prefill(prompts)
         except Exception as error:
             if len(live) == 1:
                 logger.exception("prefill failed")
@@ -337,10 +348,10 @@ class TorchEngine:
                 self._admit([request])
             return
         self.metrics.prefill_batches_total += 1
-        # Each prompt was prefilled once; its cache row is repeated for its n choices.
+        self.metrics.prefill_shared_requests_total += len(live) - len(prompts)
         rows: list[int] = []
         sequences: list[_Sequence] = []
-        for row, request in enumerate(live):
+        for row, request in zip(prompt_rows, live, strict=True):
             try:
                 choices = self._new_sequences(request)
             except Exception as error:

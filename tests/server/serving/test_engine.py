@@ -98,6 +98,27 @@ async def test_n_choices_share_one_prefill(engine, tokenizer):
     assert engine.metrics.prefill_tokens_total - before == len(ids)
 
 
+async def test_a_groups_requests_for_one_prompt_share_one_prefill(engine, tokenizer):
+    """A GRPO group sends one prompt several times at once: it is prefilled once, and each
+    request decodes as it would alone (greedy: the same tokens as plain generate)."""
+    ids = prompt_ids(tokenizer, "one prompt, four rollouts")
+    other = prompt_ids(tokenizer, "another prompt")
+    prefilled, shared = (
+        engine.metrics.prefill_tokens_total,
+        engine.metrics.prefill_shared_requests_total,
+    )
+    with engine.exclusive():  # queued while the engine waits: admitted together
+        tasks = [asyncio.create_task(run(engine, greedy(ids, max_new_tokens=6))) for _ in range(4)]
+        tasks.append(asyncio.create_task(run(engine, greedy(other, max_new_tokens=6))))
+        await asyncio.sleep(0.05)
+    results = await asyncio.gather(*tasks)
+    assert engine.metrics.prefill_tokens_total - prefilled == len(ids) + len(other)
+    assert engine.metrics.prefill_shared_requests_total - shared == 3
+    assert len({tuple(result[0].token_ids) for result in results[:4]}) == 1
+    alone = await run(engine, greedy(ids, max_new_tokens=6))
+    assert results[0][0].token_ids == alone[0].token_ids
+
+
 async def test_a_failing_row_does_not_fail_its_batch(engine, tokenizer):
     class ExplodingConstraint:
         def apply_to_logits(self, logits: torch.Tensor) -> None:
@@ -181,10 +202,16 @@ async def test_adapters_share_base_weights_and_mix_in_one_batch(
     assert alone[None] == before_adapters
     assert (await run(engine, greedy(ids, adapter="agent@1")))[0].token_ids == alone["agent@1"]
 
-    mixed = await asyncio.gather(
-        *(run(engine, greedy(ids, adapter=adapter)) for adapter in (None, "agent@1", "agent@2"))
-    )
+    shared = engine.metrics.prefill_shared_requests_total
+    with engine.exclusive():  # one admission: one prompt, three adapters, three prefill rows
+        pending = [
+            asyncio.create_task(run(engine, greedy(ids, adapter=adapter)))
+            for adapter in (None, "agent@1", "agent@2")
+        ]
+        await asyncio.sleep(0.05)
+    mixed = await asyncio.gather(*pending)
     assert [result[0].token_ids for result in mixed] == list(alone.values())
+    assert engine.metrics.prefill_shared_requests_total == shared  # an adapter's prompt is its own
 
     engine.unload_adapter("agent@2")
     assert "agent@2" not in engine.adapters
