@@ -69,4 +69,6 @@ def test_each_event_loop_gets_its_own_client(server: RunningServer):
 
     first, second = asyncio.run(client()), asyncio.run(client())
     assert first is not second
+    # closed while their loop shut down, not left for the garbage collector
+    assert first.is_closed() and second.is_closed()
     assert model.openai_client() is model.openai_client()  # outside a loop: one client too
