@@ -1,0 +1,319 @@
+"""Registered models: register, resume and fork; the served-steps window; checkpoint deletion.
+
+`ModelRegistry` is the part of `TrainingService` (its subclass) that keeps the backend's models,
+which of their steps the engine serves, and which checkpoints stay on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import shutil
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from art_backend._errors import BackendError, ConflictError, InvalidRequestError
+from art_backend.serving._engine import Engine, TrainableEngine
+from art_backend.serving._loading import unmatched_target_modules
+from art_backend.store._checkpoints import ModelStore
+from art_backend.store._review_decisions import remove_all_pending
+from art_backend.training._schemas import DeleteCheckpointsRequest, RegisterRequest
+from art_backend.training._trainer import (
+    TRAINER_STATE,
+    LoraTrainer,
+    TrainerStateError,
+    read_trainer_state,
+)
+
+logger = logging.getLogger("art_backend.training")
+
+
+class ModelNotRegisteredError(BackendError):
+    """Training or logging for a model this backend has not registered (HTTP 404)."""
+
+    status_code = 404
+    error_type = "not_found_error"
+
+
+@dataclass
+class RegisteredModel:
+    store: ModelStore
+    trainer: LoraTrainer
+    step: int
+    base_model: str
+    lora: dict[str, Any]
+    served: list[int] = field(default_factory=list)  # steps loaded in the engine, oldest first
+    # How many steps stay loaded: the newest and the ones rollouts may still be finishing on.
+    served_steps: int = 2
+
+    @property
+    def name(self) -> str:
+        return self.store.name
+
+    def inference_name(self, step: int | None = None) -> str:
+        return f"{self.store.name}@{self.step if step is None else step}"
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "project": self.store.project,
+            "name": self.store.name,
+            "base_model": self.base_model,
+            "step": self.step,
+            "inference_name": self.inference_name(),
+            "checkpoints": self.store.checkpoint_steps(),
+            "lora": self.lora,
+        }
+
+
+class ModelRegistry:
+    """The models `TrainingService` registered, their served steps and their checkpoints."""
+
+    # Set by TrainingService.__init__; named here for the type checker.
+    engine: Engine
+    trainer_host: TrainableEngine
+    art_path: Path
+    base_names: list[str]
+    models: dict[tuple[str, str], RegisteredModel]
+    _adapter_numbers: itertools.count[int]
+    _step_lock: asyncio.Lock
+    _in_trainer_thread: Callable[..., Awaitable[Any]]
+
+    # ------------------------------------------------------------------------------ registration
+
+    async def register(self, request: RegisterRequest) -> dict[str, Any]:
+        """Create or resume a model: its latest complete checkpoint is loaded and served."""
+        if request.base_model not in self.base_names:
+            raise InvalidRequestError(
+                f"This backend serves {self.base_names[0]!r}; the model asks for base model "
+                f"{request.base_model!r}. Start a backend for that model or change base_model.",
+                param="base_model",
+            )
+        _check_target_modules(self.trainer_host.adaptable_modules, request.lora.target_modules)
+        _check_rank(getattr(self.engine, "max_lora_rank", None), request.lora.r)
+        key = (request.project, request.name)
+        async with self._step_lock:
+            self._check_name_free(request)
+            if key in self.models:
+                model = self.models[key]
+                if request.served_steps != model.served_steps:
+                    await self._in_trainer_thread(
+                        self._set_served_steps, model, request.served_steps
+                    )
+                return {**model.info(), "resumed": True, "repairs": []}
+            return await self._in_trainer_thread(self._register_blocking, request)
+
+    def _check_name_free(self, request: RegisterRequest) -> None:
+        """Served names are `name` and `name@step` without the project (ART's names, which
+        clients send as `model=`), so one server cannot serve one name for two projects."""
+        for project, name in self.models:
+            if name == request.name and project != request.project:
+                raise ConflictError(
+                    f"Model name {name!r} is already registered on this backend by project "
+                    f"{project!r}; served names carry no project, so a second {name!r} would "
+                    "answer for the first. Give this model another name, or start another "
+                    "backend (its own --path and port) for this project."
+                )
+
+    def _set_served_steps(self, model: RegisteredModel, served_steps: int) -> None:
+        model.served_steps = served_steps
+        self._trim_served(model)
+
+    def _register_blocking(self, request: RegisterRequest) -> dict[str, Any]:
+        store = ModelStore(self.art_path, request.project, request.name)
+        saved = store.read_model_config()
+        if saved is not None and saved.get("base_model") not in self.base_names:
+            raise InvalidRequestError(
+                f"Model {request.project}/{request.name} under {self.art_path} was trained on "
+                f"base model {saved.get('base_model')!r}; this backend serves "
+                f"{self.base_names[0]!r}. Register it under another name, or start a backend "
+                "for its base model.",
+                param="base_model",
+            )
+        repairs = []
+        if removed := store.remove_stale_temporaries():
+            repairs.append(f"removed {removed} incomplete checkpoint folder(s) left by a crash")
+        repairs += store.repair_history()
+        repairs += store.repair_trajectories()
+        if held := remove_all_pending(store.dir):
+            repairs.append(f"forgot {held} step(s) held for review by a server that stopped")
+        latest = store.latest_step()
+        resumed = latest is not None
+        # The fork's source is checked before anything is written for the new model.
+        fork = self._fork_source(request) if latest is None and request.fork_from else None
+        lora = request.lora.model_dump()
+        if saved is not None and saved["lora"] != lora:
+            logger.warning("%s: keeping the saved LoRA settings %s", request.name, saved["lora"])
+            lora = saved["lora"]
+        if saved is None:
+            store.write_model_config({"base_model": request.base_model, "lora": lora})
+
+        trainer = LoraTrainer(
+            self.trainer_host, f"train_{next(self._adapter_numbers)}", lora, seed=request.seed
+        )
+        try:
+            if fork is not None:
+                latest = self._copy_fork(*fork, store)
+            if latest is None:
+                store.write_checkpoint(0, trainer.save, {"kind": "initial"})
+                latest = 0
+            trainer.load(store.checkpoint_dir(latest))
+        except BaseException:
+            trainer.close()  # its adapter must not stay in the engine's model
+            raise
+        model = RegisteredModel(
+            store, trainer, latest, request.base_model, lora, served_steps=request.served_steps
+        )
+        # Steps the server already serves (found at startup) count toward the served window.
+        model.served = sorted(
+            step
+            for step in store.checkpoint_steps()
+            if model.inference_name(step) in self.engine.adapters and step != latest
+        )
+        self.models[(request.project, request.name)] = model
+        self._serve_step(model, latest)
+        for repair in repairs:
+            logger.warning("%s: %s", request.name, repair)
+        return {**model.info(), "resumed": resumed, "repairs": repairs}
+
+    def _fork_source(self, request: RegisterRequest) -> tuple[ModelStore, int]:
+        """The checkpoint `fork_from` names, checked: inside --path, same base model, plain files,
+        a trainer state that loads without unpickling. Every refusal is a 400 on `fork_from`."""
+        fork = request.fork_from
+        assert fork is not None
+        where = f"{fork.project}/{fork.name}"
+        try:
+            source = ModelStore(self.art_path, fork.project, fork.name)
+            steps = source.checkpoint_steps()
+            step = fork.step if fork.step is not None else (steps[-1] if steps else None)
+            if step is None or step not in steps:
+                raise InvalidRequestError(
+                    f"Cannot fork from {where} step {fork.step}: "
+                    f"available checkpoints {steps or 'none'}."
+                )
+            config = source.read_model_config() or {}
+            if config.get("base_model", request.base_model) not in self.base_names:
+                raise InvalidRequestError(
+                    f"Cannot fork from {where}: it was trained on base model "
+                    f"{config['base_model']!r}, and this backend serves {self.base_names[0]!r}."
+                )
+            source.checkpoint_files(step)  # refuses a checkpoint holding symbolic links
+            state_path = source.checkpoint_dir(step) / TRAINER_STATE
+            if state_path.is_file():
+                read_trainer_state(state_path)
+        except (InvalidRequestError, TrainerStateError) as error:
+            message = (
+                error.message
+                if error.message.startswith("Cannot")
+                else (f"Cannot fork from {where}: {error.message}")
+            )
+            raise InvalidRequestError(message, param="fork_from") from error
+        return source, step
+
+    def _copy_fork(self, source: ModelStore, step: int, store: ModelStore) -> int:
+        def copy(tmp: Path) -> None:
+            for relative in source.checkpoint_files(step):
+                (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source.checkpoint_dir(step) / relative, tmp / relative)
+
+        store.write_checkpoint(
+            step, copy, {"kind": "fork", "source": f"{source.project}/{source.name}@{step}"}
+        )
+        return step
+
+    def _serve_step(self, model: RegisteredModel, step: int) -> None:
+        self.engine.load_adapter(model.inference_name(step), model.store.checkpoint_dir(step))
+        model.served.append(step)
+        self._trim_served(model)
+
+    def _trim_served(self, model: RegisteredModel) -> None:
+        while len(model.served) > model.served_steps:
+            old = model.served.pop(0)
+            if model.inference_name(old) in self.engine.adapters:
+                self.engine.unload_adapter(model.inference_name(old))
+
+    def get(self, project: str, name: str) -> RegisteredModel:
+        model = self.models.get((project, name))
+        if model is None:
+            raise ModelNotRegisteredError(
+                f"Model {project}/{name} is not registered on this backend: "
+                "call `await model.register(backend)` first."
+            )
+        return model
+
+    async def delete_checkpoints(
+        self, model: RegisteredModel, request: DeleteCheckpointsRequest
+    ) -> dict[str, Any]:
+        """Delete all checkpoints but the latest and the best by a logged metric, or exactly
+        `request.steps` (a retention strategy's choice)."""
+        if request.steps is not None:
+            return await self._delete_steps(model, sorted(set(request.steps)))
+        split, _, metric = request.best_checkpoint_metric.rpartition("/")
+        split = split or "val"
+        scores = {
+            row["step"]: row["metrics"][metric]
+            for row in model.store.read_history()
+            if row.get("type") == "log" and row.get("split") == split and metric in row["metrics"]
+        }
+        steps = model.store.checkpoint_steps()
+        scored = [step for step in steps if step in scores]
+        best = (
+            (max if request.maximize else min)(scored, key=lambda s: scores[s]) if scored else None
+        )
+        keep = {model.step, *([best] if best is not None else [])}
+        async with self._step_lock:
+            deleted = await self._delete_unlocked(model, [s for s in steps if s not in keep])
+        return {"kept": sorted(keep), "deleted": deleted, "best_step": best}
+
+    async def _delete_steps(self, model: RegisteredModel, steps: list[int]) -> dict[str, Any]:
+        async with self._step_lock:  # model.step cannot move while the choice is checked
+            if model.step in steps:
+                raise InvalidRequestError(
+                    f"Step {model.step} is {model.name}'s latest step, which it serves and trains "
+                    "from; it is never deleted. Leave it out of steps.",
+                    param="steps",
+                )
+            present = set(model.store.checkpoint_steps())
+            if missing := [step for step in steps if step not in present]:
+                raise InvalidRequestError(
+                    f"{model.name} has no checkpoint for step(s) {missing}; its checkpoints are "
+                    f"{sorted(present)}.",
+                    param="steps",
+                )
+            deleted = await self._delete_unlocked(model, steps)
+        kept = sorted(present - set(deleted))
+        return {"kept": kept, "deleted": deleted, "best_step": None}
+
+    async def _delete_unlocked(self, model: RegisteredModel, steps: list[int]) -> list[int]:
+        """Unload (if served) and delete each step; the caller holds the step lock."""
+        for step in steps:
+            served_name = model.inference_name(step)
+            if served_name in self.engine.adapters:
+                await self._in_trainer_thread(self.engine.unload_adapter, served_name)
+            if step in model.served:
+                model.served.remove(step)
+            await self._in_trainer_thread(model.store.delete_checkpoint, step)
+        return steps
+
+
+def _check_target_modules(module_names: list[str], targets: list[str]) -> None:
+    """400 before anything is saved when lora.target_modules names no module of the model."""
+    if unmatched := unmatched_target_modules(module_names, targets):
+        known = sorted({name.rsplit(".", 1)[-1] for name in module_names})
+        raise InvalidRequestError(
+            f"lora.target_modules names {unmatched}, which match no module of the base model; "
+            f"its adaptable modules are {', '.join(known)}.",
+            param="lora.target_modules",
+        )
+
+
+def _check_rank(max_rank: int | None, rank: int) -> None:
+    """400 at registration when the serving engine cannot hold an adapter of this rank."""
+    if max_rank is not None and rank > max_rank:
+        raise InvalidRequestError(
+            f"lora.r is {rank}, above the vLLM engine's --max-lora-rank {max_rank}: register "
+            f"with lora.r <= {max_rank}, or restart art-server with --max-lora-rank {rank}.",
+            param="lora.r",
+        )

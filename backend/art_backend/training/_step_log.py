@@ -1,0 +1,113 @@
+"""`log`: groups and metrics recorded at a step, a history row and a trajectories file, without
+counting a trained step twice. `StepLog` is that part of `TrainingService` (its subclass).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from art_backend._errors import InvalidRequestError
+from art_backend.store._checkpoints import ModelStore, read_trajectories
+from art_backend.training._prepared_step import finite_metrics, mean_and_std, reward_metrics
+from art_backend.training._registry import RegisteredModel
+from art_backend.training._schemas import GroupPayload, LogRequest, trajectory_rows
+
+
+class StepLog:
+    """`TrainingService.log`: a "log" history row and the trajectories it names."""
+
+    # Set by TrainingService; named here for the type checker.
+    _in_trainer_thread: Callable[..., Awaitable[Any]]
+
+    async def log(self, model: RegisteredModel, request: LogRequest) -> dict[str, Any]:
+        """Record groups and/or metrics at a step: one "log" history row + trajectories file.
+
+        The rule that keeps a trained step from counting twice: a step is its one "train" row,
+        written by the train call (its trajectories in train/<step - 1>). A log never writes a
+        "train" row. A train-split log at a step with a train row (ART's
+        `model.log(groups, metrics=result.metrics, step=result.step, split="train")`) keeps
+        out of its row the metrics that row already holds with the same value, and writes no
+        trajectory whose id the train split already holds at that step or the one before; the
+        answer counts them in `already_recorded`.
+        """
+        step = model.step if request.step is None else request.step
+        if step > model.step:
+            raise InvalidRequestError(
+                f"step {step} is ahead of the model's step {model.step}: log at a step it has "
+                "reached (result.step of a train call, or None for the current one).",
+                param="step",
+            )
+        if not request.groups and not request.metrics:
+            raise InvalidRequestError(
+                "Nothing to log: pass trajectory groups, metrics= or both.", param="groups"
+            )
+        metrics = _group_metrics(request.groups) if request.groups else {}
+        metrics.update(request.metrics)  # the caller's own, as ART merges them
+        metrics = finite_metrics(metrics)
+        if not request.groups and not metrics["dropped/non_finite_metrics"]:
+            del metrics["dropped/non_finite_metrics"]  # a metrics-only log holds just those
+        rows = trajectory_rows(request.groups)
+        repeated_metrics: list[str] = []
+        known_ids: set[str] = set()
+        if request.split == "train":
+            trained = [
+                row
+                for row in model.store.read_history()
+                if row.get("type") == "train" and row.get("step") == step
+            ]
+            for row in trained:
+                for key, value in row.get("metrics", {}).items():
+                    if metrics.get(key) == value:
+                        repeated_metrics.append(key)
+                        del metrics[key]
+            known_ids = await self._in_trainer_thread(_logged_ids, model.store, "train", step)
+        written = [row for row in rows if row.get("id") is None or row["id"] not in known_ids]
+        record: dict[str, Any] = {
+            "type": "log", "split": request.split, "step": step, "metrics": metrics,
+        }  # fmt: skip
+        if repeated_metrics or len(written) < len(rows):
+            record["already_recorded"] = {
+                "metrics": sorted(repeated_metrics),
+                "trajectories": len(rows) - len(written),
+            }
+        model.store.append_history(record)
+        if written:
+            await self._in_trainer_thread(
+                model.store.write_trajectories, request.split, step, written
+            )
+        return {k: v for k, v in record.items() if k != "type"}
+
+
+def _group_metrics(groups: list[GroupPayload]) -> dict[str, float]:
+    """A log's summary of its groups: reward mean/std, each trajectory metric's mean, counts."""
+    rewards = [t.reward for g in groups for t in g.trajectories]
+    metrics = reward_metrics(rewards)
+    per_metric: dict[str, list[float]] = {}
+    non_finite = 0  # a trajectory's inf or NaN metric: left out of its mean, counted
+    for group in groups:
+        for trajectory in group.trajectories:
+            for key, value in trajectory.metrics.items():
+                if math.isfinite(value):
+                    per_metric.setdefault(key, []).append(value)
+                else:
+                    non_finite += 1
+    metrics.update({key: mean_and_std(values)[0] for key, values in per_metric.items()})
+    metrics["exceptions"] = float(sum(len(g.exceptions) for g in groups))
+    metrics["trajectories"] = float(len(rewards))
+    for group in groups:
+        for key, value in group.metrics.items():
+            metrics[key] = metrics.get(key, 0.0) + value
+    metrics["dropped/non_finite_metrics"] = float(non_finite)
+    return metrics
+
+
+def _logged_ids(store: ModelStore, split: str, step: int) -> set[str]:
+    """Trajectory ids the split's files of `step` and `step - 1` already hold."""
+    ids: set[str] = set()
+    for at in (step - 1, step):
+        path = store.trajectories_path(split, at) if at >= 0 else None
+        if path is not None and path.is_file():
+            ids.update(str(row["id"]) for row in read_trajectories(path) if "id" in row)
+    return ids
