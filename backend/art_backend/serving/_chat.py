@@ -208,7 +208,13 @@ class ChatService:
                 tools, tool_choice, request.parallel_tool_calls
             )
         if wants_format:
+            # The format grammar leaves no room for `<tool_call>` blocks, strict tools or not.
             return self.grammar_compiler.for_response_format(response_format)
+        if tools and tool_choice == "auto":
+            # None unless some function is `strict`: then calls the model opens are enforced.
+            return self.grammar_compiler.for_tool_choice(
+                tools, tool_choice, request.parallel_tool_calls
+            )
         return None
 
     # --------------------------------------------------------------------------------- responses

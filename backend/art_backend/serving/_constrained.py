@@ -32,6 +32,7 @@ import torch
 
 from art_backend._errors import BackendError, InvalidGrammarError
 from art_backend._limits import check_schema_sizes
+from art_backend.serving._tool_calls import _TOOL_CALL_OPEN
 
 # Whitespace in JSON is fixed to Python's json.dumps style: `{"a": 1, "b": [2, 3]}`. With
 # flexible whitespace a weak model can emit spaces or newlines forever while staying "valid".
@@ -41,6 +42,10 @@ _ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 # Terse errors: the verbose form embeds the whole grammar and parser state in the message.
 _LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 _CACHED_GRAMMARS = 64
+# Every byte string: the complement of the empty string, plus it. A `/.../` regex cannot say
+# this, as it refuses to match bytes that are not UTF-8 (a token may hold half a character),
+# and llguidance writes special tokens as such bytes, so they are matched too.
+_ANY_BYTES_LARK = 'ANY_BYTES: ~"" | ""\n'
 
 
 class GrammarCompiler:
@@ -57,6 +62,7 @@ class GrammarCompiler:
         # the grammar again on the engine thread.
         self._validated: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
+        self._unlexable: tuple[int, ...] | None = None
 
     def for_response_format(self, response_format: dict | None) -> str | None:
         """Grammar for an OpenAI `response_format`, or None when output is free text.
@@ -100,11 +106,31 @@ class GrammarCompiler:
     def for_tool_choice(
         self, tools: list[dict], tool_choice: str | dict | None, parallel_tool_calls: bool
     ) -> str | None:
-        """Grammar forcing `<tool_call>` blocks for "required" or a named function, else None."""
-        if tool_choice in (None, "none", "auto"):
+        """Grammar for the tool calls of a request, or None when nothing needs enforcing.
+
+        "required" or a named function: only `<tool_call>` blocks, arguments valid for the
+        called function. "auto" with at least one `strict: true` function: free text, and once
+        the model writes `<tool_call>`, calls whose arguments are valid for strict functions (any
+        JSON object for the others), as OpenAI guarantees for strict functions whatever
+        tool_choice is. "auto" without strict functions, "none" and None: no grammar, no cost.
+        """
+        if tool_choice in (None, "none"):
             return None
         functions = _function_definitions(tools)
-        if tool_choice == "required":
+        after_text = tool_choice == "auto"
+        if after_text:
+            strict = _strict_function_names(tools)
+            if not strict:
+                return None
+            repeat = parallel_tool_calls
+            # Only strict schemas are enforced (and counted, and can make a 400); the other
+            # functions still get well-formed calls with some JSON object as arguments.
+            functions = {
+                name: parameters if name in strict else _ANY_JSON_OBJECT
+                for name, parameters in functions.items()
+            }
+            enforced = {name: functions[name] for name in strict}
+        elif tool_choice == "required":
             if not functions:
                 raise InvalidGrammarError(
                     'tool_choice "required" needs at least one function in tools.', param="tools"
@@ -126,15 +152,22 @@ class GrammarCompiler:
                 '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}.',
                 param="tool_choice",
             )
+        if not after_text:
+            enforced = functions
         # Counted before anything is built from them: compiling is what a huge schema makes slow.
         position = {(tool.get("function") or {}).get("name"): i for i, tool in enumerate(tools)}
         check_schema_sizes(
             [
                 (f"tools[{position[name]}].function.parameters", schema)
-                for name, schema in functions.items()
+                for name, schema in enforced.items()
             ]
         )
-        lark = _tool_call_lark(functions, repeat=repeat)
+        lark = _tool_call_lark(
+            functions,
+            repeat=repeat,
+            after_text=after_text,
+            unlexable=self._unlexable_tokens() if after_text else (),
+        )
         try:
             grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         except ValueError as error:
@@ -145,9 +178,29 @@ class GrammarCompiler:
             # Each tool's schema alone first: an error then names the user's tool rather than
             # quoting our generated Lark, and a schema that fails at its own first token (which
             # comes after `{"name": ..., "arguments": ` in the combined grammar) is found.
-            self._raise_for_first_bad_parameters(functions)
+            self._raise_for_first_bad_parameters(enforced)
             self._validated_matcher(grammar, param="tools")
         return grammar
+
+    def _unlexable_tokens(self) -> tuple[int, ...]:
+        """Tokens free text must allow by id, found once: special tokens (once a grammar names a
+        token by id, llguidance no longer lexes any special token as text) and tokens no lexeme
+        can match (a lone 0xFF byte, which llguidance reserves to mark special tokens)."""
+        if self._unlexable is None:
+            grammar = llguidance.LLMatcher.grammar_from_lark(
+                f"start: TEXT\n{_ANY_BYTES_LARK}TEXT: ANY_BYTES\n"
+            )
+            matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=_LIMITS)
+            bitmask = new_bitmask(1, self.vocab_size)
+            matcher.unsafe_compute_mask_ptr(
+                bitmask.data_ptr(), bitmask.numel() * bitmask.element_size()
+            )
+            bits = (bitmask[0].view(torch.uint8).long().unsqueeze(1) >> torch.arange(8)) & 1
+            banned = set((bits.view(-1)[: self.vocab_size] == 0).nonzero().flatten().tolist())
+            special = {t for t in range(self.vocab_size) if self._tokenizer.is_special_token(t)}
+            # EOS stays out: the matcher allows it wherever the output may end, as elsewhere.
+            self._unlexable = tuple(sorted((banned | special) - set(self.eos_token_ids)))
+        return self._unlexable
 
     def matcher(self, grammar: str) -> SequenceConstraint:
         """A fresh constraint for one generated sequence, starting at the grammar's beginning."""
@@ -279,11 +332,33 @@ def apply_constraints(
         matchers = [(constraint._matcher, index) for index, constraint in enumerate(constraints)]
         row_bytes = bitmask.shape[1] * bitmask.element_size()
         _executor().unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), row_bytes, len(rows))
+    # A row whose grammar allows every token (free text before a strict tool's `<tool_call>`
+    # opener: most tokens of an `auto` turn) only loses the columns past the vocabulary; the
+    # full bias costs milliseconds per row on a 49k vocabulary, its check microseconds.
+    free = (bitmask == _all_allowed(constraints[0].vocab_size)).all(dim=1)
+    if bool(free.any()):
+        vocab_size = constraints[0].vocab_size
+        for index in free.nonzero().flatten().tolist():
+            logits[rows[index], vocab_size:] = float("-inf")
+        keep = (~free).nonzero().flatten()
+        if not len(keep):
+            return
+        bitmask = bitmask[keep]
+        rows = [rows[index] for index in keep.tolist()]
     bias = _bias_from_bitmask(bitmask, logits)
     if rows == list(range(logits.shape[0])):
         logits.add_(bias)
     else:
         logits.index_add_(0, torch.tensor(rows, device=logits.device), bias)
+
+
+@functools.cache
+def _all_allowed(vocab_size: int) -> torch.Tensor:
+    """The bitmask row of a grammar state that allows every token of the vocabulary."""
+    row = new_bitmask(1, vocab_size)[0]
+    if vocab_size % 32:
+        row[-1] = (1 << (vocab_size % 32)) - 1  # the last word's bits past the vocabulary clear
+    return row
 
 
 def new_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
@@ -377,10 +452,50 @@ def _function_definitions(tools: list[dict]) -> dict[str, dict]:
     return functions
 
 
-def _tool_call_lark(functions: dict[str, dict], *, repeat: bool) -> str:
-    """Lark grammar: `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>` blocks."""
-    lines = ['start: tool_call ("\\n" tool_call)*' if repeat else "start: tool_call"]
+def _strict_function_names(tools: list[dict]) -> set[str]:
+    """Names of the function tools marked `"strict": true`."""
+    return {
+        function["name"]
+        for tool in tools or []
+        if tool.get("type") == "function"
+        and isinstance(function := tool.get("function"), dict)
+        and function.get("strict") is True
+    }
+
+
+def _tool_call_lark(
+    functions: dict[str, dict],
+    *,
+    repeat: bool,
+    after_text: bool = False,
+    unlexable: tuple[int, ...] = (),
+) -> str:
+    """Lark grammar: `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>` blocks.
+
+    With `after_text`, the output is either free text without the `<tool_call>` opener, or free
+    text up to the first opener and then the blocks, so only what follows an opener is enforced.
+    `unlexable` tokens (see `GrammarCompiler._unlexable_tokens`) are allowed in the free text.
+    """
     alternatives = " | ".join(f"function_{index}" for index in range(len(functions)))
+    more = ' ("\\n" tool_call)*' if repeat else ""
+    if after_text:
+        # llguidance's Lark (docs/syntax.md, "And/Not operators", "Lazy lexemes", "Tool
+        # calling"): TEXT is every byte string without the opener, special tokens included;
+        # the lazy head is text that ends at the first opener, where the call grammar takes
+        # over. Two TEXT lexemes never touch, or one could end in "<tool_call" and the next
+        # start with ">"; an unlexable token between them is not part of any opener.
+        opener = json.dumps(_TOOL_CALL_OPEN)
+        raw = f"<[{_token_ranges(unlexable)}]>" if unlexable else ""
+        free = f"TEXT ({raw} TEXT)*" if raw else "TEXT"
+        head = f"(TEXT {raw})* text_then_opener" if raw else "text_then_opener"
+        lines = [
+            f"start: {free} | opened_call{more}",
+            _ANY_BYTES_LARK + f"TEXT: ~(ANY_BYTES {opener} ANY_BYTES)",
+            f"text_then_opener[lazy]: ANY_BYTES {opener}",
+            f'opened_call: {head} "\\n" ({alternatives}) "\\n</tool_call>"',
+        ]
+    else:
+        lines = [f"start: tool_call{more}"]
     lines.append(f'tool_call: "<tool_call>\\n" ({alternatives}) "\\n</tool_call>"')
     for index, (name, parameters) in enumerate(functions.items()):
         call_schema = {
@@ -395,6 +510,17 @@ def _tool_call_lark(functions: dict[str, dict], *, repeat: bool) -> str:
         }
         lines.append(f"function_{index}: %json {json.dumps(call_schema)}")
     return "\n".join(lines) + "\n"
+
+
+def _token_ranges(tokens: tuple[int, ...]) -> str:
+    """Sorted token ids as llguidance's `<[...]>` list: `0-2,190` for (0, 1, 2, 190)."""
+    ranges: list[list[int]] = []
+    for token in tokens:
+        if ranges and token == ranges[-1][1] + 1:
+            ranges[-1][1] = token
+        else:
+            ranges.append([token, token])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 def _rebase_local_refs(schema: Any, prefix: str) -> Any:

@@ -352,6 +352,31 @@ def test_batched_masks_match_per_row_masks_and_skip_other_rows(
     assert torch.equal(logits[2], untouched[2])
 
 
+def test_rows_whose_grammar_allows_every_token_keep_their_logits(
+    compiler: GrammarCompiler, tokenizer: Any
+) -> None:
+    """Free text of a strict-tools `auto` turn skips the bias (only columns past the vocabulary
+    go), while a row inside a tool call is still masked like the per-row path."""
+    strict = [{**tool, "function": {**tool["function"], "strict": True}} for tool in TOOLS]
+    grammar = compiler.for_tool_choice(strict, "auto", parallel_tool_calls=False)
+    assert grammar is not None
+    free_text, in_call = compiler.matcher(grammar), compiler.matcher(grammar)
+    for token in tokenizer.encode("<tool_call>\n", add_special_tokens=False):
+        in_call.advance(token)
+    vocab = compiler.vocab_size
+    logits = torch.randn(3, vocab + 5)  # a model vocabulary padded past the tokenizer's
+    untouched = logits.clone()
+
+    apply_constraints(logits, [0, 2], [free_text, in_call])
+
+    assert torch.equal(logits[0, :vocab], untouched[0, :vocab])
+    assert torch.isinf(logits[0, vocab:]).all()
+    expected = untouched[2].clone()
+    in_call.apply_to_logits(expected)
+    assert torch.equal(logits[2], expected) and torch.isfinite(logits[2]).sum() < vocab / 2
+    assert torch.equal(logits[1], untouched[1])
+
+
 def test_advancing_with_a_disallowed_token_is_an_internal_error(
     compiler: GrammarCompiler, tokenizer: Any
 ) -> None:
