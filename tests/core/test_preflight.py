@@ -4,6 +4,7 @@ to end in a subprocess."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import subprocess
@@ -67,9 +68,18 @@ async def policy(remote_backend: art.RemoteBackend, tiny_model_dir: Path) -> art
 
 
 async def test_a_spread_reward_is_likely_to_learn(policy: art.TrainableModel):
-    result = await art.preflight(
-        policy, answering(every_run_different()), QUESTIONS, steps=5, groups_per_step=4
+    # Counted per question (one group each), so every group gets 0, 1/3, 2/3 and 1 whatever
+    # order the runs finish in: one shared counter made the spread depend on that order.
+    counters: collections.defaultdict[str, itertools.count] = collections.defaultdict(
+        itertools.count
     )
+
+    async def rollout(model: art.Model, question: str) -> art.Trajectory:
+        trajectory = await answering(lambda _text: 0.0)(model, question)
+        trajectory.reward = (next(counters[question]) % 4) / 3
+        return trajectory
+
+    result = await art.preflight(policy, rollout, QUESTIONS, steps=5, groups_per_step=4)
     assert result.verdict == "likely to learn" and result.change is None and result.will_learn
     assert result.zero_variance_share == 0.0 and result.failed_rollouts == 0
     assert result.rollouts == 8 and result.reward_min == 0.0 and result.reward_max == 1.0
