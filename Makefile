@@ -80,7 +80,8 @@ $(VLLM_VENV)/.installed:
 VLLM_TESTS := tests/server/serving/test_vllm_engine.py tests/server/serving/test_server_openai.py \
 	tests/server/serving/test_server_errors.py tests/server/serving/test_server_adapters.py \
 	tests/server/serving/test_server_cancellation.py tests/server/training/test_training_routes.py \
-	tests/server/serving/test_model_alias.py tests/server/serving/test_responses.py
+	tests/server/serving/test_model_alias.py tests/server/serving/test_responses.py \
+	tests/server/test_strict_auto_tools.py
 
 vllm-env: $(VLLM_VENV)/.installed
 
