@@ -305,6 +305,11 @@ def _prometheus_metrics(service: ChatService) -> str:
         "art_adapters_loaded": ("gauge", len(service.engine.adapters)),
         "art_process_resident_bytes": ("gauge", psutil.Process().memory_info().rss),
     }
+    governor = getattr(service.engine, "threads", None)  # the torch engine on a CPU
+    if governor is not None:
+        values["art_torch_threads"] = ("gauge", governor.current())
+        values["art_foreign_cores"] = ("gauge", round(governor.foreign_cores, 3))
+        values["art_torch_thread_changes_total"] = ("counter", governor.changes_total)
     lines = ["# TYPE art_engine_info gauge", f'art_engine_info{{engine="{service.engine.name}"}} 1']
     for name, (kind, value) in values.items():
         lines.append(f"# TYPE {name} {kind}")

@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from art_core.names import base_model_aliases, is_served_name
 
 if TYPE_CHECKING:
     from art_backend.serving._engine import Engine
+    from art_backend.serving._threads import ThreadGovernor
 
 __all__ = ["build_app", "main"]
 
@@ -45,6 +45,7 @@ def build_app(
     engine: str = "auto",
     vllm: VllmOptions | None = None,
     trainer: str = "torch",
+    threads: str = "auto",
 ):
     """Load the model, start the engine, and return the FastAPI app (engine stops on shutdown)."""
     from art_backend._app import create_app
@@ -71,6 +72,7 @@ def build_app(
         from art_backend.training._unsloth import check_unsloth_available
 
         check_unsloth_available()  # before loading anything: CUDA and the package
+    fixed_threads = parse_threads(threads)
     vllm_python = vllm.url or find_vllm_python(vllm.python)
     loaded = load_model(base_model, dtype=dtype, device=device)
     picked, why = pick_engine(engine, loaded.device.type, vllm_python)
@@ -94,6 +96,7 @@ def build_app(
         eos_token_ids=loaded.eos_token_ids,
         context_length=loaded.context_length,
         max_batch_size=max_batch_size,
+        threads=thread_governor(fixed_threads, loaded.device.type),
     )
     base_names = list(dict.fromkeys([served_name, *base_model_aliases(base_model)]))
     serving: Engine = torch_engine
@@ -194,7 +197,6 @@ def _vllm_engine(options: VllmOptions, python: str, loaded, trainer_host, art_pa
         devices=options.devices,
         extra_args=extra,
         log_path=art_path / "logs" / "vllm.log",
-        unset_env=tuple(_OPENMP_SET_HERE),
     )
     server: VllmServer = AttachedVllm(options.url) if options.url else VllmProcess(settings)
     return VllmEngine(
@@ -206,6 +208,29 @@ def _vllm_engine(options: VllmOptions, python: str, loaded, trainer_host, art_pa
         adaptable_modules=trainer_host.adaptable_modules,
         max_lora_rank=options.max_lora_rank,
     )
+
+
+def parse_threads(threads: str) -> int | None:
+    """`--threads`: None for auto, else the fixed count; anything else is a clear error."""
+    if threads == "auto":
+        return None
+    if not threads.isdigit() or int(threads) < 1:
+        raise InvalidRequestError(f"--threads must be auto or a positive number, not {threads!r}")
+    return int(threads)
+
+
+def thread_governor(fixed: int | None, device: str) -> ThreadGovernor | None:
+    """Auto follows the cores other processes leave idle (CPU only); a number fixes the count."""
+    import torch
+
+    from art_backend.serving._threads import ThreadGovernor
+
+    if fixed is not None:
+        torch.set_num_threads(fixed)
+        return None
+    if device != "cpu":
+        return None  # the GPU computes; torch's CPU threads only feed it
+    return ThreadGovernor()
 
 
 def default_served_name(base_model: str) -> str:
@@ -319,31 +344,8 @@ def _exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-# OpenMP's threads spin while they wait for work (libgomp's default). With another busy process
-# on the same cores they spin against it and against each other: measured on 2 cores with one
-# busy process, 16 x 64 tokens fell from 130 to 6.5 tok/s; waiting passively held 90 (0.69x of
-# quiet) for 8% less when the machine is quiet (BENCHMARKS.md, "under load"). A value the user
-# set wins.
-OPENMP_WAIT_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
-_OPENMP_SET_HERE: set[str] = set()  # not passed on to vLLM, which sets its own
-
-
-def wait_passively_for_work() -> dict[str, str]:
-    """Set the OpenMP wait defaults unless the user set them; returns what is in force.
-
-    Must run before torch is imported (libgomp reads its settings when it loads).
-    """
-    for name, value in OPENMP_WAIT_DEFAULTS.items():
-        if name not in os.environ:
-            os.environ[name] = value
-            _OPENMP_SET_HERE.add(name)
-    return {name: os.environ[name] for name in OPENMP_WAIT_DEFAULTS}
-
-
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments and run uvicorn until SIGTERM/SIGINT (in-flight requests are drained)."""
-    if "torch" not in sys.modules:
-        wait_passively_for_work()
     parser = argparse.ArgumentParser(prog="art-server", description=__doc__)
     parser.add_argument(
         "--model", required=True, help="local folder, hub id, or smollm2-135m-instruct"
@@ -356,6 +358,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--path", default=".art", type=Path, help="checkpoints folder")
     parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument(
+        "--threads",
+        default="auto",
+        help="torch threads on a CPU: auto = the cores other processes leave idle, re-measured "
+        "every 0.5 s (at most OMP_NUM_THREADS); a number fixes it",
+    )
     parser.add_argument(
         "--max-body-mb",
         type=float,
@@ -425,6 +433,7 @@ def main(argv: list[str] | None = None) -> None:
             api_key=args.api_key,
             art_path=args.path,
             max_batch_size=args.max_batch_size,
+            threads=args.threads,
             allowed_hosts=allowed_hosts,
             max_body_mb=args.max_body_mb,
             engine=args.engine,

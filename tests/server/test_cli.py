@@ -152,34 +152,6 @@ time.sleep(3600)
     pytest.fail("the backend outlived its killed parent")
 
 
-def test_art_server_makes_openmp_threads_wait_passively_unless_told_otherwise():
-    """Spinning OpenMP threads collapse throughput when another process shares the cores
-    (BENCHMARKS.md); art-server sets a passive wait before torch loads, and a user's value wins."""
-    code = (
-        "import os, sys\n"
-        "from art_backend import cli\n"
-        "assert 'torch' not in sys.modules\n"
-        "try:\n"
-        "    cli.main(['--help'])\n"
-        "except SystemExit:\n"
-        "    pass\n"
-        "print(os.environ.get('OMP_WAIT_POLICY'))\n"
-    )
-    environment = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    default = subprocess.run(
-        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, check=True
-    )
-    assert default.stdout.strip().splitlines()[-1] == "PASSIVE"
-    chosen = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**environment, "OMP_WAIT_POLICY": "ACTIVE"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert chosen.stdout.strip().splitlines()[-1] == "ACTIVE"
-
-
 def test_startup_discovery_serves_a_name_for_one_project_only(tmp_path: Path):
     from art_backend.cli import discover_checkpoints
 

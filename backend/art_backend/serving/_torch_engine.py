@@ -39,6 +39,7 @@ from art_backend.serving._sampling import (
     make_generator,
     sample_token,
 )
+from art_backend.serving._threads import ThreadGovernor
 
 logger = logging.getLogger("art_backend.engine")
 
@@ -81,6 +82,7 @@ class TorchEngine:
         eos_token_ids: list[int],
         context_length: int,
         max_batch_size: int = 32,
+        threads: ThreadGovernor | None = None,
     ) -> None:
         self.model: Any = model
         self.tokenizer = tokenizer
@@ -90,6 +92,8 @@ class TorchEngine:
         self.device = next(model.parameters()).device
         self._config = model.config
         self.metrics = EngineMetrics()
+        # On a CPU: torch's thread count follows the cores other processes leave idle.
+        self.threads = threads
         self.adapters: dict[str, str] = {}  # served name -> PEFT adapter name
         # What a LoRA's target_modules may name; read once, before any adapter wraps a layer.
         self.adaptable_modules = adaptable_modules(model)
@@ -178,6 +182,8 @@ class TorchEngine:
         finally:
             self._exclusive_waiters -= 1
         try:
+            if self.threads is not None:
+                self.threads.apply()  # in the trainer's thread, as the decode loop does in its own
             yield self.model
         finally:
             self._lock.release()
@@ -212,6 +218,8 @@ class TorchEngine:
             if self._stopping and not self._batch and self._pending.empty():
                 return
             new_requests = self._take_pending(block=not self._batch)
+            if self.threads is not None:
+                self.threads.apply()
             started = time.perf_counter()
             with self._lock, torch.inference_mode():
                 try:

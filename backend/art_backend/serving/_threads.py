@@ -1,0 +1,134 @@
+"""How many threads torch may use on a CPU: the cores other processes leave idle, re-measured.
+
+OpenMP's worker threads spin while they wait for work (libgomp's default). That is the fastest
+setting on a quiet machine, and a collapse on a shared one: with two torch threads on 2 cores and
+one foreign busy process, each parallel region waits for a thread the kernel has descheduled
+(16 x 64 tokens: 130 -> 6.5 tok/s). Waiting passively (`OMP_WAIT_POLICY=PASSIVE`, our previous
+default) holds up under load but wakes a sleeping thread for every matmul: a SmolLM2 decode step
+with an adapter took 159 ms instead of 79 on a quiet machine, and the train_step benchmark's
+generation 5.1 s instead of 3.5 (BENCHMARKS.md, "Serving under load").
+
+So the engine keeps the spin default and runs on as many threads as there are cores left idle
+by other processes: every `interval` seconds it reads the busy time of the cores it may run on
+(`/proc/stat`) and subtracts its own process's (`/proc/self/stat`). On a quiet 2-core machine
+that is 2 threads; with one busy process, 1 (a single thread never waits on another, and decode
+is memory-bound: 1 thread costs ~25% on a quiet machine, against ~80% lost by two under load).
+Fewer threads are taken at once; more only after two readings agree, so a short burst from the
+client does not make it flap. Where `/proc` is missing (macOS), the count stays fixed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+INTERVAL_S = 0.5
+# Round the idle cores up from this fraction: 1.6 idle cores (0.4 foreign) still run 2 threads.
+ROUND_UP_FROM = 0.5
+
+
+def _cpu_ticks(stat_text: str, cpus: set[int]) -> int:
+    """Busy ticks (user, nice, system, irq, softirq, steal) summed over `cpus` in /proc/stat."""
+    busy = 0
+    for line in stat_text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        try:
+            cpu = int(name[3:])
+        except ValueError:
+            continue
+        if cpu not in cpus:
+            continue
+        fields = [int(value) for value in rest.split()]
+        user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+        steal = fields[7] if len(fields) > 7 else 0  # another VM on our core is load too
+        busy += user + nice + system + irq + softirq + steal
+    return busy
+
+
+def _process_ticks(stat_text: str) -> int:
+    """utime + stime of a process from its /proc/<pid>/stat line (all of its threads)."""
+    fields = stat_text.rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted after comm
+
+
+class ThreadGovernor:
+    """Picks torch's intra-op thread count; `apply()` runs in each thread that computes.
+
+    torch's count is per thread for OpenMP (and global for MKL), so the engine thread and the
+    trainer thread each apply the current decision before their work.
+    """
+
+    def __init__(
+        self,
+        max_threads: int | None = None,
+        *,
+        interval: float = INTERVAL_S,
+        proc: Path = Path("/proc"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_threads = max(1, max_threads or torch.get_num_threads())
+        self.interval = interval
+        self._proc = proc
+        self._clock = clock
+        self._cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+        self._ticks_per_second = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self.threads = self.max_threads
+        self.foreign_cores = 0.0
+        self.changes_total = 0
+        self._raise_votes = 0
+        self._last = self._read()
+        self.enabled = self._last is not None and self.max_threads > 1
+
+    def _read(self) -> tuple[float, int, int] | None:
+        try:
+            machine = (self._proc / "stat").read_text()
+            ours = (self._proc / "self" / "stat").read_text()
+        except OSError:
+            return None
+        return self._clock(), _cpu_ticks(machine, self._cpus), _process_ticks(ours)
+
+    def current(self) -> int:
+        """The thread count for now, re-measured when `interval` has passed."""
+        if not self.enabled or self._clock() - self._last[0] < self.interval:  # type: ignore[index]
+            return self.threads
+        with self._lock:
+            reading = self._read()
+            if reading is None or reading[0] - self._last[0] < self.interval:  # type: ignore[index]
+                return self.threads
+            (then, busy_then, ours_then), (now, busy, ours) = self._last, reading  # type: ignore[misc]
+            self._last = reading
+            foreign_ticks = max(0, (busy - busy_then) - (ours - ours_then))
+            self.foreign_cores = foreign_ticks / self._ticks_per_second / (now - then)
+            self._decide(self.foreign_cores)
+            return self.threads
+
+    def _decide(self, foreign_cores: float) -> None:
+        idle = len(self._cpus) - foreign_cores
+        wanted = max(1, min(self.max_threads, int(idle + 1 - ROUND_UP_FROM)))
+        if wanted < self.threads:
+            self.threads, self._raise_votes = wanted, 0
+            self.changes_total += 1
+        elif wanted > self.threads:
+            self._raise_votes += 1
+            if self._raise_votes >= 2:
+                self.threads, self._raise_votes = wanted, 0
+                self.changes_total += 1
+        else:
+            self._raise_votes = 0
+
+    def apply(self) -> int:
+        """Set torch's thread count in the calling thread to the current decision."""
+        threads = self.current()
+        if getattr(self._local, "threads", None) != threads:
+            torch.set_num_threads(threads)
+            self._local.threads = threads
+        return threads

@@ -1,0 +1,149 @@
+"""The thread governor: torch runs on the cores other processes leave idle (serving/_threads.py).
+
+Two spinning OpenMP threads on 2 cores collapse when a foreign process takes a core; one thread
+does not (BENCHMARKS.md, "Serving under load"). The decision is read from /proc: a fake /proc
+pins the rule down, and a real busy process checks the reading on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from art_backend._errors import InvalidRequestError
+from art_backend.cli import parse_threads, thread_governor
+from art_backend.serving._threads import ThreadGovernor, _cpu_ticks, _process_ticks
+from tests.support.servers import running_server
+
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+class FakeProc:
+    """A /proc folder whose numbers the test moves: cores' busy ticks and our process's ticks."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "self").mkdir(parents=True)
+        self.busy = dict.fromkeys(CPUS, 0)
+        self.ours = 0
+        self.now = 0.0
+        self.write()
+
+    def write(self) -> None:
+        lines = ["cpu  0 0 0 0 0 0 0 0 0 0"]
+        lines += [f"cpu{cpu} {busy} 0 0 1000 0 0 0 0 0 0" for cpu, busy in self.busy.items()]
+        lines.append(f"cpu{max(CPUS) + 1} 99999 0 0 0 0 0 0 0 0 0")  # not ours: ignored
+        (self.root / "stat").write_text("\n".join(lines) + "\nintr 1 2 3\n")
+        fields = ["S"] + ["0"] * 10 + [str(self.ours), "0"] + ["0"] * 30
+        (self.root / "self" / "stat").write_text(f"42 (art (server) x) {' '.join(fields)}\n")
+
+    def advance(self, seconds: float, *, foreign_cores: float, our_cores: float) -> None:
+        """`seconds` pass with that many cores busy outside and inside our process."""
+        ticks = lambda cores: round(cores * seconds * 100)  # noqa: E731
+        total = ticks(foreign_cores) + ticks(our_cores)
+        for index, cpu in enumerate(CPUS):  # spread the busy ticks over our cores
+            self.busy[cpu] += total // len(CPUS) + (1 if index < total % len(CPUS) else 0)
+        self.ours += ticks(our_cores)
+        self.now += seconds
+        self.write()
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> FakeProc:
+    return FakeProc(tmp_path / "proc")
+
+
+def governor_for(proc: FakeProc, max_threads: int = 2) -> ThreadGovernor:
+    governor = ThreadGovernor(max_threads, proc=proc.root, clock=lambda: proc.now)
+    governor._ticks_per_second = 100
+    return governor
+
+
+def test_proc_stat_parsing_counts_busy_ticks_of_our_cores_only():
+    text = "cpu  9 9 9 9 9 9 9 9\ncpu0 10 1 2 500 7 3 4 5 0 0\ncpu1 1 1 1 1 1 1 1 1\nintr 5\n"
+    assert _cpu_ticks(text, {0}) == 10 + 1 + 2 + 3 + 4 + 5  # idle and iowait left out
+    assert _cpu_ticks(text, {0, 1}) == 25 + 6
+    line = "42 (a (weird) name) S " + " ".join(str(i) for i in range(4, 53))
+    assert _process_ticks(line) == 14 + 15  # utime and stime, fields 14 and 15 of proc(5)
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="one core: there is only ever one thread")
+def test_a_foreign_busy_core_drops_to_fewer_threads_at_once_and_back_after_two_readings(proc):
+    governor = governor_for(proc)
+    assert governor.enabled and governor.current() == 2
+    proc.advance(0.6, foreign_cores=0.2, our_cores=1.8)  # our own threads busy: still ours
+    assert governor.current() == 2
+    proc.advance(0.6, foreign_cores=1.0, our_cores=0.9)
+    assert governor.current() == 1 and governor.foreign_cores == pytest.approx(1.0, abs=0.05)
+    proc.advance(0.6, foreign_cores=0.0, our_cores=1.0)  # one quiet reading is not enough
+    assert governor.current() == 1
+    proc.advance(0.6, foreign_cores=0.1, our_cores=1.0)
+    assert governor.current() == 2
+    assert governor.changes_total == 2
+
+
+def test_readings_closer_than_the_interval_keep_the_decision(proc):
+    governor = governor_for(proc)
+    proc.advance(0.1, foreign_cores=2.0, our_cores=0.0)
+    assert governor.current() == 2  # not re-measured yet
+    proc.advance(0.5, foreign_cores=2.0, our_cores=0.0)
+    assert governor.current() == 1  # never below one thread
+
+
+def test_one_allowed_thread_or_no_proc_means_no_governing(proc, tmp_path: Path):
+    assert not governor_for(proc, max_threads=1).enabled
+    missing = ThreadGovernor(2, proc=tmp_path / "nowhere")
+    assert not missing.enabled and missing.current() == 2
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two cores to see one taken")
+def test_a_real_busy_process_is_read_as_foreign_load():
+    governor = ThreadGovernor(2, interval=0.3)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        governor.current()  # a reading that starts with the busy process running
+        time.sleep(0.8)
+        threads = governor.current()
+        assert governor.foreign_cores > 0.6, governor.foreign_cores
+        assert threads == 1
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+def test_threads_argument_is_auto_or_a_positive_number():
+    assert parse_threads("auto") is None
+    assert parse_threads("3") == 3
+    for bad in ["0", "-1", "two", ""]:
+        with pytest.raises(InvalidRequestError, match="--threads must be auto or a positive"):
+            parse_threads(bad)
+    assert thread_governor(None, "cuda") is None  # the GPU computes
+    assert isinstance(thread_governor(None, "cpu"), ThreadGovernor)
+
+
+def test_art_server_refuses_a_bad_threads_value_before_loading_anything():
+    result = subprocess.run(
+        [sys.executable, "-m", "art_backend.cli", "--model", "/no/such/model", "--threads", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--threads must be auto or a positive number, not 'x'" in result.stderr
+
+
+def test_the_server_reports_its_threads_on_metrics(tiny_model_dir, tmp_path):
+    with running_server(tiny_model_dir, tmp_path) as server:
+        metrics = server.metrics()
+        assert 1 <= metrics["art_torch_threads"] <= len(CPUS)
+        assert metrics["art_foreign_cores"] >= 0
+        assert "art_torch_thread_changes_total" in metrics
+        health = httpx.get(f"{server.url}/health").json()
+        assert health["engine"] == "torch"
