@@ -151,8 +151,8 @@ def pick_engine(requested: str, device: str, vllm_python: str | None) -> tuple[s
     """The engine `--engine` names, and why; `auto` follows the rule measured in BENCHMARKS.md.
 
     On CUDA, vLLM whenever it is installed (paged attention, CUDA graphs, prefix caching). On
-    CPU, the torch engine: measured on 2 cores with SmolLM2-135M, it is 1.4x vLLM's CPU build on
-    adapter traffic (what RL serves; 94 vs 67 tok/s), starts in 5 s instead of 40 and holds
+    CPU, the torch engine: measured on 2 cores with SmolLM2-135M, it is 2.1x vLLM's CPU build on
+    adapter traffic (what RL serves; 131 vs 64 tok/s), starts in 6 s instead of 40 and holds
     1.2 GB instead of 5.4; vLLM is 1.2x ahead on base-model traffic (--engine vllm for that).
     """
     if requested == "torch":
@@ -230,7 +230,7 @@ def thread_governor(fixed: int | None, device: str) -> ThreadGovernor | None:
         return None
     if device != "cpu":
         return None  # the GPU computes; torch's CPU threads only feed it
-    return ThreadGovernor()
+    return ThreadGovernor().start()
 
 
 def default_served_name(base_model: str) -> str:

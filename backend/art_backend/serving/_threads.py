@@ -9,7 +9,7 @@ with an adapter took 159 ms instead of 79 on a quiet machine, and the train_step
 generation 5.1 s instead of 3.5 (BENCHMARKS.md, "Serving under load").
 
 So the engine keeps the spin default and runs on as many threads as there are cores left idle
-by other processes: every `interval` seconds it reads the busy time of the cores it may run on
+by other processes: every `interval` seconds a daemon thread reads the busy time of the cores it may run on
 (`/proc/stat`) and subtracts its own process's (`/proc/self/stat`). On a quiet 2-core machine
 that is 2 threads; with one busy process, 1 (a single thread never waits on another, and decode
 is memory-bound: 1 thread costs ~25% on a quiet machine, against ~80% lost by two under load).
@@ -19,6 +19,7 @@ client does not make it flap. Where `/proc` is missing (macOS), the count stays 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -26,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+logger = logging.getLogger("art_backend.threads")
 
 INTERVAL_S = 0.5
 # Round the idle cores up from this fraction: 1.6 idle cores (0.4 foreign) still run 2 threads.
@@ -85,6 +88,8 @@ class ThreadGovernor:
         self.foreign_cores = 0.0
         self.changes_total = 0
         self._raise_votes = 0
+        self._sampler: threading.Thread | None = None
+        self._stopped = threading.Event()
         self._last = self._read()
         self.enabled = self._last is not None and self.max_threads > 1
 
@@ -96,15 +101,36 @@ class ThreadGovernor:
             return None
         return self._clock(), _cpu_ticks(machine, self._cpus), _process_ticks(ours)
 
+    def start(self) -> ThreadGovernor:
+        """Re-measure every `interval` seconds on a daemon thread, so a decision is never staler
+        than that (a trainer starting right after a burst of generation reads the present)."""
+        if self.enabled and self._sampler is None:
+            self._sampler = threading.Thread(target=self._sample_forever, daemon=True)
+            self._sampler.name = "art-thread-governor"
+            self._sampler.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _sample_forever(self) -> None:
+        while not self._stopped.wait(self.interval):
+            self.sample()
+
     def current(self) -> int:
-        """The thread count for now, re-measured when `interval` has passed."""
-        if not self.enabled or self._clock() - self._last[0] < self.interval:  # type: ignore[index]
+        """The thread count in force now."""
+        return self.threads
+
+    def sample(self) -> int:
+        """Measure the foreign load since the last reading and decide again."""
+        if not self.enabled:
             return self.threads
         with self._lock:
             reading = self._read()
-            if reading is None or reading[0] - self._last[0] < self.interval:  # type: ignore[index]
+            assert self._last is not None
+            if reading is None or reading[0] - self._last[0] <= 0:
                 return self.threads
-            (then, busy_then, ours_then), (now, busy, ours) = self._last, reading  # type: ignore[misc]
+            (then, busy_then, ours_then), (now, busy, ours) = self._last, reading
             self._last = reading
             foreign_ticks = max(0, (busy - busy_then) - (ours - ours_then))
             self.foreign_cores = foreign_ticks / self._ticks_per_second / (now - then)
@@ -115,19 +141,27 @@ class ThreadGovernor:
         idle = len(self._cpus) - foreign_cores
         wanted = max(1, min(self.max_threads, int(idle + 1 - ROUND_UP_FROM)))
         if wanted < self.threads:
-            self.threads, self._raise_votes = wanted, 0
-            self.changes_total += 1
+            self._change(wanted)
         elif wanted > self.threads:
             self._raise_votes += 1
             if self._raise_votes >= 2:
-                self.threads, self._raise_votes = wanted, 0
-                self.changes_total += 1
+                self._change(wanted)
         else:
             self._raise_votes = 0
 
+    def _change(self, threads: int) -> None:
+        logger.debug(
+            "torch threads %d -> %d (%.2f cores busy outside)",
+            self.threads,
+            threads,
+            self.foreign_cores,
+        )
+        self.threads, self._raise_votes = threads, 0
+        self.changes_total += 1
+
     def apply(self) -> int:
         """Set torch's thread count in the calling thread to the current decision."""
-        threads = self.current()
+        threads = self.threads
         if getattr(self._local, "threads", None) != threads:
             torch.set_num_threads(threads)
             self._local.threads = threads

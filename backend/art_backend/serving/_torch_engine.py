@@ -120,6 +120,8 @@ class TorchEngine:
         """Finish in-flight work, fail what is still queued, and join the thread."""
         self._stopping = True
         self._thread.join(timeout)
+        if self.threads is not None:
+            self.threads.stop()
 
     @property
     def queue_depth(self) -> int:

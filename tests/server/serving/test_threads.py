@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from art_backend._errors import InvalidRequestError
 from art_backend.cli import parse_threads, thread_governor
@@ -77,23 +78,23 @@ def test_proc_stat_parsing_counts_busy_ticks_of_our_cores_only():
 def test_a_foreign_busy_core_drops_to_fewer_threads_at_once_and_back_after_two_readings(proc):
     governor = governor_for(proc)
     assert governor.enabled and governor.current() == 2
-    proc.advance(0.6, foreign_cores=0.2, our_cores=1.8)  # our own threads busy: still ours
-    assert governor.current() == 2
-    proc.advance(0.6, foreign_cores=1.0, our_cores=0.9)
-    assert governor.current() == 1 and governor.foreign_cores == pytest.approx(1.0, abs=0.05)
-    proc.advance(0.6, foreign_cores=0.0, our_cores=1.0)  # one quiet reading is not enough
+    proc.advance(0.5, foreign_cores=0.2, our_cores=1.8)  # our own threads busy: still ours
+    assert governor.sample() == 2
+    proc.advance(0.5, foreign_cores=1.0, our_cores=0.9)
+    assert governor.sample() == 1 and governor.foreign_cores == pytest.approx(1.0, abs=0.05)
     assert governor.current() == 1
-    proc.advance(0.6, foreign_cores=0.1, our_cores=1.0)
-    assert governor.current() == 2
+    proc.advance(0.5, foreign_cores=0.0, our_cores=1.0)  # one quiet reading is not enough
+    assert governor.sample() == 1
+    proc.advance(0.5, foreign_cores=0.1, our_cores=1.0)
+    assert governor.sample() == 2
     assert governor.changes_total == 2
 
 
-def test_readings_closer_than_the_interval_keep_the_decision(proc):
+def test_never_below_one_thread_and_no_time_passed_keeps_the_decision(proc):
     governor = governor_for(proc)
-    proc.advance(0.1, foreign_cores=2.0, our_cores=0.0)
-    assert governor.current() == 2  # not re-measured yet
     proc.advance(0.5, foreign_cores=2.0, our_cores=0.0)
-    assert governor.current() == 1  # never below one thread
+    assert governor.sample() == 1
+    assert governor.sample() == 1  # the clock did not move: nothing to measure
 
 
 def test_one_allowed_thread_or_no_proc_means_no_governing(proc, tmp_path: Path):
@@ -104,18 +105,23 @@ def test_one_allowed_thread_or_no_proc_means_no_governing(proc, tmp_path: Path):
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two cores to see one taken")
 def test_a_real_busy_process_is_read_as_foreign_load():
-    governor = ThreadGovernor(2, interval=0.3)
+    governor = ThreadGovernor(2, interval=0.2)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.5)
-        governor.current()  # a reading that starts with the busy process running
-        time.sleep(0.8)
-        threads = governor.current()
-        assert governor.foreign_cores > 0.6, governor.foreign_cores
-        assert threads == 1
+        governor.start()  # readings on its own thread, every 0.2 s
+        deadline = time.monotonic() + 10
+        while governor.current() != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert governor.current() == 1, governor.foreign_cores
+        assert governor.foreign_cores > 0.6
+        governor.apply()  # this thread now computes on one thread
+        assert torch.get_num_threads() == 1
     finally:
+        governor.stop()
         busy.kill()
         busy.wait()
+        torch.set_num_threads(len(CPUS))
 
 
 def test_threads_argument_is_auto_or_a_positive_number():
