@@ -4,7 +4,8 @@ Same task, questions in the same order, same settings (groups x rollouts per ste
 1.0, 16 new tokens, LoRA r16/alpha 32 on q,k,v,o, the same lr, DAPO-style token-mean loss,
 beta 0). The held-out set is answered greedily at step 0, every `--eval-every` steps and at the
 end; evaluation time is excluded from both clocks. The target: ours reaches TRL's final held-out
-reward in at most half of TRL's training time.
+reward in at most half of TRL's training time. TRL runs first; ours then trains past `--steps`
+(up to 3x) while its clock is under TRL's time and it has not reached TRL's final reward.
 
 `--pipeline` adds a third contender, "ours_pipeline": the same task and settings trained with
 `art.PipelineTrainer` (rollouts of the next groups overlap training; groups at most
@@ -47,8 +48,19 @@ START, END = "<!-- learning_curve:start -->", "<!-- learning_curve:end -->"
 TIME_RATIO_TARGET = 0.5
 
 
-async def our_curve(args: argparse.Namespace, engine: str = "torch") -> dict[str, Any]:
-    """The demo's loop, with the training clock stopped during held-out evaluations."""
+async def our_curve(
+    args: argparse.Namespace,
+    engine: str = "torch",
+    *,
+    target: float | None = None,
+    time_limit: float | None = None,
+) -> dict[str, Any]:
+    """The demo's loop, with the training clock stopped during held-out evaluations.
+
+    With a `target` (TRL's final held-out reward) and a `time_limit` (TRL's training time), it
+    goes on past `--steps` while its clock is under the limit and the target is not reached, so
+    the crossing is measured instead of read as "not reached" (at most 3x `--steps`).
+    """
     train_questions, held_out = split(args.train_questions, args.eval_size, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="art-curve-") as path:
         backend = art.LocalBackend(path=path, dtype=args.dtype, extra_args=engine_args(engine))
@@ -66,7 +78,9 @@ async def our_curve(args: argparse.Namespace, engine: str = "torch") -> dict[str
         for batch in art.iterate_dataset(
             train_questions, args.groups_per_step, num_epochs=100, use_tqdm=False
         ):
-            if batch.step >= args.steps:
+            if batch.step >= args.steps and not _goes_on(points, clock, target, time_limit):
+                break
+            if batch.step >= 3 * args.steps:
                 break
             started = time.perf_counter()
             groups = await art.gather_trajectory_groups(
@@ -89,6 +103,15 @@ async def our_curve(args: argparse.Namespace, engine: str = "torch") -> dict[str
                 )
         await backend.close()
     return {"contender": "ours", "engine": engine, "points": points}
+
+
+def _goes_on(
+    points: list[dict[str, Any]], clock: float, target: float | None, limit: float | None
+) -> bool:
+    """Past `--steps`: train on while under TRL's time and short of TRL's final reward."""
+    if target is None or limit is None or clock >= limit:
+        return False
+    return points[-1]["heldout_reward"] < target
 
 
 async def pipeline_curve(args: argparse.Namespace, engine: str = "torch") -> dict[str, Any]:
@@ -272,7 +295,9 @@ order. Held-out: {s["eval_size"]} questions, greedy; evaluation time excluded fr
 
 TRL's final held-out reward {summary["trl_final"]:.3f} after {summary["trl_seconds"]:.0f}s; ours
 first reaches it after {_seconds(summary["ours_seconds_to_trl_final"])}: time ratio {verdict}
-(times to reach are read at the evaluation points only, every {s["eval_every"]} steps).{vllm_line}{pipeline_line}
+(times to reach are read at the evaluation points only, every {s["eval_every"]} steps; TRL runs
+first, and ours trains on past step {s["steps"]} while its clock is under TRL's time and it is
+short of TRL's final reward, so a crossing is measured, not guessed).{vllm_line}{pipeline_line}
 Other load (cores used outside the benchmark, mean over each run): {loads or "-"}.
 {END}"""
 
@@ -312,20 +337,6 @@ def main() -> None:
 
     from art_backend.serving._loading import ensure_default_model
 
-    runs: dict[str, dict[str, Any]] = {}
-    for engine in args.engines.split(","):
-        print(f"ours, {engine} engine ...", flush=True)
-        with OtherLoad() as load:
-            runs[engine] = asyncio.run(our_curve(args, engine))
-        runs[engine]["other_load_cores"] = load.cores
-    ours = runs[args.engines.split(",")[0]]
-    pipeline = None
-    if args.pipeline:
-        engine = args.engines.split(",")[0]
-        print(f"ours with PipelineTrainer, {engine} engine ...", flush=True)
-        with OtherLoad() as load:
-            pipeline = asyncio.run(pipeline_curve(args, engine))
-        pipeline["other_load_cores"] = load.cores
     print("TRL GRPOTrainer ...", flush=True)
     with OtherLoad() as load:
         trl = run_trl_curve_in_subprocess(
@@ -340,8 +351,25 @@ def main() -> None:
             seed=args.seed,
         )
     trl["other_load_cores"] = load.cores
+    # TRL first: its final reward and time tell ours how far to go to measure the crossing.
     trl_final = trl["points"][-1]["heldout_reward"]
     trl_seconds = trl["points"][-1]["train_seconds"]
+    runs: dict[str, dict[str, Any]] = {}
+    for engine in args.engines.split(","):
+        print(f"ours, {engine} engine ...", flush=True)
+        with OtherLoad() as load:
+            runs[engine] = asyncio.run(
+                our_curve(args, engine, target=trl_final, time_limit=trl_seconds)
+            )
+        runs[engine]["other_load_cores"] = load.cores
+    ours = runs[args.engines.split(",")[0]]
+    pipeline = None
+    if args.pipeline:
+        engine = args.engines.split(",")[0]
+        print(f"ours with PipelineTrainer, {engine} engine ...", flush=True)
+        with OtherLoad() as load:
+            pipeline = asyncio.run(pipeline_curve(args, engine))
+        pipeline["other_load_cores"] = load.cores
     ours_seconds = time_to_reach(ours["points"], trl_final)
     result = {
         "when": time.strftime("%Y-%m-%d"),

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
-import functools
 import itertools
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +58,7 @@ from art_backend.training._trainer import (
     TRAINER_STATE,
     OptimizerSettings,
 )
+from art_backend.training._trainer_thread import TrainerThread
 
 
 class TrainingService(ModelRegistry, StepLog):
@@ -93,19 +91,12 @@ class TrainingService(ModelRegistry, StepLog):
         self._step_lock = asyncio.Lock()  # one training step at a time on this engine
         self._waiting = 0
         self.steps_total = 0
-        # All model work of training runs on one thread: glibc gives each thread its own malloc
-        # arena, and a step's ~1.5 GB of activations freed on six pool threads kept six arenas
-        # at their peak (8.5 GB resident for SmolLM2-135M, measured).
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="art-trainer")
+        # Model work of training: one call at a time, each on a thread that exits after it
+        # (why: _trainer_thread.py).
+        self._trainer_thread = TrainerThread()
 
     async def _in_trainer_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(
-                self._executor, functools.partial(function, *args, **kwargs)
-            )
-        finally:
-            release_free_memory()
+        return await self._trainer_thread.run(function, *args, **kwargs)
 
     def _engine_paused(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """An engine sharing one GPU with the trainer (vLLM sleep mode) sleeps during a step."""
@@ -393,12 +384,6 @@ class TrainingService(ModelRegistry, StepLog):
             )
         await self._commit_step(model, "sft", metrics)
         return {"step": model.step, "metrics": metrics, "warnings": []}
-
-
-def release_free_memory() -> None:
-    """Hand memory freed by a step back to the OS (glibc keeps it otherwise); no-op elsewhere."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def loss_config_for(config: TrainSettings) -> LossConfig:
