@@ -9,9 +9,10 @@ with an adapter took 159 ms instead of 79 on a quiet machine, and the train_step
 generation 5.1 s instead of 3.5 (BENCHMARKS.md, "Serving under load").
 
 So the engine keeps the spin default and runs on as many threads as there are cores left idle
-by other processes: every `interval` seconds a daemon thread reads the busy time of the cores it may run on
-(`/proc/stat`) and subtracts its own process's (`/proc/self/stat`). On a quiet 2-core machine
-that is 2 threads; with one busy process, 1 (a single thread never waits on another, and decode
+by other processes: every `interval` seconds a daemon thread reads the busy time of the cores
+it may run on (`/proc/stat`) and subtracts its own process's and its children's (`/proc/<pid>/
+stat`; vLLM's processes are our children under `--engine vllm`). On a quiet 2-core machine that
+is 2 threads; with one busy process, 1 (a single thread never waits on another, and decode
 is memory-bound: 1 thread costs ~25% on a quiet machine, against ~80% lost by two under load).
 Fewer threads are taken at once; more only after two readings agree, so a short burst from the
 client does not make it flap. Where `/proc` is missing (macOS), the count stays fixed.
@@ -19,6 +20,7 @@ client does not make it flap. Where `/proc` is missing (macOS), the count stays 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -56,9 +58,27 @@ def _cpu_ticks(stat_text: str, cpus: set[int]) -> int:
 
 
 def _process_ticks(stat_text: str) -> int:
-    """utime + stime of a process from its /proc/<pid>/stat line (all of its threads)."""
+    """CPU ticks of a process from its /proc/<pid>/stat line: all its threads (utime, stime)
+    and its children that have exited and been waited for (cutime, cstime)."""
     fields = stat_text.rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted after comm
+    return sum(int(value) for value in fields[11:15])  # fields 14-17 of proc(5), after comm
+
+
+def _descendants(proc: Path, pid: str) -> list[str]:
+    """Live child processes of `pid`, recursively (empty where the kernel does not list them)."""
+    found: list[str] = []
+    try:
+        tasks = list((proc / pid / "task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            found += [child, *_descendants(proc, child)]
+    return found
 
 
 class ThreadGovernor:
@@ -96,10 +116,15 @@ class ThreadGovernor:
     def _read(self) -> tuple[float, int, int] | None:
         try:
             machine = (self._proc / "stat").read_text()
-            ours = (self._proc / "self" / "stat").read_text()
+            ours = _process_ticks((self._proc / "self" / "stat").read_text())
         except OSError:
             return None
-        return self._clock(), _cpu_ticks(machine, self._cpus), _process_ticks(ours)
+        # Our children are ours too (vLLM's processes under --engine vllm): they are part of
+        # the same job, and the trainer runs while they idle.
+        for child in _descendants(self._proc, "self"):
+            with contextlib.suppress(OSError, ValueError):
+                ours += _process_ticks((self._proc / child / "stat").read_text())
+        return self._clock(), _cpu_ticks(machine, self._cpus), ours
 
     def start(self) -> ThreadGovernor:
         """Re-measure every `interval` seconds on a daemon thread, so a decision is never staler
