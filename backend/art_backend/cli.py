@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -197,6 +198,7 @@ def _vllm_engine(options: VllmOptions, python: str, loaded, trainer_host, art_pa
         devices=options.devices,
         extra_args=extra,
         log_path=art_path / "logs" / "vllm.log",
+        unset_env=tuple(_OPENMP_SET_HERE),
     )
     server: VllmServer = AttachedVllm(options.url) if options.url else VllmProcess(settings)
     return VllmEngine(
@@ -344,6 +346,25 @@ def _exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+_OPENMP_SET_HERE: set[str] = set()  # not passed on to vLLM, which sets its own
+
+
+def wait_passively_beside_vllm(engine: str, device: str) -> None:
+    """With vLLM serving on a CPU, our process only trains: OpenMP waits passively there.
+
+    vLLM's CPU build keeps polling on a core between requests (0.6 cores on average during
+    train_step), so the trainer's two threads share the cores with it. Measured, one GRPO step of
+    SmolLM2 beside vLLM: spinning threads (libgomp's default) train in 7.1 s, one thread in 6.8 s,
+    two passive threads in 3.6 s. The torch engine keeps the spin default: there passive waits
+    cost a futex wake per matmul of every decode step (BENCHMARKS.md, "Serving under load").
+    Must run before torch is imported (libgomp reads it once); a value the user set wins.
+    """
+    on_cuda = device == "cuda" or (device == "auto" and Path("/proc/driver/nvidia").exists())
+    if engine == "vllm" and not on_cuda and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        _OPENMP_SET_HERE.add("OMP_WAIT_POLICY")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments and run uvicorn until SIGTERM/SIGINT (in-flight requests are drained)."""
     parser = argparse.ArgumentParser(prog="art-server", description=__doc__)
@@ -415,6 +436,8 @@ def main(argv: list[str] | None = None) -> None:
         help="shut down gracefully when process PID exits (LocalBackend passes its own pid)",
     )
     args = parser.parse_args(argv)
+    if "torch" not in sys.modules:
+        wait_passively_beside_vllm(args.engine, args.device)
     if args.exit_with_parent:
         _exit_with_parent(args.exit_with_parent)
 

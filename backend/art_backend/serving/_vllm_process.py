@@ -72,6 +72,8 @@ class VllmSettings:
     devices: str | None = None  # CUDA_VISIBLE_DEVICES of the child (a dedicated GPU)
     extra_args: list[str] = field(default_factory=list)
     log_path: Path | None = None
+    # Variables our server set for its own trainer (OMP_WAIT_POLICY): vLLM sets its own.
+    unset_env: tuple[str, ...] = ()
 
     def command(self, port: int) -> list[str]:
         return [
@@ -109,6 +111,8 @@ class VllmSettings:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # POST /v1/load_lora_adapter
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("DO_NOT_TRACK", "1")
+        for name in self.unset_env:
+            env.pop(name, None)
         if self.sleep_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # /sleep and /wake_up
         if self.devices is not None:
