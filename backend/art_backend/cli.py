@@ -353,10 +353,11 @@ def wait_passively_beside_vllm(engine: str, device: str) -> None:
     """With vLLM serving on a CPU, our process only trains: OpenMP waits passively there.
 
     vLLM's CPU build keeps polling on a core between requests (0.6 cores on average during
-    train_step), so the trainer's two threads share the cores with it. Measured, one GRPO step of
-    SmolLM2 beside vLLM: spinning threads (libgomp's default) train in 7.1 s, one thread in 6.8 s,
-    two passive threads in 3.6 s. The torch engine keeps the spin default: there passive waits
-    cost a futex wake per matmul of every decode step (BENCHMARKS.md, "Serving under load").
+    train_step), so the trainer's two threads share the cores with it. Measured, GRPO steps of
+    SmolLM2 beside vLLM: spinning threads (libgomp's default) trained at 22.0 s per 1k trained
+    tokens, one thread at 28.6, two passive threads at 18.2. The torch engine keeps the spin
+    default: there passive waits cost a futex wake per matmul of every decode step
+    (BENCHMARKS.md, "Serving under load").
     Must run before torch is imported (libgomp reads it once); a value the user set wins.
     """
     on_cuda = device == "cuda" or (device == "auto" and Path("/proc/driver/nvidia").exists())
