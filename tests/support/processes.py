@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,3 +52,16 @@ def wait_until_listening(process: subprocess.Popen[bytes], port: int, log_path: 
             time.sleep(0.05)
     process.kill()
     raise RuntimeError(f"the server did not start on port {port}:\n{log_path.read_text()}")
+
+
+def art_server_refusal(*args: str, timeout: float = 120) -> str:
+    """Run `art-server ARGS`, expect the clean refusal (exit 2, no traceback); its stderr."""
+    result = subprocess.run(
+        [sys.executable, "-m", "art_backend.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stderr

