@@ -24,6 +24,12 @@ import torch
 from art_backend._errors import BackendError
 from art_backend.serving._engine import TrainableEngine
 from art_backend.training._grpo import LossConfig, loss_denominator, policy_loss
+from art_backend.training._packing import (
+    PackedBatch,
+    packed_logprobs_and_entropy,
+    packed_micro_batches,
+    packing_supported,
+)
 from art_backend.training._rows import Rows, micro_batches, token_logprobs_and_entropy
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -120,6 +126,7 @@ class LoraTrainer:
                 for name, param in sorted(model.named_parameters())
                 if f".{adapter_name}." in name
             ]
+            self.packs_prefixes = packing_supported(model)
         if not self.params:
             raise ValueError(
                 f"LoRA target modules {lora['target_modules']} matched nothing in the model"
@@ -142,11 +149,18 @@ class LoraTrainer:
         denominator = loss_denominator(rows.trained_mask, loss_config)
         # The reference (the base model: adapter disabled) for beta's KL and ART's KL penalty.
         with_reference = beta > 0 or loss_config.kl_penalty_coef > 0
-        for batch in micro_batches(rows, token_budget=settings.micro_batch_tokens):
+        # The samples of a group share their prompt: it goes through the model once (`_packing`).
+        batches = (
+            packed_micro_batches(rows, token_budget=settings.micro_batch_tokens)
+            if self.packs_prefixes
+            else micro_batches(rows, token_budget=settings.micro_batch_tokens)
+        )
+        for forward in batches:
+            batch = forward.rows if isinstance(forward, PackedBatch) else forward
             with self.engine.exclusive() as model:
-                ref = self._reference_logprobs(model, batch) if with_reference else None
+                ref = self._reference_logprobs(model, forward) if with_reference else None
                 with self._training(model, settings):
-                    new, entropy = self._logprobs(model, batch)
+                    new, entropy = self._logprobs(model, forward)
                     loss, parts = policy_loss(
                         new,
                         batch.old_logprobs,
@@ -167,7 +181,11 @@ class LoraTrainer:
             totals.kl_sum += float(parts.get("kl", 0.0)) * tokens
             totals.kl_policy_ref_sum += float(parts.get("kl_policy_ref", 0.0)) * tokens
             totals.trained_tokens += tokens
-            totals.processed_tokens += int(batch.attention_mask.sum())
+            totals.processed_tokens += (
+                forward.processed_tokens
+                if isinstance(forward, PackedBatch)
+                else int(batch.attention_mask.sum())
+            )
             totals.micro_batches += 1
         grad_norm = self._optimizer_step(settings)
         return totals.as_dict(
@@ -229,12 +247,14 @@ class LoraTrainer:
                 model.gradient_checkpointing_disable()
             model.eval()  # the engine's mixed-adapter forward refuses training mode
 
-    def _logprobs(self, model: Any, batch: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(self, model: Any, batch: Rows | PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """New logprobs aligned with input_ids (see `_rows`), and the summed entropy of trained tokens.
 
         Only the logits from the first trained position on are computed: the LM head is the
         largest matrix of a small model, and prompt positions need none.
         """
+        if isinstance(batch, PackedBatch):
+            return self._packed_logprobs(model, batch)
         first = _first_trained_column(batch)
         width = batch.input_ids.shape[1]
         device = self.engine.device
@@ -250,8 +270,24 @@ class LoraTrainer:
         entropy_sum = torch.where(batch.trained_mask, entropy, 0.0).sum()
         return new, entropy_sum
 
+    def _packed_logprobs(
+        self, model: Any, packed: PackedBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_logprobs` of a packed micro-batch: one forward with the shared-prefix mask."""
+        device = self.engine.device
+        width = packed.input_ids.shape[1]
+        output = model(
+            input_ids=packed.input_ids.to(device),
+            attention_mask=packed.attention_mask(model.dtype).to(device),
+            position_ids=packed.position_ids.to(device),
+            use_cache=False,
+            logits_to_keep=width - packed.first_kept,
+        )
+        new, entropy = packed_logprobs_and_entropy(output.logits, packed)
+        return new.cpu(), entropy.sum().cpu()
+
     @torch.no_grad()
-    def _reference_logprobs(self, model: Any, batch: Rows) -> torch.Tensor:
+    def _reference_logprobs(self, model: Any, batch: Rows | PackedBatch) -> torch.Tensor:
         with model.disable_adapter():
             reference, _ = self._logprobs(model, batch)
         return reference
