@@ -281,6 +281,7 @@ def markdown(result: dict[str, Any]) -> str:
         else f"**{ratio:.2f}x** (target <= {TIME_RATIO_TARGET}: {'met' if ratio <= TIME_RATIO_TARGET else 'missed'})"
     )  # fmt: skip
     s = result["settings"]
+    seeds_block = _seeds_markdown(result)
     return f"""{START}
 ## Learning curve on the demo task: ours vs TRL GRPOTrainer (`benchmarks/learning_curve.py`)
 
@@ -298,46 +299,54 @@ first reaches it after {_seconds(summary["ours_seconds_to_trl_final"])}: time ra
 (times to reach are read at the evaluation points only, every {s["eval_every"]} steps; TRL runs
 first, and ours trains on past step {s["steps"]} while its clock is under TRL's time and it is
 short of TRL's final reward, so a crossing is measured, not guessed).{vllm_line}{pipeline_line}
-Other load (cores used outside the benchmark, mean over each run): {loads or "-"}.
+{seeds_block}Other load (cores used outside the benchmark, mean over each run): {loads or "-"}.
 {END}"""
+
+
+def _seeds_markdown(result: dict[str, Any]) -> str:
+    """The per-seed table and the median ratio, when the run had more than one seed."""
+    seeds = result.get("seeds", [])
+    if len(seeds) < 2:
+        return ""
+    steps = result["settings"]["steps"]
+    rows = "\n".join(
+        f"| {run['seed']} | {run['trl_final']:.3f} @ {run['trl_seconds']:.0f}s | "
+        f"{_seconds(run['ours_seconds_10_steps'])} | "
+        f"{_seconds(run['ours_seconds_to_trl_final'])} | "
+        + ("not reached" if run["time_ratio"] is None else f"{run['time_ratio']:.2f}x")
+        + f" | {run['other_load_cores']['ours']:.2f} / {run['other_load_cores']['trl']:.2f} |"
+        for run in seeds
+    )
+    ratio = result["summary"]["median_time_ratio"]
+    verdict = (
+        "not reached"
+        if ratio is None
+        else f"**{ratio:.2f}x** (target <= {TIME_RATIO_TARGET}: "
+        f"{'met' if ratio <= TIME_RATIO_TARGET else 'missed'})"
+    )
+    return f"""
+Every seed (a different split of the questions into training and held-out sets; TRL, then ours,
+each seed; the table above is seed {seeds[0]["seed"]}):
+
+| seed | TRL: final held-out reward @ time | ours: {steps} steps in | ours: TRL's final reached at | time ratio | other load (ours / TRL) |
+|---|---|---|---|---|---|
+{rows}
+
+Median time ratio over {len(seeds)} seeds: {verdict}.
+"""
 
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}s"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--groups-per-step", type=int, default=8)
-    parser.add_argument("--rollouts-per-group", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=3e-4)
-    parser.add_argument("--eval-every", type=int, default=2)
-    parser.add_argument("--eval-size", type=int, default=64)
-    parser.add_argument("--train-questions", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--dtype", default="float32", help="ours (TRL runs float32): auto would be bf16 here"
-    )
-    parser.add_argument(
-        "--engines", default="torch", help="comma list of our engines to run: torch,vllm"
-    )
-    parser.add_argument(
-        "--pipeline",
-        action="store_true",
-        help="also train with art.PipelineTrainer (ours_pipeline)",
-    )
-    parser.add_argument(
-        "--max-steps-off-policy", type=int, default=1, help="the ours_pipeline contender's bound"
-    )
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
-
+def run_seed(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
+    """TRL, then ours on each engine, on `args.seed`'s split of the questions."""
     from _trl_learning_curve import run_trl_curve_in_subprocess
 
     from art_backend.serving._loading import ensure_default_model
 
-    print("TRL GRPOTrainer ...", flush=True)
+    print(f"seed {args.seed}: TRL GRPOTrainer ...", flush=True)
     with OtherLoad() as load:
         trl = run_trl_curve_in_subprocess(
             str(ensure_default_model()),
@@ -355,27 +364,28 @@ def main() -> None:
     trl_final = trl["points"][-1]["heldout_reward"]
     trl_seconds = trl["points"][-1]["train_seconds"]
     runs: dict[str, dict[str, Any]] = {}
-    for engine in args.engines.split(","):
-        print(f"ours, {engine} engine ...", flush=True)
+    for engine in engines:
+        print(f"seed {args.seed}: ours, {engine} engine ...", flush=True)
         with OtherLoad() as load:
             runs[engine] = asyncio.run(
                 our_curve(args, engine, target=trl_final, time_limit=trl_seconds)
             )
         runs[engine]["other_load_cores"] = load.cores
-    ours = runs[args.engines.split(",")[0]]
+    ours = runs[engines[0]]
     pipeline = None
     if args.pipeline:
-        engine = args.engines.split(",")[0]
-        print(f"ours with PipelineTrainer, {engine} engine ...", flush=True)
+        print(f"ours with PipelineTrainer, {engines[0]} engine ...", flush=True)
         with OtherLoad() as load:
-            pipeline = asyncio.run(pipeline_curve(args, engine))
+            pipeline = asyncio.run(pipeline_curve(args, engines[0]))
         pipeline["other_load_cores"] = load.cores
     ours_seconds = time_to_reach(ours["points"], trl_final)
     result = {
         "when": time.strftime("%Y-%m-%d"),
         "machine": f"{psutil.cpu_count()} cores, {platform.processor() or platform.machine()}",
         "settings": {
-            k: v for k, v in vars(args).items() if k not in ("no_write", "engines", "pipeline")
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("no_write", "engines", "pipeline", "seeds")
         },
         "ours": ours,
         "trl": trl,
@@ -404,6 +414,89 @@ def main() -> None:
         result["summary"]["time_ratio_pipeline"] = (
             reached / trl_seconds if reached is not None and trl_seconds else None
         )
+    return result
+
+
+def median_ratio(ratios: list[float | None]) -> float | None:
+    """The median over seeds; a seed whose crossing was not reached counts as the largest."""
+    ordered = sorted(ratios, key=lambda r: float("inf") if r is None else r)
+    return ordered[len(ordered) // 2] if len(ordered) % 2 else _mean_of_middle(ordered)
+
+
+def _mean_of_middle(ordered: list[float | None]) -> float | None:
+    low, high = ordered[len(ordered) // 2 - 1], ordered[len(ordered) // 2]
+    return None if low is None or high is None else (low + high) / 2
+
+
+def _seconds_at(points: list[dict[str, Any]], step: int) -> float | None:
+    match = [p["train_seconds"] for p in points if p["step"] == step]
+    return match[0] if match else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--groups-per-step", type=int, default=8)
+    parser.add_argument("--rollouts-per-group", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--eval-every", type=int, default=2)
+    parser.add_argument("--eval-size", type=int, default=64)
+    parser.add_argument("--train-questions", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0, help="the first seed")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="runs of TRL and ours, seeds --seed.. (other engines and --pipeline: first seed only)",
+    )
+    parser.add_argument(
+        "--dtype", default="float32", help="ours (TRL runs float32): auto would be bf16 here"
+    )
+    parser.add_argument(
+        "--engines", default="torch", help="comma list of our engines to run: torch,vllm"
+    )
+    parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="also train with art.PipelineTrainer (ours_pipeline)",
+    )
+    parser.add_argument(
+        "--max-steps-off-policy", type=int, default=1, help="the ours_pipeline contender's bound"
+    )
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    engines = args.engines.split(",")
+    per_seed = [
+        run_seed(
+            argparse.Namespace(**{**vars(args), "seed": seed, "pipeline": args.pipeline and not i}),
+            engines if i == 0 else engines[:1],
+        )
+        for i, seed in enumerate(seeds)
+    ]
+    result = per_seed[0]
+    result["settings"]["seeds"] = seeds
+    result["seeds"] = [
+        {
+            "seed": seed,
+            "trl_final": run["summary"]["trl_final"],
+            "trl_seconds": run["summary"]["trl_seconds"],
+            "ours_seconds_to_trl_final": run["summary"]["ours_seconds_to_trl_final"],
+            "ours_seconds_10_steps": _seconds_at(run["ours"]["points"], args.steps),
+            "time_ratio": run["summary"]["time_ratio"],
+            "ours_points": run["ours"]["points"],
+            "trl_points": run["trl"]["points"],
+            "other_load_cores": {
+                "ours": run["ours"]["other_load_cores"],
+                "trl": run["trl"]["other_load_cores"],
+            },
+        }
+        for seed, run in zip(seeds, per_seed, strict=True)
+    ]
+    result["summary"]["median_time_ratio"] = median_ratio(
+        [run["summary"]["time_ratio"] for run in per_seed]
+    )
     if args.no_write:
         print(markdown(result))
     else:
