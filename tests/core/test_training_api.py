@@ -36,6 +36,9 @@ async def test_train_step_advances_serves_next_step_and_reports_metrics(
     assert metrics["rows"] == 8 and metrics["trained_tokens"] > 0
     assert metrics["reward"] == pytest.approx(1.5)  # rewards 0, 1, 2, 3 in each group
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-3)  # exact tokens and logprobs
+    # A group's 4 rollouts share their prompt: the packed forward runs it once, not 4 times
+    # (and the ratio above, on the packed forward, still matches the sampler's logprobs).
+    assert metrics["shared_prefix_tokens"] > 0
     for key in ("loss", "entropy", "grad_norm", "clip_fraction", "trainer_tokens_per_second"):
         assert key in metrics
     # The new step is served and answers.

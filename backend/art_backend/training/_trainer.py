@@ -71,6 +71,7 @@ class StepMetrics:
     logprob_diff_sum: float = 0.0
     trained_tokens: int = 0
     processed_tokens: int = 0
+    shared_prefix_tokens: int = 0  # prompt tokens a packed forward did not run again
     micro_batches: int = 0
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -86,6 +87,7 @@ class StepMetrics:
             "micro_batches": float(self.micro_batches),
             "trainer_seconds": seconds,
             "trainer_tokens_per_second": self.processed_tokens / seconds if seconds else 0.0,
+            "shared_prefix_tokens": float(self.shared_prefix_tokens),
             **self.extra,
         }
         if self.ratio_sum:
@@ -181,11 +183,12 @@ class LoraTrainer:
             totals.kl_sum += float(parts.get("kl", 0.0)) * tokens
             totals.kl_policy_ref_sum += float(parts.get("kl_policy_ref", 0.0)) * tokens
             totals.trained_tokens += tokens
-            totals.processed_tokens += (
-                forward.processed_tokens
-                if isinstance(forward, PackedBatch)
-                else int(batch.attention_mask.sum())
-            )
+            real_tokens = int(batch.attention_mask.sum())
+            if isinstance(forward, PackedBatch):
+                totals.processed_tokens += forward.processed_tokens
+                totals.shared_prefix_tokens += real_tokens - forward.processed_tokens
+            else:
+                totals.processed_tokens += real_tokens
             totals.micro_batches += 1
         grad_norm = self._optimizer_step(settings)
         return totals.as_dict(
