@@ -106,10 +106,12 @@ def append_rows(
     return torch.cat([_left_pad_mask(mask, target), _left_pad_mask(new_mask, target)])
 
 
-def keep_rows(cache: Any, mask: torch.Tensor, keep: list[int]) -> torch.Tensor:
+def keep_rows(
+    cache: Any, mask: torch.Tensor, keep: list[int], device: torch.device
+) -> torch.Tensor:
     """Keep only rows `keep` of `cache` (in place); columns now padding in every row go. The mask."""
     index = torch.tensor(keep)
-    cache.batch_select_indices(index.to(cache.layers[0].keys.device))
+    cache.batch_select_indices(index.to(device))
     mask = mask[index]
     real_columns = mask.any(dim=0).nonzero()
     first = int(real_columns[0]) if len(real_columns) else 0

@@ -583,6 +583,6 @@ class TorchEngine:
             self._batch, self._cache, self._attention_mask, self._next_tokens = [], None, None, None
             return
         assert self._cache is not None and self._attention_mask is not None
-        self._attention_mask = keep_rows(self._cache, self._attention_mask, keep)
+        self._attention_mask = keep_rows(self._cache, self._attention_mask, keep, self.device)
         self._next_tokens = self._next_tokens[torch.tensor(keep)]
         self._batch = [self._batch[row] for row in keep]
