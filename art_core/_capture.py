@@ -60,7 +60,8 @@ from art_core._errors import (
     InvalidTrajectoryError,
     ModelNotRegisteredError,
 )
-from art_core._model import Model, trajectory_from_records
+from art_core._model import Model
+from art_core._rollout import trajectory_from_records
 from art_core._strict import check_names
 from art_core._trajectory import RolloutException, Trajectory, TrajectoryGroup
 

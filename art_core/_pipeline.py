@@ -41,104 +41,47 @@ import time
 from collections.abc import (
     AsyncIterator,
     Awaitable,
-    Callable,
     Iterable,
     Iterator,
     Mapping,
-    Sequence,
 )
-from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
-
-from pydantic import Field
+from typing import Any, Generic
 
 from art_core._backend import Backend
 from art_core._config import TrainConfig, TrainResult
 from art_core._errors import TooManyExceptionsError
 from art_core._gather import gather_trajectory_groups
 from art_core._model import TrainableModel
+from art_core._pipeline_state import (
+    KNOWN_KEYWORDS,
+    MAX_SERVED_STEPS,
+    POLICY_VERSION_KEY,
+    UNSUPPORTED_HINT,
+    UNSUPPORTED_HINTS,
+    ConfigT,
+    EvalFn,
+    PipelineRuntimeConfig,
+    PipelineState,
+    RolloutFn,
+    ScenarioT,
+    SingleRolloutFn,
+    StepCounts,
+    async_iterator,
+    eval_groups,
+    policy_version,
+    step_train_config,
+    zero_variance,
+)
 from art_core._retention import (
     CheckpointRetentionStrategy,
     apply_retention,
 )
-from art_core._strict import StrictModel, check_names
-from art_core._trajectory import Trajectory, TrajectoryGroup
+from art_core._strict import check_names
+from art_core._trajectory import TrajectoryGroup
 
 logger = logging.getLogger("art_core.pipeline")
 
-ScenarioT = TypeVar("ScenarioT")
-ConfigT = TypeVar("ConfigT")
-
-RolloutFn = Callable[[TrainableModel, ScenarioT, ConfigT], Awaitable[TrajectoryGroup]]
-SingleRolloutFn = Callable[[TrainableModel, ScenarioT, ConfigT], Awaitable[Trajectory]]
-EvalItems = Sequence[Trajectory | TrajectoryGroup]
-EvalFn = Callable[
-    [TrainableModel, int, ConfigT], Awaitable[EvalItems | Mapping[str, EvalItems] | None]
-]
-
-# Where a group keeps the step it was sampled at (ART keeps it on each trajectory).
-POLICY_VERSION_KEY = "initial_policy_version"
-# The server's bound on served steps per model (backend/art_backend/training/_schemas.py).
-MAX_SERVED_STEPS = 16
 _END = object()  # the scenarios ran out (or training stops): no more groups will come
-
-# ART's PipelineTrainer keywords this trainer does not have, and what to use instead.
-_UNSUPPORTED_HINTS = {
-    "autotune": "Pipeline autotuning is not implemented: set the pipeline sizes yourself.",
-    "loss_fn_config": "Pass our TrainConfig fields as train_config=art.TrainConfig(...).",
-    "kl_penalty_coef": "Our KL term is to the base model: train_config=art.TrainConfig(beta=...).",
-    "save_checkpoint": "Every step is a checkpoint here (served as <name>@<step>).",
-    "resume": "train() always resumes from the model's current step on the backend.",
-    "limit_mean_steps_off_policy": "Use max_steps_off_policy (a strict bound).",
-}
-_UNSUPPORTED_HINT = (
-    "ART's {name!r} has no counterpart in art_core's PipelineTrainer (see its docstring)."
-)
-
-
-class PipelineRuntimeConfig(StrictModel):
-    """How many rollout workers run, how many groups a step trains, and the queue's bound.
-
-    `max_batch_size` None: 10 x `min_batch_size` (ART's default). `queue_maxsize` None:
-    `max(1, max_steps_off_policy x max_batch_size)` (1 step's worth with no bound), as ART.
-    """
-
-    num_rollout_workers: int = Field(16, ge=1)
-    min_batch_size: int = Field(4, ge=1)
-    max_batch_size: int | None = Field(None, ge=1)
-    queue_maxsize: int | None = Field(None, ge=1)
-
-
-@dataclass
-class PipelineState:
-    """What the pipeline has done so far (ART's names; `failed_rollouts`, `failed_evals` ours)."""
-
-    policy_version: int = 0  # the step served now, which new rollouts sample
-    next_training_step: int = 0  # policy_version + 1 while a step trains
-    scenario_offset: int = 0
-    total_scenarios_consumed: int = 0
-    last_eval_step: int = 0
-    accepted_trainable_groups: int = 0
-    discarded_stale_groups: int = 0
-    discarded_zero_variance_groups: int = 0
-    failed_rollouts: int = 0
-    failed_evals: int = 0
-    max_queue_depth: int = 0
-    accepted_steps: int = 0
-    deleted_checkpoints: int = 0  # by checkpoint_retention_strategy
-    collapse_detected: bool = False
-    done: bool = False
-    completed_eval_steps: set[int] = field(default_factory=set)
-
-
-@dataclass
-class _StepCounts:
-    """What was dropped while the next step's batch was collected (reported with that step)."""
-
-    stale: int = 0
-    zero_variance: int = 0
-    failed_rollouts: int = 0
-    zero_variance_groups: list[TrajectoryGroup] = field(default_factory=list)
 
 
 def make_group_rollout_fn(
@@ -200,9 +143,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         check_names(
             "PipelineTrainer()",
             unsupported,
-            _KNOWN_KEYWORDS,
+            KNOWN_KEYWORDS,
             hints={
-                name: _UNSUPPORTED_HINTS.get(name, _UNSUPPORTED_HINT.format(name=name))
+                name: UNSUPPORTED_HINTS.get(name, UNSUPPORTED_HINT.format(name=name))
                 for name in unsupported
             },
         )
@@ -248,7 +191,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.max_steps_off_policy = max_steps_off_policy
         window = 1 if max_steps_off_policy is None else max_steps_off_policy
         self.queue_maxsize = pipeline.queue_maxsize or max(1, window * self.max_batch_size)
-        self.train_config = _train_config(
+        self.train_config = step_train_config(
             train_config, learning_rate, loss_fn, normalize_advantages
         )
         self.max_steps = max_steps
@@ -258,12 +201,12 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.checkpoint_retention_strategy = checkpoint_retention_strategy
         self.checkpoint_retention_interval = checkpoint_retention_interval
         self.state = PipelineState()
-        self._scenarios = _async_iterator(scenarios)
+        self._scenarios = async_iterator(scenarios)
         self._scenario_lock = asyncio.Lock()
         self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.queue_maxsize)
         self._stop = asyncio.Event()
         self._policy_changed = asyncio.Event()
-        self._counts = _StepCounts()
+        self._counts = StepCounts()
         self._workers_running = 0
         self._worker_error: BaseException | None = None
         self._main_task: asyncio.Task[Any] | None = None
@@ -285,7 +228,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._queue = asyncio.Queue(maxsize=self.queue_maxsize)
         self._stop = asyncio.Event()
         self._policy_changed = asyncio.Event()
-        self._counts = _StepCounts()
+        self._counts = StepCounts()
         self._worker_error = None
         self._workers_running = self.num_rollout_workers
         self._main_task = asyncio.current_task()
@@ -323,7 +266,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             if not batch:
                 return
             idle_seconds = time.monotonic() - waited
-            counts, self._counts = self._counts, _StepCounts()
+            counts, self._counts = self._counts, StepCounts()
             metrics = self._step_metrics(step, batch, counts, idle_seconds)
             self.state.next_training_step = step + 1
             result = await self._train_step(batch, metrics)
@@ -373,10 +316,10 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         )
 
     def _step_metrics(
-        self, step: int, batch: list[TrajectoryGroup], counts: _StepCounts, idle: float
+        self, step: int, batch: list[TrajectoryGroup], counts: StepCounts, idle: float
     ) -> dict[str, float]:
         """The pipeline's counts for one step, under ART's metric names where ART has one."""
-        ages = [step - _policy_version(group, step) for group in batch]
+        ages = [step - policy_version(group, step) for group in batch]
         state = self.state
         return {
             "discarded/step/stale_groups": float(counts.stale),
@@ -425,7 +368,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 self.state.discarded_stale_groups += 1
                 self._counts.stale += 1
                 continue
-            if _zero_variance(group):
+            if zero_variance(group):
                 self.state.discarded_zero_variance_groups += 1
                 self._counts.zero_variance += 1
                 self._counts.zero_variance_groups.append(group)
@@ -442,7 +385,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     def _is_stale(self, group: TrajectoryGroup, step: int) -> bool:
         if self.max_steps_off_policy is None:
             return False
-        return _policy_version(group, step) < step - self.max_steps_off_policy
+        return policy_version(group, step) < step - self.max_steps_off_policy
 
     def _collapse(self) -> None:
         self.state.collapse_detected = True
@@ -469,7 +412,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             result = await self.eval_fn(self.model, step, self.config)
             splits = result if isinstance(result, Mapping) else {"val": result}
             for split, items in splits.items():
-                groups = _eval_groups(items)
+                groups = eval_groups(items)
                 if groups:
                     await self.model.log(groups, split=split)
         except asyncio.CancelledError:
@@ -607,67 +550,3 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "%s: finishing the current step, then stopping (again to stop at once)", sig.name
         )
         self.request_stop()
-
-
-# ------------------------------------------------------------------------------------ helpers
-
-_KNOWN_KEYWORDS = [
-    "num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize", "pipeline",
-    "learning_rate", "loss_fn", "normalize_advantages", "train_config", "max_steps",
-    "discard_queue_multiplier", "max_steps_off_policy", "eval_every_n_steps", "eval_at_start",
-    "checkpoint_retention_strategy", "checkpoint_retention_interval",
-]  # fmt: skip
-
-
-def _train_config(
-    base: TrainConfig | None,
-    learning_rate: float | None,
-    loss_fn: str | None,
-    normalize_advantages: bool,
-) -> TrainConfig:
-    """The TrainConfig of every step: `base` (ours) with ART's keywords on top.
-
-    What neither sets takes ART's PipelineTrainer defaults: learning_rate 1e-5, loss_fn "cispo".
-    `loss_fn` is ART's "cispo" or "ppo", or one of our presets; TrainConfig validates it.
-    """
-    fields = base.model_dump(exclude_unset=True) if base is not None else {}
-    if learning_rate is not None or "learning_rate" not in fields:
-        fields["learning_rate"] = 1e-5 if learning_rate is None else learning_rate
-    if loss_fn is not None or "loss" not in fields:
-        fields["loss"] = loss_fn or "cispo"
-    if not normalize_advantages:
-        fields["scale_rewards"] = "none"
-    return TrainConfig(**fields)
-
-
-def _policy_version(group: TrajectoryGroup, default: int) -> int:
-    version = group.metadata.get(POLICY_VERSION_KEY)
-    return int(version) if isinstance(version, int) else default
-
-
-def _zero_variance(group: TrajectoryGroup) -> bool:
-    """ART's test: fewer than two rewards, or all equal (GRPO learns nothing from it)."""
-    rewards = group.rewards
-    return len(rewards) <= 1 or all(abs(reward - rewards[0]) <= 1e-12 for reward in rewards)
-
-
-def _eval_groups(items: EvalItems | None) -> list[TrajectoryGroup]:
-    """Groups as given, loose trajectories gathered into one more group."""
-    if not items:
-        return []
-    groups = [item for item in items if isinstance(item, TrajectoryGroup)]
-    loose = [item for item in items if isinstance(item, Trajectory)]
-    if len(groups) + len(loose) != len(items):
-        raise TypeError("eval_fn must return art.Trajectory / art.TrajectoryGroup items")
-    return [*groups, TrajectoryGroup(loose)] if loose else groups
-
-
-def _async_iterator(scenarios: Iterable[Any] | AsyncIterator[Any]) -> AsyncIterator[Any]:
-    if isinstance(scenarios, AsyncIterator):
-        return scenarios
-
-    async def iterate() -> AsyncIterator[Any]:
-        for scenario in scenarios:
-            yield scenario
-
-    return iterate()

@@ -1,17 +1,17 @@
 """ART's `art.pipeline_trainer` module: `from art_core.pipeline_trainer import PipelineTrainer`.
 
-The implementation lives in `art_core._pipeline` (retention in `art_core._retention`); this module only names its public parts.
+The implementation lives in `art_core._pipeline` (settings and state in `art_core._pipeline_state`,
+retention in `art_core._retention`); this module only names its public parts.
 """
 
-from art_core._pipeline import (
+from art_core._pipeline import PipelineTrainer, make_group_rollout_fn
+from art_core._pipeline_state import (
     EvalFn,
     PipelineRuntimeConfig,
     PipelineState,
-    PipelineTrainer,
     RolloutFn,
     ScenarioT,
     SingleRolloutFn,
-    make_group_rollout_fn,
 )
 from art_core._retention import (
     CheckpointInfo,

@@ -1,10 +1,14 @@
-"""A KV cache layer with spare room, so appending a token writes in place.
+"""The engine's KV cache edits: rows merged and dropped, and layers with room to grow in place.
 
 transformers' DynamicLayer concatenates the whole cache with each new token: at batch 16 and a
 few hundred tokens that copy is over a tenth of a CPU decode step. This layer keeps room for
 `ROOM` more tokens and only copies when the room runs out (amortised O(1) per token). The engine
 converts a prefilled cache's layers to it; `keys`/`values` stay plain tensors (views) to
 everything that reads them, and assigning them (batch selection, merging, trimming) reallocates.
+
+Rows are left-padded: a row's real tokens end at the last column, so a new token is one more
+column for every row. `append_rows` merges newly prefilled rows into the running batch,
+`keep_rows` drops finished ones.
 """
 
 from __future__ import annotations
@@ -87,3 +91,48 @@ def make_growing(cache: Any) -> None:
         GrowingLayer.from_layer(layer) if type(layer) is DynamicLayer else layer
         for layer in cache.layers
     ]
+
+
+def append_rows(
+    cache: Any, mask: torch.Tensor, new_cache: Any, new_mask: torch.Tensor
+) -> torch.Tensor:
+    """Append `new_cache`'s rows to `cache` (in place), both left-padded to the longer; the mask."""
+    target = max(mask.shape[1], new_mask.shape[1])
+    for layer, new_layer in zip(cache.layers, new_cache.layers, strict=True):
+        layer.keys = torch.cat([_left_pad(layer.keys, target), _left_pad(new_layer.keys, target)])
+        layer.values = torch.cat(
+            [_left_pad(layer.values, target), _left_pad(new_layer.values, target)]
+        )
+    return torch.cat([_left_pad_mask(mask, target), _left_pad_mask(new_mask, target)])
+
+
+def keep_rows(
+    cache: Any, mask: torch.Tensor, keep: list[int], device: torch.device
+) -> torch.Tensor:
+    """Keep only rows `keep` of `cache` (in place); columns now padding in every row go. The mask."""
+    index = torch.tensor(keep)
+    cache.batch_select_indices(index.to(device))
+    mask = mask[index]
+    real_columns = mask.any(dim=0).nonzero()
+    first = int(real_columns[0]) if len(real_columns) else 0
+    if first > 0:
+        mask = mask[:, first:]
+        for layer in cache.layers:
+            layer.keys = layer.keys[:, :, first:, :]
+            layer.values = layer.values[:, :, first:, :]
+    return mask
+
+
+def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    missing = length - tensor.shape[2]
+    if missing == 0:
+        return tensor
+    pad = tensor.new_zeros((tensor.shape[0], tensor.shape[1], missing, tensor.shape[3]))
+    return torch.cat([pad, tensor], dim=2)
+
+
+def _left_pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
+    missing = length - mask.shape[1]
+    if missing == 0:
+        return mask
+    return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)

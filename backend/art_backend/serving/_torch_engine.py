@@ -32,13 +32,14 @@ from art_backend.serving._engine import (
     GenerationRequest,
     TokenEvent,
 )
-from art_backend.serving._kv_cache import make_growing
+from art_backend.serving._kv_cache import append_rows, keep_rows, make_growing
 from art_backend.serving._loading import adaptable_modules, check_adapter_folder
 from art_backend.serving._sampling import (
     apply_bias_and_penalties,
     make_generator,
     sample_token,
 )
+from art_backend.serving._text import decode_increment, find_stop, stop_prefix_length
 from art_backend.serving._threads import ThreadGovernor
 
 logger = logging.getLogger("art_backend.engine")
@@ -430,18 +431,7 @@ class TorchEngine:
             self._next_tokens = next_tokens
             return
         assert self._cache is not None and self._attention_mask is not None
-        old_length, new_length = self._attention_mask.shape[1], mask.shape[1]
-        target = max(old_length, new_length)
-        for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
-            old_layer.keys = torch.cat(
-                [_left_pad(old_layer.keys, target), _left_pad(new_layer.keys, target)]
-            )
-            old_layer.values = torch.cat(
-                [_left_pad(old_layer.values, target), _left_pad(new_layer.values, target)]
-            )
-        self._attention_mask = torch.cat(
-            [_left_pad_mask(self._attention_mask, target), _left_pad_mask(mask, target)]
-        )
+        self._attention_mask = append_rows(self._cache, self._attention_mask, cache, mask)
         self._next_tokens = torch.cat([self._next_tokens, next_tokens])
         self._batch = self._batch + sequences
 
@@ -526,9 +516,9 @@ class TorchEngine:
             or sequence.length + 1 >= self.context_length
         )
         last = out_of_room or token in self.eos_token_ids
-        sequence.text += self._decode_increment(sequence, final=last)
+        sequence.text += decode_increment(self.tokenizer, sequence, final=last)
         text = sequence.text
-        stop_at = _find_stop(text, params.stop)
+        stop_at = find_stop(text, params.stop)
         reason: str | None = None
         if stop_at is not None:
             text, reason = text[:stop_at], "stop"
@@ -537,30 +527,13 @@ class TorchEngine:
         elif out_of_room:
             reason = "length"
         else:  # hold back what may be the start of a stop string
-            text = text[: len(text) - _stop_prefix_length(text, params.stop)]
+            text = text[: len(text) - stop_prefix_length(text, params.stop)]
         delta = text[len(sequence.emitted_text) :]
         sequence.emitted_text += delta
         if sequence.request.stream_tokens:
             emit(TokenEvent(sequence.choice_index, token, logprob, top, delta))
         if reason is not None:
             self._finish(sequence, reason, None, text=text)
-
-    def _decode_increment(self, sequence: _Sequence, *, final: bool) -> str:
-        """New text from the last token, decoding a short window, not the whole sequence.
-
-        The window starts a few tokens back so tokenizers that drop a leading space decode
-        right; an unfinished UTF-8 character (U+FFFD) waits for the next token unless `final`.
-        """
-        ids = sequence.token_ids
-        decode = self.tokenizer.decode
-        before = decode(
-            ids[sequence.prefix_offset : sequence.read_offset], skip_special_tokens=True
-        )
-        after = decode(ids[sequence.prefix_offset :], skip_special_tokens=True)
-        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
-            sequence.prefix_offset, sequence.read_offset = sequence.read_offset, len(ids)
-            return after[len(before) :]
-        return ""
 
     def _finish(
         self, sequence: _Sequence, reason: str, error: str | None, *, text: str | None = None
@@ -610,46 +583,6 @@ class TorchEngine:
             self._batch, self._cache, self._attention_mask, self._next_tokens = [], None, None, None
             return
         assert self._cache is not None and self._attention_mask is not None
-        index = torch.tensor(keep)
-        self._cache.batch_select_indices(index.to(self.device))
-        self._attention_mask = self._attention_mask[index]
-        self._next_tokens = self._next_tokens[index]
+        self._attention_mask = keep_rows(self._cache, self._attention_mask, keep, self.device)
+        self._next_tokens = self._next_tokens[torch.tensor(keep)]
         self._batch = [self._batch[row] for row in keep]
-        # Columns that are padding for every remaining row can go.
-        real_columns = self._attention_mask.any(dim=0).nonzero()
-        first = int(real_columns[0]) if len(real_columns) else 0
-        if first > 0:
-            self._attention_mask = self._attention_mask[:, first:]
-            for layer in self._cache.layers:
-                layer.keys = layer.keys[:, :, first:, :]
-                layer.values = layer.values[:, :, first:, :]
-
-
-def _left_pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
-    missing = length - tensor.shape[2]
-    if missing == 0:
-        return tensor
-    pad = tensor.new_zeros((tensor.shape[0], tensor.shape[1], missing, tensor.shape[3]))
-    return torch.cat([pad, tensor], dim=2)
-
-
-def _left_pad_mask(mask: torch.Tensor, length: int) -> torch.Tensor:
-    missing = length - mask.shape[1]
-    if missing == 0:
-        return mask
-    return torch.cat([mask.new_zeros((mask.shape[0], missing)), mask], dim=1)
-
-
-def _find_stop(text: str, stops: list[str]) -> int | None:
-    positions = [text.find(stop) for stop in stops if stop and stop in text]
-    return min(positions) if positions else None
-
-
-def _stop_prefix_length(text: str, stops: list[str]) -> int:
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:size]):
-                longest = max(longest, size)
-                break
-    return longest
