@@ -47,36 +47,52 @@ class PackedBatch:
         """Tokens the packed forward runs through the model (padding excluded)."""
         return int((self.segments >= 0).sum())
 
-    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor:
+    def attention_mask(
+        self, dtype: torch.dtype, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
         """The additive [P, 1, S, S] mask: 0 where a query may attend, the dtype's min elsewhere.
 
         A query sees earlier keys of the prefix and of its own segment. A padding query sees
         itself only, so no softmax row is empty (its output is never used).
         """
-        segments = self.segments
+        segments = self.segments.to(device)
         width = segments.shape[1]
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
         query = segments[:, :, None]
         key = segments[:, None, :]
         allowed = causal & (key >= 0) & ((key == 0) | (key == query))
-        allowed |= torch.eye(width, dtype=torch.bool)
-        mask = torch.zeros(allowed.shape, dtype=dtype)
+        allowed |= torch.eye(width, dtype=torch.bool, device=device)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[:, None]
 
 
 def packing_supported(model: Any) -> bool:
-    """Whether `model`'s forward takes the 4-D shared-prefix mask as it is.
+    """Whether `model`'s forward takes the 4-D shared-prefix mask and restarted positions as given.
 
-    transformers' own forward with SDPA or eager attention passes a 4-D mask through unchanged;
-    flash-attention kernels take none, sliding-window layers would apply their window on top of
-    it, and a forward replaced by another library (Unsloth) is not known to keep it.
+    transformers' own forward with SDPA or eager attention passes a 4-D mask through unchanged,
+    and rotary embeddings read `position_ids`. Refused: flash-attention kernels (they take no
+    mask), ALiBi models (their biases come from key indices or the 2-D mask, not positions),
+    models without rotary embeddings, sliding-window layers (a 4-D mask replaces their window,
+    which would be lost), and a forward replaced by another library (Unsloth patches the model,
+    decoder and attention classes).
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config
-    if not type(base).forward.__module__.startswith("transformers."):
+    patched = (
+        [type(base), type(base.get_decoder())] if hasattr(base, "get_decoder") else [type(base)]
+    )
+    attention = next((m for m in base.modules() if type(m).__name__.endswith("Attention")), None)
+    if attention is not None:
+        patched.append(type(attention))
+    if not all(cls.forward.__module__.startswith("transformers.") for cls in patched):
         return False
     if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return False
+    rotary = any(
+        getattr(config, name, None) is not None for name in ("rope_parameters", "rope_theta")
+    )
+    if not rotary or getattr(config, "alibi", False):
         return False
     layer_types = getattr(config, "layer_types", None)
     if layer_types:
@@ -222,6 +238,12 @@ def packed_logprobs_and_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprobs of the rows' tokens and the entropy of their predictions, aligned with
     `packed.rows` (0 where untrained), from the packed forward's kept logits [P, W, V]."""
+    rows, width = packed.input_ids.shape
+    if logits.shape[:2] != (rows, width - packed.first_kept):
+        raise ValueError(
+            f"logits cover {tuple(logits.shape[:2])} positions; expected "
+            f"{(rows, width - packed.first_kept)} (the packed rows from first_kept on)"
+        )
     flat = logits.reshape(-1, logits.shape[-1]).float()
     log_norm = torch.logsumexp(flat, dim=-1)
     source = packed.source

@@ -281,7 +281,7 @@ class LoraTrainer:
         width = packed.input_ids.shape[1]
         output = model(
             input_ids=packed.input_ids.to(device),
-            attention_mask=packed.attention_mask(model.dtype).to(device),
+            attention_mask=packed.attention_mask(model.dtype, device),
             position_ids=packed.position_ids.to(device),
             use_cache=False,
             logits_to_keep=width - packed.first_kept,
