@@ -40,7 +40,8 @@ def build_app(
     device: str = "auto",
     api_key: str | None = None,
     art_path: Path = Path(".art"),
-    max_batch_size: int = 32,
+    max_batch_size: int = 128,
+    max_batch_tokens: int = 65536,
     allowed_hosts: list[str] | None = None,
     max_body_mb: float = DEFAULT_MAX_BODY_MB,
     engine: str = "auto",
@@ -97,6 +98,7 @@ def build_app(
         eos_token_ids=loaded.eos_token_ids,
         context_length=loaded.context_length,
         max_batch_size=max_batch_size,
+        max_batch_tokens=max_batch_tokens,
         threads=thread_governor(fixed_threads, loaded.device.type),
     )
     base_names = list(dict.fromkeys([served_name, *base_model_aliases(base_model)]))
@@ -210,6 +212,17 @@ def _vllm_engine(options: VllmOptions, python: str, loaded, trainer_host, art_pa
         adaptable_modules=trainer_host.adaptable_modules,
         max_lora_rank=options.max_lora_rank,
     )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
 
 
 def parse_threads(threads: str) -> int | None:
@@ -379,7 +392,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--path", default=".art", type=Path, help="checkpoints folder")
-    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument(
+        "--max-batch-size",
+        type=positive_int,
+        default=128,
+        help="rows (choices) decoded together (torch engine)",
+    )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=positive_int,
+        default=65536,
+        help="rows x (prompt + max new tokens) decoded together: bounds the KV cache",
+    )
     parser.add_argument(
         "--threads",
         default="auto",
@@ -457,6 +481,7 @@ def main(argv: list[str] | None = None) -> None:
             api_key=args.api_key,
             art_path=args.path,
             max_batch_size=args.max_batch_size,
+            max_batch_tokens=args.max_batch_tokens,
             threads=args.threads,
             allowed_hosts=allowed_hosts,
             max_body_mb=args.max_body_mb,

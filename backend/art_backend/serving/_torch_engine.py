@@ -82,7 +82,8 @@ class TorchEngine:
         *,
         eos_token_ids: list[int],
         context_length: int,
-        max_batch_size: int = 32,
+        max_batch_size: int = 128,
+        max_batch_tokens: int = 65536,
         threads: ThreadGovernor | None = None,
     ) -> None:
         self.model: Any = model
@@ -90,6 +91,8 @@ class TorchEngine:
         self.eos_token_ids = set(eos_token_ids)
         self.context_length = context_length
         self.max_batch_size = max_batch_size
+        # Rows x (prompt + max new tokens): what the batch's KV cache may come to hold.
+        self.max_batch_tokens = max_batch_tokens
         self.device = next(model.parameters()).device
         self._config = model.config
         self.metrics = EngineMetrics()
@@ -241,27 +244,38 @@ class TorchEngine:
                 time.sleep(0.001)
 
     def _take_pending(self, *, block: bool) -> list[GenerationRequest]:
+        """Requests to admit now: as many as fit in the free rows and the free KV tokens.
+
+        A request that does not fit waits; the batch never exceeds max_batch_size rows or
+        max_batch_tokens tokens unless one request alone asks for more (it then runs alone).
+        """
         taken: list[GenerationRequest] = []
         free_rows = self.max_batch_size - len(self._batch)
+        free_tokens = self.max_batch_tokens - sum(self._kv_tokens(s.request) for s in self._batch)
         if block:
             try:
                 taken.append(self._pending.get(timeout=0.05))
-                free_rows -= taken[0].n
             except queue.Empty:
                 return []
-        while free_rows > 0:
+            free_rows -= taken[0].n
+            free_tokens -= taken[0].n * self._kv_tokens(taken[0])
+        while free_rows > 0 and free_tokens > 0:
             try:
                 request = self._pending.get_nowait()
             except queue.Empty:
                 break
             taken.append(request)
             free_rows -= request.n
-        # A request larger than what is left waits; the batch never exceeds max_batch_size rows
-        # unless one request alone asks for more (then it runs on its own).
-        while len(taken) > 1 and free_rows < 0:
+            free_tokens -= request.n * self._kv_tokens(request)
+        while len(taken) > 1 and (free_rows < 0 or free_tokens < 0):
             free_rows += taken[-1].n
+            free_tokens += taken[-1].n * self._kv_tokens(taken[-1])
             self._requeue_front(taken.pop())
         return taken
+
+    def _kv_tokens(self, request: GenerationRequest) -> int:
+        """The most tokens one row of `request` can hold in the KV cache."""
+        return min(len(request.prompt_ids) + request.params.max_new_tokens, self.context_length)
 
     def _requeue_front(self, request: GenerationRequest) -> None:
         with self._pending.mutex:

@@ -87,6 +87,45 @@ async def test_batched_greedy_output_equals_plain_generate(engine, tokenizer, ti
     assert engine.metrics.max_batch_size_seen > 1
 
 
+async def test_the_kv_token_budget_bounds_the_batch(tiny_model_dir: Path, tokenizer):
+    """Rows x (prompt + max new tokens) stays within max_batch_tokens: what does not fit waits
+    for rows to finish, and every request still completes as it would alone."""
+    ids = prompt_ids(tokenizer, "a budget of tokens")
+    row = len(ids) + 6  # one row's most tokens in the KV cache
+    engine = TorchEngine(
+        load_model(tiny_model_dir),
+        tokenizer,
+        eos_token_ids=[tokenizer.eos_token_id],
+        context_length=2048,
+        max_batch_size=64,
+        max_batch_tokens=3 * row,  # three rows fit, a fourth waits
+    )
+    engine.start()
+    try:
+        with engine.exclusive():  # all six queue while the engine waits
+            tasks = [asyncio.create_task(run(engine, greedy(ids, 6))) for _ in range(6)]
+            await asyncio.sleep(0.1)
+        results = await asyncio.gather(*tasks)
+    finally:
+        engine.stop()
+    assert engine.metrics.max_batch_size_seen == 3
+    assert len({tuple(finished[0].token_ids) for finished in results}) == 1  # greedy, same
+    # A request larger than the whole budget alone still runs (alone).
+    engine = TorchEngine(
+        load_model(tiny_model_dir),
+        tokenizer,
+        eos_token_ids=[tokenizer.eos_token_id],
+        context_length=2048,
+        max_batch_tokens=row - 1,
+    )
+    engine.start()
+    try:
+        finished = await run(engine, greedy(ids, 6))
+    finally:
+        engine.stop()
+    assert finished[0].finish_reason in ("stop", "length")
+
+
 async def test_n_choices_share_one_prefill(engine, tokenizer):
     ids = prompt_ids(tokenizer, "four samples please")
     request = GenerationRequest(

@@ -176,6 +176,18 @@ def test_art_server_refuses_a_bad_threads_value_before_loading_anything():
     assert "--threads must be auto or a positive number, not 'x'" in refusal
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--max-batch-size", "0", "0 is less than 1"),
+        ("--max-batch-tokens", "many", "'many' is not a whole number"),
+    ],
+)
+def test_batch_bounds_below_one_or_not_numbers_are_refused(flag: str, value: str, says: str):
+    refusal = art_server_refusal("--model", "/no/such/model", flag, value, timeout=60)
+    assert flag in refusal and says in refusal
+
+
 def test_the_server_reports_its_threads_on_metrics(tiny_model_dir, tmp_path):
     with running_server(tiny_model_dir, tmp_path) as server:
         metrics = server.metrics()
