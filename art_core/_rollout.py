@@ -7,18 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from openai.types.chat.chat_completion import Choice
 
-from art_core._backend import new_rollout_id
+from art_core._backend import Backend, new_rollout_id
 from art_core._strict import check_names
 from art_core._trajectory import History, Trajectory
 
-if TYPE_CHECKING:
-    from art_core._model import TrainableModel
-
 logger = logging.getLogger("art_core.model")
+
+
+class CapturedModel(Protocol):
+    """What a capture reads of the model it runs (a `TrainableModel`; named here so this module
+    need not import `_model`, which imports it)."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    def get_inference_name(self, step: int | None = None) -> str: ...
 
 
 class RolloutCapture:
@@ -43,7 +50,7 @@ class RolloutCapture:
         }
     )
 
-    def __init__(self, model: TrainableModel) -> None:
+    def __init__(self, model: CapturedModel) -> None:
         self.trainable_model = model
         self.id = new_rollout_id()
         self.model = model.get_inference_name()
