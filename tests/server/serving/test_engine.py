@@ -25,16 +25,22 @@ def tokenizer(tiny_model_dir: Path):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-@pytest.fixture
-def engine(tiny_model_dir: Path, tokenizer):
+def started_engine(tiny_model_dir: Path, tokenizer, **limits: int) -> TorchEngine:
+    """A running torch engine on a fresh copy of the tiny model; `limits` are its batch bounds."""
     engine = TorchEngine(
         load_model(tiny_model_dir),
         tokenizer,
         eos_token_ids=[tokenizer.eos_token_id],
         context_length=2048,
-        max_batch_size=8,
+        **limits,
     )
     engine.start()
+    return engine
+
+
+@pytest.fixture
+def engine(tiny_model_dir: Path, tokenizer):
+    engine = started_engine(tiny_model_dir, tokenizer, max_batch_size=8)
     yield engine
     engine.stop()
 
@@ -92,15 +98,8 @@ async def test_the_kv_token_budget_bounds_the_batch(tiny_model_dir: Path, tokeni
     for rows to finish, and every request still completes as it would alone."""
     ids = prompt_ids(tokenizer, "a budget of tokens")
     row = len(ids) + 6  # one row's most tokens in the KV cache
-    engine = TorchEngine(
-        load_model(tiny_model_dir),
-        tokenizer,
-        eos_token_ids=[tokenizer.eos_token_id],
-        context_length=2048,
-        max_batch_size=64,
-        max_batch_tokens=3 * row,  # three rows fit, a fourth waits
-    )
-    engine.start()
+    # Three rows fit in the budget, a fourth waits.
+    engine = started_engine(tiny_model_dir, tokenizer, max_batch_size=64, max_batch_tokens=3 * row)
     try:
         with engine.exclusive():  # all six queue while the engine waits
             tasks = [asyncio.create_task(run(engine, greedy(ids, 6))) for _ in range(6)]
@@ -111,14 +110,7 @@ async def test_the_kv_token_budget_bounds_the_batch(tiny_model_dir: Path, tokeni
     assert engine.metrics.max_batch_size_seen == 3
     assert len({tuple(finished[0].token_ids) for finished in results}) == 1  # greedy, same
     # A request larger than the whole budget alone still runs (alone).
-    engine = TorchEngine(
-        load_model(tiny_model_dir),
-        tokenizer,
-        eos_token_ids=[tokenizer.eos_token_id],
-        context_length=2048,
-        max_batch_tokens=row - 1,
-    )
-    engine.start()
+    engine = started_engine(tiny_model_dir, tokenizer, max_batch_tokens=row - 1)
     try:
         finished = await run(engine, greedy(ids, 6))
     finally:
