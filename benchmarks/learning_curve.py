@@ -13,7 +13,10 @@ reward in at most half of TRL's training time. TRL runs first; ours then trains 
 `--groups-per-step` informative groups). Its rollouts pause during evaluations, which are
 excluded from its clock as from the others'.
 
-    .venv/bin/python benchmarks/learning_curve.py [--steps 12] [--eval-every 4] [--pipeline]
+`--seeds N` repeats TRL and ours on N splits of the questions (seeds `--seed`..) and judges the
+target by the median ratio; other engines and `--pipeline` run on the first seed only.
+
+    .venv/bin/python benchmarks/learning_curve.py [--steps 12] [--eval-every 4] [--seeds 3]
 
 Writes benchmarks/results/learning_curve.json and the learning_curve section of BENCHMARKS.md.
 """
