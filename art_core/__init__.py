@@ -44,11 +44,11 @@ from art_core._errors import (
 from art_core._gather import GatheredGroups, gather_trajectories, gather_trajectory_groups
 from art_core._langfuse import LangfuseExporter, flush_langfuse, langfuse_stats
 from art_core._local_backend import LocalBackend
-from art_core._model import Model, TrainableModel
+from art_core._model import Model, RolloutCapture, TrainableModel
 from art_core._observers import StepObserver
 from art_core._pipeline import PipelineTrainer
 from art_core._preflight import PreflightError, PreflightResult, preflight
-from art_core._rollout import RolloutCapture, trajectory_from_records
+from art_core._rollout import trajectory_from_records
 from art_core._ruler import RulerScore, ruler, ruler_score_group
 from art_core._ruler_prompt import DEFAULT_RUBRIC
 from art_core._scenarios import (
