@@ -60,6 +60,7 @@ from _trl_peer import (  # noqa: E402
     one_step_per_batch,
     quiet_trainer_args,
 )
+from demo_task import add_task_arguments  # noqa: E402
 
 EVAL_BATCH = 32
 
@@ -403,13 +404,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", default=None)
-    ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--groups-per-step", type=int, default=8)
-    ap.add_argument("--rollouts-per-group", type=int, default=8)
-    ap.add_argument("--learning-rate", type=float, default=3e-4)
-    ap.add_argument("--eval-every", type=int, default=4)
-    ap.add_argument("--train-questions", type=int, default=200)
-    ap.add_argument("--eval-size", type=int, default=64)
+    add_task_arguments(ap, eval_every=2)  # learning_curve.py's defaults
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=None)
     ns = ap.parse_args(argv)

@@ -42,7 +42,7 @@ from _machine import OtherLoad  # noqa: E402
 from _markdown import publish  # noqa: E402
 from _ours import engine_args, qkvo_model  # noqa: E402
 from demo import evaluate, rollout  # noqa: E402
-from demo_task import split  # noqa: E402
+from demo_task import add_task_arguments, split  # noqa: E402
 
 import art_core as art  # noqa: E402
 
@@ -438,13 +438,7 @@ def _seconds_at(points: list[dict[str, Any]], step: int) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--groups-per-step", type=int, default=8)
-    parser.add_argument("--rollouts-per-group", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=3e-4)
-    parser.add_argument("--eval-every", type=int, default=2)
-    parser.add_argument("--eval-size", type=int, default=64)
-    parser.add_argument("--train-questions", type=int, default=200)
+    add_task_arguments(parser, eval_every=2)
     parser.add_argument("--seed", type=int, default=0, help="the first seed")
     parser.add_argument(
         "--seeds",

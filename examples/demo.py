@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo_task import MAX_TOKENS, Question, score, split
+from demo_task import MAX_TOKENS, Question, add_task_arguments, score, split
 from smollm2 import smollm2_trainable
 
 import art_core as art
@@ -144,13 +144,7 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--groups-per-step", type=int, default=8)
-    parser.add_argument("--rollouts-per-group", type=int, default=8)
-    parser.add_argument("--learning-rate", type=float, default=3e-4)
-    parser.add_argument("--train-questions", type=int, default=200)
-    parser.add_argument("--eval-size", type=int, default=64)
-    parser.add_argument("--eval-every", type=int, default=5)
+    add_task_arguments(parser, eval_every=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--path", default=".art")
     parser.add_argument("--name", default=None, help="model name (default: a new one per run)")

@@ -11,6 +11,7 @@ Used by `examples/demo.py` and by `benchmarks/learning_curve.py`.
 
 from __future__ import annotations
 
+import argparse
 import random
 import re
 from dataclasses import dataclass
@@ -71,3 +72,16 @@ def score(question: Question, reply: str) -> dict[str, float]:
         "format": float(in_form),
         "contains_answer": float(contains),
     }
+
+
+def add_task_arguments(parser: argparse.ArgumentParser, *, eval_every: int) -> None:
+    """The demo task's training settings, declared once for `demo.py` and the benchmarks that
+    compare against it (`learning_curve.py`, TRL's side in `_trl_learning_curve.py`), so "the
+    same settings" is one definition rather than three copies."""
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--groups-per-step", type=int, default=8)
+    parser.add_argument("--rollouts-per-group", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--train-questions", type=int, default=200)
+    parser.add_argument("--eval-size", type=int, default=64)
+    parser.add_argument("--eval-every", type=int, default=eval_every)
