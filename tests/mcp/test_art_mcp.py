@@ -6,6 +6,7 @@ on our backend for the plumbing."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -269,7 +270,11 @@ async def test_the_tiny_model_runs_the_agent_loop_on_our_backend(
     assert choices and all(c.model_extra["completion_id"] for c in choices)
 
 
-MCP1_PYTHON = Path(__file__).resolve().parents[2] / ".venv" / "mcp1" / "bin" / "python"
+# `make test` builds it and names it (`make lock` builds its own beside a fresh venv).
+MCP1_PYTHON = Path(
+    os.environ.get("ART_MCP1_PYTHON")
+    or Path(__file__).resolve().parents[2] / ".venv" / "mcp1" / "bin" / "python"
+)
 
 
 async def test_a_server_built_on_mcp_1x_works_over_stdio(policy):

@@ -16,10 +16,11 @@ from typing import Any
 import openai
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from art_backend._errors import InvalidGrammarError
 from art_backend.serving._constrained import GrammarCompiler, SequenceConstraint
+from art_backend.serving._kv_cache import cache_keyword
 from art_backend.serving._tool_calls import render_tools_system_prompt
 
 FRUIT = {
@@ -210,12 +211,12 @@ def sample_after_opener(
     generator = torch.Generator().manual_seed(seed)
     ids = tokenizer.encode(prompt, add_special_tokens=False) + forced
     generated = list(forced)
-    cache = None
+    cache = DynamicCache(config=model.config)  # filled in place by each forward
+    keyword = cache_keyword(model)
     next_input = ids
     for _ in range(MAX_NEW_TOKENS):
         with torch.no_grad():
-            output = model(torch.tensor([next_input]), past_key_values=cache, use_cache=True)
-        cache = output.past_key_values
+            output = model(torch.tensor([next_input]), **{keyword: cache}, use_cache=True)
         logits = output.logits[0, -1].clone()
         if constraint is not None:
             constraint.apply_to_logits(logits)

@@ -13,6 +13,7 @@ column for every row. `append_rows` merges newly prefilled rows into the running
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -41,7 +42,8 @@ class GrowingLayer(DynamicLayer):
     @classmethod
     def from_layer(cls, layer: Any) -> GrowingLayer:
         grown = cls()
-        grown.dtype, grown.device = layer.keys.dtype, layer.keys.device
+        # transformers 5.24 dropped the layer's `dtype` (the tensors carry it); `device` stays.
+        grown.device = layer.keys.device
         grown.is_initialized = True
         grown.keys, grown.values = layer.keys, layer.values
         return grown
@@ -83,6 +85,18 @@ class GrowingLayer(DynamicLayer):
         keys, values = self.keys, self.values
         assert keys is not None and values is not None
         return keys, values
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword the model's forward takes its KV cache under.
+
+    transformers 5.24 renamed `past_key_values` to `cache`; the old name still works until 5.40
+    but warns on every call, which is every decode step here. A forward that names neither (a
+    patched one taking `**kwargs`) gets the old name, which both generations accept.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    parameters = inspect.signature(base.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def make_growing(cache: Any) -> None:

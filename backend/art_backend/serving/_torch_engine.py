@@ -32,7 +32,7 @@ from art_backend.serving._engine import (
     GenerationRequest,
     TokenEvent,
 )
-from art_backend.serving._kv_cache import append_rows, keep_rows, make_growing
+from art_backend.serving._kv_cache import append_rows, cache_keyword, keep_rows, make_growing
 from art_backend.serving._loading import adaptable_modules, check_adapter_folder
 from art_backend.serving._sampling import (
     apply_bias_and_penalties,
@@ -95,6 +95,7 @@ class TorchEngine:
         self.max_batch_tokens = max_batch_tokens
         self.device = next(model.parameters()).device
         self._config = model.config
+        self._cache_keyword = cache_keyword(model)
         self.metrics = EngineMetrics()
         # On a CPU: torch's thread count follows the cores other processes leave idle.
         self.threads = threads
@@ -306,9 +307,9 @@ class TorchEngine:
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention_mask.to(self.device),
                 position_ids=position_ids.to(self.device),
-                past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **{self._cache_keyword: cache},
                 **kwargs,
             )
         return output.logits[:, -1, :].float().cpu()

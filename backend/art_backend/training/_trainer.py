@@ -238,16 +238,14 @@ class LoraTrainer:
         """Route the forward through this adapter; training mode only for gradient checkpointing."""
         model.set_adapter(self.adapter_name)  # also gives requires_grad to this adapter only
         if settings.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            _activation_checkpointing(model, enable=True)
             model.train()
         try:
             with torch.enable_grad():
                 yield
         finally:
             if settings.gradient_checkpointing:
-                model.gradient_checkpointing_disable()
+                _activation_checkpointing(model, enable=False)
             model.eval()  # the engine's mixed-adapter forward refuses training mode
 
     def _logprobs(self, model: Any, batch: Rows | PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -424,3 +422,22 @@ def _first_trained_column(batch: Rows) -> int:
     trained_columns = batch.trained_mask.any(0).nonzero()
     # Position 0 is never trained (every turn has a prompt), so first >= 1.
     return max(int(trained_columns[0]) if trained_columns.numel() else 1, 1)
+
+
+def _activation_checkpointing(model: Any, *, enable: bool) -> None:
+    """Recompute activations in the backward instead of keeping them (or stop doing so).
+
+    transformers 5.24 renamed `gradient_checkpointing_*` to `activation_checkpointing_*` (the old
+    names warn on every call until v6); earlier 5.x releases have only the old names.
+    """
+    if hasattr(model, "activation_checkpointing_enable"):
+        if enable:
+            model.activation_checkpointing_enable(
+                activation_checkpointing_kwargs={"use_reentrant": False}
+            )
+        else:
+            model.activation_checkpointing_disable()
+    elif enable:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()

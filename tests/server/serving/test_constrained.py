@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from art_backend._errors import BackendError, InvalidGrammarError
 from art_backend.serving._constrained import GrammarCompiler, SequenceConstraint, apply_constraints
+from art_backend.serving._kv_cache import cache_keyword
 
 MAX_NEW_TOKENS = 200
 
@@ -96,12 +97,12 @@ def generate(
         tokenize=False,
     )
     next_input = tokenizer.encode(prompt, add_special_tokens=False)
-    cache = None
+    cache = DynamicCache(config=model.config)  # filled in place by each forward
+    keyword = cache_keyword(model)
     generated: list[int] = []
     for _ in range(MAX_NEW_TOKENS):
         with torch.no_grad():
-            output = model(torch.tensor([next_input]), past_key_values=cache, use_cache=True)
-        cache = output.past_key_values
+            output = model(torch.tensor([next_input]), **{keyword: cache}, use_cache=True)
         logits = output.logits[0, -1].clone()
         constraint.apply_to_logits(logits)
         if temperature == 0.0:

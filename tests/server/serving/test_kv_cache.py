@@ -1,11 +1,15 @@
-"""The growing KV layer behaves exactly like transformers' DynamicLayer, without the copies."""
+"""The growing KV layer behaves exactly like transformers' DynamicLayer, without the copies; the
+cache reaches the model under the keyword the installed transformers names."""
 
 from __future__ import annotations
+
+import inspect
+import warnings
 
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from art_backend.serving._kv_cache import ROOM, GrowingLayer
+from art_backend.serving._kv_cache import ROOM, GrowingLayer, cache_keyword
 
 
 def states(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,3 +51,28 @@ def test_batch_selection_and_reassignment_keep_keys_and_values_apart():
     values_before = growing.values.clone()
     growing.keys = torch.cat([growing.keys, growing.keys], dim=2)
     assert torch.equal(growing.values, values_before)
+
+
+def test_the_cache_goes_under_the_keyword_the_installed_transformers_names(tiny_model_dir):
+    """transformers 5.24 renamed `past_key_values` to `cache` (the old name warns per call)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    keyword = cache_keyword(model)
+    assert keyword in inspect.signature(model.forward).parameters
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    assert cache_keyword(wrapped) == keyword  # read through PEFT's **kwargs forward
+    cache = DynamicCache(config=model.config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no deprecation warning on the decode path
+        with torch.no_grad():
+            wrapped(torch.tensor([[1, 2, 3]]), **{keyword: cache}, use_cache=True)
+    assert cache.get_seq_length() == 3  # the forward filled the cache we gave it
+
+
+def test_a_forward_that_names_neither_keyword_gets_the_one_every_release_accepts():
+    class Patched(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, **kwargs: object) -> None: ...
+
+    assert cache_keyword(Patched()) == "past_key_values"
