@@ -13,10 +13,14 @@ page's cookie rides along with any request the browser makes to the server's sit
 - Cross-site requests: any page can POST a form or a `text/plain` fetch (no CORS preflight) to
   http://127.0.0.1:8000/v1/chat/completions. Browsers label every POST with `Origin` and
   `Sec-Fetch-Site`; a state-changing request (POST, PUT, PATCH, DELETE) that they label as
-  coming from another origin is refused (403): `Origin` must be the server's own (the Host it
-  was sent to) or a name listed in --allowed-hosts (a page behind a proxy that rewrites Host).
-  `Origin: null` (a sandboxed frame, a file:// page) is another origin too. Clients that are
-  not browsers (openai, httpx, LangChain) send neither header and are not affected.
+  coming from another origin is refused (403). Same origin means the same scheme, host and port
+  as the request itself (its scheme, its Host): a page on another port or scheme of the same
+  address (a dev server on 127.0.0.1:3000, a notebook) is another origin, even when that address
+  is --host or listed in --allowed-hosts, which only decide which Host names are answered.
+  Behind a TLS proxy the request's scheme is https when the proxy says so (X-Forwarded-Proto,
+  which uvicorn trusts from 127.0.0.1). `Origin: null` (a sandboxed frame, a file:// page) is
+  another origin too. Clients that are not browsers (openai, httpx, LangChain) send neither
+  header and are not affected.
 """
 
 from __future__ import annotations
@@ -86,7 +90,9 @@ class HostGuardMiddleware:
                 "http://localhost or the server's address, or start the server with "
                 f"--allowed-hosts {hostname(host)} if that name is yours.",
             )
-        elif scope["method"] in STATE_CHANGING and (problem := self._cross_origin(headers, host)):
+        elif scope["method"] in STATE_CHANGING and (
+            problem := _cross_origin(headers, host, scope.get("scheme", "http"))
+        ):
             response = _refusal(403, "permission_error", "cross_origin_request", problem)
         else:
             await self.app(scope, receive, send)
@@ -102,48 +108,41 @@ class HostGuardMiddleware:
             or _is_ip_literal(name)
         )
 
-    def _cross_origin(self, headers: Headers, host: str | None) -> str | None:
-        """Why a browser's state-changing request comes from another origin; None if it does not."""
-        origin = headers.get("origin")
-        site = headers.get("sec-fetch-site", "").lower()
-        advice = (
-            "the server takes such requests only from its own pages and from clients that are "
-            "not browsers (no Origin header). A page on another site cannot drive it, with or "
-            "without an API key."
-        )
-        if origin is not None:
-            if origin.strip().lower() == "null":
-                return (
-                    "This request came from another site: a page with no origin of its own "
-                    f"(Origin: null: a sandboxed frame or a local file). {advice}"
-                )
-            if not self._same_origin(origin, host):
-                return f"This request came from another site (Origin: {origin}): {advice}"
-            return None
-        if site in ("cross-site", "same-site"):
-            return f"This request came from another site (Sec-Fetch-Site: {site}): {advice}"
-        return None
 
-    def _same_origin(self, origin: str, host: str | None) -> bool:
-        """Origin names the Host the request was sent to (same host and port) or a listed host."""
-        parts = urlsplit(origin.strip())
-        if parts.scheme not in DEFAULT_PORTS or not parts.netloc:
-            return False
-        try:
-            origin_port = parts.port or DEFAULT_PORTS[parts.scheme]
-        except ValueError:
-            return False
-        origin_host = hostname(parts.netloc)
-        if origin_host in self.listed:
-            return True
-        if host is None:
-            return False
-        host_name = hostname(host)
-        host_port = _port(host)
-        # Behind a TLS proxy Host carries no port while Origin is https (443): default ports match.
-        return origin_host == host_name and (
-            host_port == origin_port or (host_port is None and origin_port in (80, 443))
-        )
+def _cross_origin(headers: Headers, host: str | None, scheme: str) -> str | None:
+    """Why a browser's state-changing request comes from another origin; None if it does not."""
+    origin = headers.get("origin")
+    site = headers.get("sec-fetch-site", "").lower()
+    advice = (
+        "the server takes such requests only from its own pages and from clients that are "
+        "not browsers (no Origin header). A page on another site, or on another port or scheme "
+        "of this host, cannot drive it, with or without an API key."
+    )
+    if origin is not None:
+        if origin.strip().lower() == "null":
+            return (
+                "This request came from another site: a page with no origin of its own "
+                f"(Origin: null: a sandboxed frame or a local file). {advice}"
+            )
+        if not _same_origin(origin, host, scheme):
+            return f"This request came from another origin (Origin: {origin}): {advice}"
+        return None
+    if site in ("cross-site", "same-site"):
+        return f"This request came from another site (Sec-Fetch-Site: {site}): {advice}"
+    return None
+
+
+def _same_origin(origin: str, host: str | None, scheme: str) -> bool:
+    """Origin has the request's own scheme, Host name and port (the scheme's default if none)."""
+    parts = urlsplit(origin.strip())
+    if parts.scheme != scheme or scheme not in DEFAULT_PORTS or not parts.netloc or host is None:
+        return False
+    try:
+        origin_port = parts.port or DEFAULT_PORTS[scheme]
+    except ValueError:
+        return False
+    host_port = _port(host) or DEFAULT_PORTS[scheme]
+    return hostname(parts.netloc) == hostname(host) and origin_port == host_port
 
 
 def _port(netloc: str) -> int | None:

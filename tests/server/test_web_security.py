@@ -204,6 +204,48 @@ def test_allowed_hosts_star_answers_any_name(tmp_path: Path):
         thread.join(10)
 
 
+@pytest.fixture(scope="module", params=["no key", "key"])
+def review_as_its_command_builds_it(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """`art review`'s app with its own --host in the allow-list, as the command adds it, and a
+    listed name; without and with a key (the headers a key-holding client sends)."""
+    from art_backend.review.cli import build_review_server
+
+    root = tmp_path_factory.mktemp("review-origins")
+    write_review_store(root)
+    key = KEY if request.param == "key" else None
+    app = build_review_server(root, api_key=key, allowed_hosts=["127.0.0.1", "review.internal"])
+    server, thread, url = serve_in_thread(app)
+    yield url, ({"Authorization": f"Bearer {KEY}"} if key else {})
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_same_origin_means_same_scheme_host_and_port_whatever_the_allow_list_names(
+    review_as_its_command_builds_it: tuple[str, dict[str, str]],
+):
+    """A page on another port or scheme of the server's own address is another origin, even when
+    that address is --host or listed in --allowed-hosts (those decide only the Host check)."""
+    url, auth = review_as_its_command_builds_it
+    port = urlsplit(url).port
+    other_port = free_port()
+    form = {"action": "flag_trajectory", "trajectory_id": "t0-a", "reason": "origin matrix"}
+    outcomes = {}
+    for host in ["127.0.0.1", "review.internal"]:
+        for scheme in ["http", "https"]:
+            for origin_host in ["127.0.0.1", "localhost", "review.internal", "evil.example"]:
+                for origin_port in [f":{port}", f":{other_port}", ""]:
+                    origin = f"{scheme}://{origin_host}{origin_port}"
+                    headers = {"Host": f"{host}:{port}", "Origin": origin, **auth}
+                    answer = httpx.post(f"{url}{STEP0}/decisions", data=form, headers=headers)
+                    outcomes[(host, origin)] = answer.status_code
+    allowed = {key for key, status in outcomes.items() if status != 403}
+    assert allowed == {("127.0.0.1", f"http://127.0.0.1:{port}"),
+                       ("review.internal", f"http://review.internal:{port}")}  # fmt: skip
+    assert all(status == 303 for key, status in outcomes.items() if key in allowed)
+
+
 # ----------------------------------------------------------------------------- review: CSRF
 
 
@@ -384,6 +426,16 @@ def test_the_entry_points_take_allowed_hosts_and_log_no_key(
         assert httpx.get(f"{url}/review/?api_key=wrong-key", headers=named).status_code == 401
         rebinding = httpx.get(f"{url}/review/", headers={"Host": rebound(url)})
         assert rebinding.status_code == 400
+        # A page on another port of the bind address (which the command lists as a host name)
+        # is another origin, even with the key's help.
+        path = "/v1/training/models" if program == "art-server" else f"{STEP0}/decisions"
+        crossed = httpx.post(
+            f"{url}{path}",
+            content=b'{"project": "p", "name": "x", "base_model": "tiny"}',
+            headers={"Origin": f"http://127.0.0.1:{free_port()}", "Sec-Fetch-Site": "same-site",
+                     "Content-Type": "text/plain", "Authorization": "Bearer key-in-env"},
+        )  # fmt: skip
+        assert crossed.status_code == 403, crossed.text
     finally:
         process.terminate()
         output, _ = process.communicate(timeout=60)
