@@ -163,6 +163,10 @@ class TrainableEngine(Engine, Protocol):
         """Add a fresh LoRA adapter that a trainer updates; never served under its own name."""
         ...
 
+    def remove_trainable_adapter(self, adapter_name: str) -> None:
+        """Remove a trainer's adapter again, leaving the model as it was before it was added."""
+        ...
+
     def exclusive(self) -> contextlib.AbstractContextManager[Any]:
         """Hold the model between two decode steps; yields it (a PEFT model)."""
         ...

@@ -163,7 +163,7 @@ class TorchEngine:
             previous = self.adapters.get(served_name)
             self.adapters[served_name] = adapter_name
             if previous is not None:
-                self.model.delete_adapter(previous)
+                self._delete_adapter(previous)
 
     def add_trainable_adapter(self, adapter_name: str, peft_config: Any) -> None:
         """Add a fresh LoRA adapter for a trainer; it is never served under its own name."""
@@ -195,11 +195,28 @@ class TorchEngine:
         finally:
             self._lock.release()
 
+    def remove_trainable_adapter(self, adapter_name: str) -> None:
+        """Remove a trainer's adapter (its trainer closed, or failed to start)."""
+        with self._lock:
+            self._delete_adapter(adapter_name)
+
     def unload_adapter(self, served_name: str) -> None:
         """Stop serving an adapter and free its weights."""
         with self._lock:
             adapter_name = self.adapters.pop(served_name)
-            self.model.delete_adapter(adapter_name)
+            self._delete_adapter(adapter_name)
+
+    def _delete_adapter(self, adapter_name: str) -> None:
+        """Delete one PEFT adapter; the plain model again once none is left (lock held).
+
+        PEFT keeps naming the last adapter as active after it is deleted, and its forward then
+        fails on every request (`KeyError`) until a restart; without adapters the wrapper has
+        nothing to add, so the engine unwraps the model instead.
+        """
+        self.model.delete_adapter(adapter_name)
+        if not self.model.peft_config:
+            self.model = self.model.unload()
+            self.model.eval()
 
     # ---------------------------------------------------------------------------------- requests
 

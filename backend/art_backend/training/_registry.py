@@ -147,9 +147,6 @@ class ModelRegistry:
         if saved is not None and saved["lora"] != lora:
             logger.warning("%s: keeping the saved LoRA settings %s", request.name, saved["lora"])
             lora = saved["lora"]
-        if saved is None:
-            store.write_model_config({"base_model": request.base_model, "lora": lora})
-
         trainer = LoraTrainer(
             self.trainer_host, f"train_{next(self._adapter_numbers)}", lora, seed=request.seed
         )
@@ -163,6 +160,10 @@ class ModelRegistry:
         except BaseException:
             trainer.close()  # its adapter must not stay in the engine's model
             raise
+        # Only now: a model.json written before a failed load would claim this base model for
+        # checkpoints that do not fit it.
+        if saved is None:
+            store.write_model_config({"base_model": request.base_model, "lora": lora})
         model = RegisteredModel(
             store, trainer, latest, request.base_model, lora, served_steps=request.served_steps
         )

@@ -359,8 +359,7 @@ class LoraTrainer:
 
     def close(self) -> None:
         """Remove this trainer's adapter from the engine's model."""
-        with self.engine.exclusive() as model:
-            model.delete_adapter(self.adapter_name)
+        self.engine.remove_trainable_adapter(self.adapter_name)
 
 
 class CheckpointLoadError(BackendError):

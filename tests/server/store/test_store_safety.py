@@ -281,3 +281,25 @@ def test_the_planted_pickle_does_run_code_when_unpickled_unsafely(tmp_path: Path
     plant_pickle(tmp_path / "state.pt", marker)
     torch.load(tmp_path / "state.pt", weights_only=False)
     assert marker.exists()
+
+
+def test_a_failed_first_register_leaves_the_server_serving_and_writes_no_model_json(
+    tiny_model_dir: Path, art_with_a_trained_model: Path, tmp_path: Path
+):
+    """The misfit is registered on a running server that holds no adapter yet: the trainer's
+    adapter was the model's only one, and deleting it used to leave PEFT broken (500s)."""
+    with running_server(tiny_model_dir, tmp_path / "fresh") as running:
+        misfit = unrecorded_misfit(art_with_a_trained_model)
+        shutil.copytree(misfit, running.art_path / "safe/models/misfit")
+
+        refused = register(running, "misfit")
+
+        assert refused.status_code == 409, refused.text
+        assert "size mismatch" in refused.json()["error"]["message"]
+        assert not (running.art_path / "safe/models/misfit/model.json").exists()
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        answer = httpx.post(f"{running.url}/v1/chat/completions", json=chat, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert register(running, "next").status_code == 200
+        served = httpx.post(f"{running.url}/v1/chat/completions", json={**chat, "model": "next"})
+        assert served.status_code == 200, served.text
