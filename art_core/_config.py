@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from art_core._errors import UnsupportedOptionError
 from art_core._strict import StrictModel, check_names
 
+MAX_LORA_ALPHA = 1e6
+MIN_LORA_SCALE = 1e-30  # above float32's smallest normal number (1.2e-38)
 DEFAULT_TARGET_MODULES = [
     "q_proj",
     "k_proj",
@@ -31,9 +33,22 @@ class LoRAConfig(_Config):
     """The adapter trained on the base model. alpha/r = 2 with lr 1e-5 is the tested default."""
 
     r: int = Field(16, ge=1, le=1024)
-    alpha: float = Field(32, gt=0)
+    # The adapter's output is scaled by alpha/r in float32: bounded so that the scale stays a
+    # finite, non-zero float32 (1e308 registered, then every answer was a 500).
+    alpha: float = Field(32, gt=0, le=MAX_LORA_ALPHA)
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
+    target_modules: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=lambda: list(DEFAULT_TARGET_MODULES), min_length=1
+    )
+
+    @model_validator(mode="after")
+    def _scale_is_a_float32(self) -> LoRAConfig:
+        if self.alpha / self.r < MIN_LORA_SCALE:
+            raise ValueError(
+                f"alpha/r = {self.alpha / self.r:g} is too small to scale the adapter in float32 "
+                f"(at least {MIN_LORA_SCALE:g}); alpha = 2 * r is the usual choice"
+            )
+        return self
 
 
 class TrainConfig(_Config):

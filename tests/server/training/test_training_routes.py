@@ -137,8 +137,20 @@ def sampled_trajectory(server: RunningServer, trajectory_id: str, reward: float)
         ({"lora": {"target_modules": ["no_such_module"]}}, "lora.target_modules", "q_proj"),
         ({"seed": 2**70}, "seed", "less than or equal to 9223372036854775807"),
         ({"seed": -(2**63) - 1}, "seed", "greater than or equal to"),
+        ({"lora": {"alpha": 1e308}}, "lora.alpha", "less than or equal to 1000000"),
+        ({"lora": {"alpha": 1e-35, "r": 8}}, "lora", "too small to scale the adapter"),
+        ({"lora": {"target_modules": []}}, "lora.target_modules", "at least 1 item"),
+        ({"lora": {"target_modules": [""]}}, "lora.target_modules[0]", "at least 1 character"),
     ],
-    ids=["target-modules-naming-nothing", "seed-2**70", "seed-below-int64"],
+    ids=[
+        "target-modules-naming-nothing",
+        "seed-2**70",
+        "seed-below-int64",
+        "alpha-1e308",
+        "alpha-over-r-underflows",
+        "no-target-modules",
+        "empty-target-module",
+    ],
 )
 def test_bad_registration_is_a_400_that_saves_nothing(server: RunningServer, fields, param, words):
     body = {"project": "routes", "name": "refused", "base_model": "tiny", **fields}
