@@ -20,8 +20,15 @@ from starlette.routing import Match
 from art_backend._auth import ApiKeyMiddleware
 from art_backend._errors import BackendError, InvalidNameError, InvalidRequestError
 from art_backend._host_guard import HostGuardMiddleware
-from art_backend._limits import DEFAULT_MAX_BODY_MB, MIB, BodySizeLimitMiddleware, parse_json_object
+from art_backend._limits import (
+    DEFAULT_MAX_BODY_MB,
+    MIB,
+    BodySizeLimitMiddleware,
+    CheckedJsonRoute,
+    parse_json_object,
+)
 from art_backend._openapi import describe_api
+from art_backend._unicode import TolerantJSONResponse
 from art_backend.review._app import create_review_app
 from art_backend.serving._chat import ChatService
 from art_backend.serving._records import validate_rollout_id
@@ -64,7 +71,13 @@ def create_app(
         # uvicorn has drained in-flight requests by now (SIGTERM); let the engine finish too.
         service.engine.stop()
 
-    app = FastAPI(title="art-server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="art-server",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        default_response_class=TolerantJSONResponse,
+    )
     app.state.service = service
     app.state.training = training
 
@@ -162,7 +175,6 @@ def create_app(
     app.get("/v1/models")(list_models)
     app.get("/rollouts/{rollout_id}/v1/models")(list_models)
 
-    @app.post("/v1/adapters")
     async def load_adapter(body: LoadAdapterRequest):
         if not is_adapter_name(body.name):
             raise InvalidNameError(
@@ -191,6 +203,10 @@ def create_app(
         # Loading takes the engine lock between steps: keep the event loop free meanwhile.
         await asyncio.to_thread(service.engine.load_adapter, body.name, path)
         return {"id": body.name, "object": "model"}
+
+    app.router.add_api_route(
+        "/v1/adapters", load_adapter, methods=["POST"], route_class_override=CheckedJsonRoute
+    )
 
     if training is not None:
         app.include_router(training_router(training))

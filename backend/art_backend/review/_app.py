@@ -19,12 +19,13 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art_backend._auth import CSRF_STATE
 from art_backend._errors import BackendError, InvalidRequestError
+from art_backend._unicode import TolerantHTMLResponse, TolerantJSONResponse
 from art_backend.review._browse import (
     PENDING,
     ReviewNotFoundError,
@@ -69,13 +70,19 @@ GROUP_ACTIONS = {"flag_group": "flag_group", "withdraw_group": "withdraw"}
 
 def create_review_app(root: Path) -> FastAPI:
     """The review pages over the store at `root` (a server's --path), to mount at /review."""
-    app = FastAPI(title="review", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="review",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        default_response_class=TolerantJSONResponse,
+    )
 
     def reviewer(request: Request) -> Reviewer:
         token = getattr(request.state, CSRF_STATE, "")
         return Reviewer(request.cookies.get(WHO_COOKIE, ""), token)
 
-    @app.get("/", response_class=HTMLResponse)
+    @app.get("/", response_class=TolerantHTMLResponse)
     def models() -> str:
         return index_page(root, list_models(root))
 
@@ -84,8 +91,8 @@ def create_review_app(root: Path) -> FastAPI:
     def login_without_key() -> Response:
         return RedirectResponse(f"{PREFIX}/", status_code=303)  # no --api-key: nothing to log in to
 
-    @app.get("/{project}/{name}", response_class=HTMLResponse)
-    @app.get("/{project}/{name}/", response_class=HTMLResponse)
+    @app.get("/{project}/{name}", response_class=TolerantHTMLResponse)
+    @app.get("/{project}/{name}/", response_class=TolerantHTMLResponse)
     def model(project: str, name: str, request: Request) -> str:
         store = open_model(root, project, name)
         query = dict(request.query_params)
@@ -106,7 +113,7 @@ def create_review_app(root: Path) -> FastAPI:
             reviewer=reviewer(request),
         )
 
-    @app.get("/{project}/{name}/search", response_class=HTMLResponse)
+    @app.get("/{project}/{name}/search", response_class=TolerantHTMLResponse)
     def search(project: str, name: str, request: Request) -> str:
         store = open_model(root, project, name)
         query = dict(request.query_params)
@@ -135,7 +142,7 @@ def create_review_app(root: Path) -> FastAPI:
             damaged=damaged,
         )
 
-    @app.get("/{project}/{name}/steps/{split}/{step}", response_class=HTMLResponse)
+    @app.get("/{project}/{name}/steps/{split}/{step}", response_class=TolerantHTMLResponse)
     def step(project: str, name: str, split: str, step: str, request: Request) -> str:
         store = open_model(root, project, name)
         query = dict(request.query_params)
@@ -145,7 +152,9 @@ def create_review_app(root: Path) -> FastAPI:
         shown = wanted.apply(view.groups) if wanted.active else view.groups
         return step_page(store, view, shown, query, state.approved, reviewer(request))
 
-    @app.get("/{project}/{name}/steps/{split}/{step}/groups/{group}", response_class=HTMLResponse)
+    @app.get(
+        "/{project}/{name}/steps/{split}/{step}/groups/{group}", response_class=TolerantHTMLResponse
+    )
     def group(project: str, name: str, split: str, step: str, group: str, request: Request) -> str:
         store = open_model(root, project, name)
         view = load_step(store, split, step, load_state(store))
@@ -153,7 +162,7 @@ def create_review_app(root: Path) -> FastAPI:
 
     @app.get(
         "/{project}/{name}/steps/{split}/{step}/trajectories/{trajectory_id:path}",
-        response_class=HTMLResponse,
+        response_class=TolerantHTMLResponse,
     )
     def trajectory(
         project: str, name: str, split: str, step: str, trajectory_id: str, request: Request
@@ -303,7 +312,7 @@ async def _form(request: Request) -> dict[str, str]:
 def _done(request: Request, row: dict[str, Any], target: str) -> Response:
     """JSON for API clients; for a browser, back to the page (303) remembering the name."""
     if "application/json" in request.headers.get("accept", ""):
-        return JSONResponse({"decision": row})
+        return TolerantJSONResponse({"decision": row})
     if not target.startswith(f"{PREFIX}/") or "//" in target or "\\" in target:
         target = f"{PREFIX}/"
     response = RedirectResponse(target, status_code=303)
@@ -319,8 +328,8 @@ def _register_error_pages(app: FastAPI) -> None:
         if "application/json" in request.headers.get("accept", ""):
             kind = kind or ("not_found_error" if status == 404 else "invalid_request_error")
             body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-            return JSONResponse(body, status_code=status)
-        return HTMLResponse(error_page(status, message), status_code=status)
+            return TolerantJSONResponse(body, status_code=status)
+        return TolerantHTMLResponse(error_page(status, message), status_code=status)
 
     @app.exception_handler(BackendError)
     async def backend_error(request: Request, error: BackendError) -> Response:

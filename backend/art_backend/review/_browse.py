@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from art_backend._errors import BackendError
+from art_backend._unicode import replace_lone_surrogates
 from art_backend.store._checkpoints import ModelStore, read_trajectory_file
 from art_backend.store._review_decisions import (
     PENDING,
@@ -134,7 +135,9 @@ class TrajectoryView:
 
     @property
     def id(self) -> str:
-        return str(self.row["id"])
+        # A lone surrogate in an id logged before they were refused becomes U+FFFD, so that the
+        # page's link to the trajectory finds it again.
+        return replace_lone_surrogates(str(self.row["id"]))
 
     @property
     def logged_reward(self) -> float:

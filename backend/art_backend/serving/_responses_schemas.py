@@ -28,6 +28,7 @@ from pydantic.json_schema import SkipJsonSchema
 from art_backend.serving._schemas import (
     SEED_RANGE,
     check_logit_bias,
+    check_metadata,
     check_parameters_schema,
     check_stop_sequences,
     check_tool_name,
@@ -392,12 +393,7 @@ class ResponseCreateRequest(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _metadata_limits(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
-        if metadata is not None and len(metadata) > 16:
-            raise ValueError("at most 16 key-value pairs")
-        for key, value in (metadata or {}).items():
-            if len(key) > 64 or len(value) > 512:
-                raise ValueError("keys are at most 64 characters, values at most 512")
-        return metadata
+        return check_metadata(metadata)
 
     @field_validator("stop")
     @classmethod

@@ -69,10 +69,23 @@ def check_stop_sequences(stop: str | list[str] | None) -> str | list[str] | None
     return stop
 
 
+def check_metadata(metadata: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's bounds on `metadata`: at most 16 pairs, keys of 64 and values of 512 characters."""
+    if metadata is not None and len(metadata) > 16:
+        raise ValueError("at most 16 key-value pairs")
+    for key, value in (metadata or {}).items():
+        if len(key) > 64 or len(value) > 512:
+            raise ValueError("keys are at most 64 characters, values at most 512")
+    return metadata
+
+
+TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,18}")  # ASCII digits only: `str.isdigit` takes "²"
+
+
 def check_logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
     """`logit_bias` keys are token ids and values lie in [-100, 100]."""
     for token, value in (bias or {}).items():
-        if not token.lstrip("-").isdigit():
+        if not TOKEN_ID_KEY.fullmatch(token):
             raise ValueError(f"keys must be token ids, got {token!r}")
         if not -100 <= value <= 100:
             raise ValueError(f"bias for token {token} must be in [-100, 100]")
@@ -165,7 +178,7 @@ class ChatCompletionRequest(BaseModel):
     modalities: list[Literal["text"]] | None = None
     # Accepted and unused; see IGNORED_FIELDS.
     user: str | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
@@ -195,6 +208,11 @@ class ChatCompletionRequest(BaseModel):
     @classmethod
     def _bias_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         return check_logit_bias(bias)
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        return check_metadata(metadata)
 
     @field_validator("response_format")
     @classmethod

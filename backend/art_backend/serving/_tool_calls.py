@@ -41,6 +41,7 @@ import string
 from typing import Any
 
 from art_backend._errors import InvalidRequestError
+from art_backend._limits import MAX_JSON_DEPTH, nests_deeper_than
 
 _TOOL_CALL_OPEN = "<tool_call>"
 _TOOL_CALL_CLOSE = "</tool_call>"
@@ -181,13 +182,16 @@ def _native_message(message: dict, role: str, content: str) -> dict:
 
 
 def _parse_json_or_keep(arguments: dict | str) -> Any:
-    """Arguments given as a JSON string become the parsed value; anything else is kept."""
+    """Arguments given as a JSON string become the parsed value; anything else is kept, as is a
+    string that does not parse (invalid, an integer past 4,300 digits) or nests too deep for the
+    chat template to render."""
     if not isinstance(arguments, str):
         return arguments
     try:
-        return json.loads(arguments)
-    except json.JSONDecodeError:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         return arguments
+    return arguments if nests_deeper_than(value, MAX_JSON_DEPTH) else value
 
 
 def _take_tagged_calls(text: str, tool_names: set[str] | None, calls: list[dict]) -> str:

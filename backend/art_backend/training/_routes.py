@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from art_backend._limits import CheckedJsonRoute
 from art_backend.training._review_hold import held_for_review
 from art_backend.training._schemas import (
     DeleteCheckpointsRequest,
@@ -28,7 +29,7 @@ from art_backend.training._service import TrainingService
 
 def training_router(training: TrainingService) -> APIRouter:
     """The training routes bound to one TrainingService."""
-    router = APIRouter(prefix="/v1/training")
+    router = APIRouter(prefix="/v1/training", route_class=CheckedJsonRoute)
 
     @router.post("/models")
     async def register(body: RegisterRequest):

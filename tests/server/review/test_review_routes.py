@@ -14,7 +14,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.review_data import MODEL, PROJECT, start_review_server, write_review_store
+from tests.support.review_data import (
+    MODEL,
+    PROJECT,
+    start_review_server,
+    tool_trajectory,
+    write_review_store,
+)
 from tests.support.servers import free_port
 
 MODEL_PAGE = f"/review/{PROJECT}/{MODEL}"
@@ -371,3 +377,32 @@ def test_art_review_needs_an_existing_folder(tmp_path: Path):
 def test_the_review_app_does_not_import_torch():
     code = "import sys, art_backend.review.cli; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pages_show_a_lone_surrogate_on_disk_instead_of_failing(tmp_path: Path):
+    """Files written before lone surrogates were refused (json.dumps escapes them as \\ud800):
+    the step, group and search pages show U+FFFD where the half stood."""
+    store = write_review_store(tmp_path)
+    half = "\ud800"
+    row = {"group": 0, **tool_trajectory(f"t5-{half}", 1.0, f"twelve {half} bags", advantage=1.0)}
+    store.write_trajectories("train", 5, [row])
+    store.append_history({"type": "log", "split": "val", "step": 5, "metrics": {f"m{half}": 1.0}})
+    server, thread, url = start_review_server(tmp_path)
+    try:
+        for path in [
+            f"{MODEL_PAGE}/steps/train/5",
+            f"{MODEL_PAGE}/steps/train/5/groups/0",
+            f"{MODEL_PAGE}/search?q=twelve",
+            f"{MODEL_PAGE}/",
+        ]:
+            page = httpx.get(f"{url}{path}")
+            assert page.status_code == 200, (path, page.text[:300])
+        step_page = httpx.get(f"{url}{MODEL_PAGE}/steps/train/5").text
+        assert "t5-\ufffd" in step_page
+        link = re.search(r'href="([^"]*/trajectories/t5-[^"]*)"', step_page)
+        assert link is not None
+        trajectory = httpx.get(f"{url}{link.group(1)}")
+        assert trajectory.status_code == 200 and "twelve \ufffd bags" in trajectory.text
+    finally:
+        server.should_exit = True
+        thread.join(10)

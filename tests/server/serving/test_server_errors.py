@@ -146,7 +146,86 @@ BAD_REQUESTS = [
         (body(**{name: "x"}), 400, name, "unsupported parameter")
         for name in ("audio", "prediction", "web_search_options", "verbosity", "function_call")
     ],
+    (body(logit_bias={"--5": 1}), 400, "logit_bias", "token ids"),
+    (body(logit_bias={"²": 1}), 400, "logit_bias", "token ids"),  # str.isdigit() says yes
+    (body(logit_bias={"1" * 40: 1}), 400, "logit_bias", "token ids"),
+    (body(metadata={f"k{i}": "v" for i in range(17)}), 400, "metadata", "at most 16"),
+    (body(metadata={"k": "v" * 513}), 400, "metadata", "at most 512"),
+    (body(metadata={"k": {"nested": 1}}), 400, "metadata.k", "string"),
 ]
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+
+
+def with_arguments(arguments: str) -> dict:
+    """A chat whose assistant turn called a tool with these `arguments` (a JSON string)."""
+    call = {**CALL, "function": {**CALL["function"], "arguments": arguments}}
+    return body(
+        tools=[WEATHER],
+        messages=[
+            *USER,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ],
+    )
+
+
+def test_tool_call_arguments_nested_too_deep_to_render_are_kept_as_text(server):
+    """Parsed, 200 levels would pass the template's limits: kept as the text they came as (the
+    unit tests in test_tool_calls.py cover arguments that do not parse at all)."""
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json=with_arguments("[" * 200 + "]" * 200),
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    assert_still_serving(server)
+
+
+LONE = "\\ud800"  # as JSON writes it: valid JSON, not text
+RESPONSES_BODY = '{"model": "tiny", "input": "a' + LONE + 'b", "max_output_tokens": 4}'
+# (path, raw JSON body, status, param, words): bodies `json=` cannot send.
+RAW_BAD_BODIES = [
+    ("/v1/chat/completions", json.dumps(body()).replace('"hi"', f'"h{LONE}i"'), 400,
+     "messages[0].content", "lone UTF-16 surrogate"),
+    ("/v1/chat/completions", json.dumps(body(metadata={"k": "v"})).replace('"v"', f'"{LONE}"'),
+     400, "metadata.k", "lone UTF-16 surrogate"),
+    ("/v1/chat/completions", json.dumps(body()).replace('"hi"', '"\\udc00\\ud800"'), 400,
+     "messages[0].content", "lone UTF-16 surrogate"),  # two halves in the wrong order
+    ("/v1/responses", RESPONSES_BODY, 400, "input", "lone UTF-16 surrogate"),
+    ("/v1/training/models/p/m/log", '{"trajectories": [{"id": "t' + LONE + '"}]}', 400,
+     "trajectories[0].id", "lone UTF-16 surrogate"),
+    ("/v1/chat/completions", json.dumps(body()).replace('"max_tokens": 4', '"max_tokens": '
+     + "9" * 4301), 400, None, "4300 digits"),
+    ("/v1/training/models", '{"project": "p", "name": "m", "seed": ' + "9" * 4301 + "}", 400,
+     None, "4300 digits"),
+    ("/v1/chat/completions", '{"model": "tiny", "messages": [' + "1," * 100_000 + "1]}",
+     400, None, "more than 100,000 JSON values"),
+    ("/v1/training/models", '{"project": "p", "x": [' + "1," * 100_000 + "1]}", 400,
+     None, "more than 100,000 JSON values"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "status", "param", "words"),
+    RAW_BAD_BODIES,
+    ids=[
+        "chat-surrogate", "metadata-surrogate", "reversed-pair", "responses-surrogate",
+        "log-surrogate", "chat-4301-digits", "register-4301-digits", "chat-too-many-values",
+        "register-too-many-values",
+    ],
+)  # fmt: skip
+def test_raw_bodies_that_json_cannot_send_get_a_clear_error(
+    server, path, raw, status, param, words
+):
+    response = httpx.post(
+        f"{server.url}{path}", content=raw.encode(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert words in error["message"] and error["param"] == param
+    assert_still_serving(server)
+
 
 # Values in OpenAI's ranges that once broke the sampler (a NaN from dividing by a denormal
 # temperature, every token removed by a top_p below float32's smallest number): now served.

@@ -535,3 +535,26 @@ def test_prepared_assistant_turn_parses_back_to_its_tool_calls():
         ("get_weather", {"city": "Paris"}),
         ("get_time", {"zone": "Europe/Paris"}),
     ]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ["[" * 1100 + "]" * 1100, '{"n": ' + "9" * 4400 + "}", "[" * 200 + "]" * 200, "{not json"],
+    ids=["too-deep-to-parse", "4400-digits", "deeper-than-the-body-limit", "invalid"],
+)
+def test_arguments_that_do_not_parse_or_nest_too_deep_are_kept_as_their_text(arguments: str):
+    """Each of these was a 500 (RecursionError, ValueError) before it reached the template."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+    ]
+    [_, assistant] = prepare_messages(messages, None, supports_tools=True)
+    assert assistant["tool_calls"][0]["function"]["arguments"] == arguments
+
+
+def test_arguments_that_parse_become_the_value():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": [1]}'}}
+    messages = [{"role": "assistant", "content": None, "tool_calls": [call]}]
+    [assistant] = prepare_messages(messages, None, supports_tools=True)
+    assert assistant["tool_calls"][0]["function"]["arguments"] == {"a": [1]}

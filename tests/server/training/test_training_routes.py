@@ -285,3 +285,20 @@ def test_log_keeps_statistics_finite_and_counts_what_it_drops(
     assert "calls" not in metrics  # ...and the sum that overflowed left out of the row,
     assert metrics["dropped/non_finite_metrics"] == 2  # both counted
     assert_still_serving(server)
+
+
+def test_history_holding_a_lone_surrogate_on_disk_is_read_back_as_json(server: RunningServer):
+    """A row logged before lone surrogates were refused: answered as a `\\ud800` escape (valid
+    JSON, nothing lost), not a 500."""
+    from art_backend.store._checkpoints import ModelStore
+
+    body = {"project": "routes", "name": "old-rows", "base_model": "tiny"}
+    assert httpx.post(f"{server.url}{MODELS}", json=body, timeout=60).status_code == 200
+    store = ModelStore(server.art_path, "routes", "old-rows")
+    store.append_history({"type": "log", "split": "val", "step": 0, "metrics": {"m\ud800": 1.0}})
+
+    response = httpx.get(f"{server.url}{MODELS}/routes/old-rows/history")
+
+    assert response.status_code == 200, response.text
+    assert "\\ud800" in response.text
+    assert json.loads(response.text)["rows"][-1]["metrics"] == {"m\ud800": 1.0}
