@@ -150,7 +150,7 @@ def _port(netloc: str) -> int | None:
     if tail.count(":") != 1:
         return None
     digits = tail.rsplit(":", 1)[1]
-    return int(digits) if digits.isdigit() else None
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 def _is_ip_literal(name: str) -> bool:

@@ -76,7 +76,7 @@ class BodySizeLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_bytes:
+        if declared.isascii() and declared.isdigit() and int(declared) > self.max_bytes:
             await _too_large_response(self.max_bytes)(scope, receive, send)
             return
 

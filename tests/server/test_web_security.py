@@ -441,3 +441,13 @@ def test_the_entry_points_take_allowed_hosts_and_log_no_key(
         output, _ = process.communicate(timeout=60)
     assert "/review/?key=REDACTED" in output and "/review/?api_key=REDACTED" in output
     assert "key-in-env" not in output and "wrong-key" not in output
+
+
+def test_a_host_port_of_other_digits_is_no_port_not_a_500(server: RunningServer):
+    """`str.isdigit` takes "²": the port of `127.0.0.1:²` was read with int() (a 500)."""
+    response = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json=CHAT,
+        headers={"Host": "127.0.0.1:²".encode("latin-1"), "Origin": "http://127.0.0.1:2"},
+    )
+    assert response.status_code == 403, response.text

@@ -230,7 +230,7 @@ def load_step(store: ModelStore, split: str, step: str, state: ReviewState) -> S
         )
         return view
     entries = [e for e in list_steps(store) if e.split == split]
-    number = int(step) if step.isdigit() and len(step) <= 9 else None
+    number = int(step) if step.isascii() and step.isdigit() and len(step) <= 9 else None
     entry = next((e for e in entries if e.step == number), None)
     if not is_split(split) or entry is None:
         steps = ", ".join(str(e.step) for e in entries)

@@ -222,8 +222,98 @@ def unmatched_target_modules(module_names: list[str], targets: list[str]) -> lis
     ]
 
 
-def check_adapter_folder(folder: Path, module_names: list[str]) -> dict[str, Any]:
-    """The adapter_config.json of a LoRA folder, checked before PEFT reads it.
+def linear_shapes(model: Any) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each linear module of `model`, by its full name."""
+    from transformers.pytorch_utils import Conv1D
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    shapes = {}
+    for name, module in base.named_modules():
+        if any(part.startswith("lora_") for part in name.split(".")):
+            continue
+        if isinstance(module, torch.nn.Linear):
+            shapes[name.removesuffix(".base_layer")] = (module.in_features, module.out_features)
+        elif isinstance(module, Conv1D):  # GPT-2's linear layers: weight [in, out]
+            shapes[name.removesuffix(".base_layer")] = (module.nx, module.nf)
+    return shapes
+
+
+# A safetensors header is a few kilobytes for an adapter; past this it is not one.
+MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+PEFT_PREFIX = "base_model.model."
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """The tensors a safetensors file declares (`dtype`, `shape`, `data_offsets`), checked to lie
+    inside the file. Raises ValueError saying what is wrong (truncated, not safetensors)."""
+    size = path.stat().st_size
+    with open(path, "rb") as weights:
+        length_bytes = weights.read(8)
+        if len(length_bytes) < 8:
+            raise ValueError(f"it has {size} bytes, fewer than a safetensors header")
+        length = int.from_bytes(length_bytes, "little")
+        if length > min(size - 8, MAX_SAFETENSORS_HEADER):
+            raise ValueError("its header claims more bytes than the file holds (truncated?)")
+        try:
+            header = json.loads(weights.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"its header is not safetensors JSON ({error})") from error
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    data_bytes = size - 8 - length
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) for o in offsets)
+            and isinstance(shape, list)
+            and all(isinstance(d, int) for d in shape)
+        ):
+            raise ValueError(f"tensor {name!r} has no valid shape and data offsets")
+        if not 0 <= offsets[0] <= offsets[1] <= data_bytes:
+            raise ValueError(
+                f"tensor {name!r} lies past the end of the file (bytes {offsets[0]}-{offsets[1]} "
+                f"of {data_bytes}): the file is truncated"
+            )
+        tensors[name] = info
+    return tensors
+
+
+def _weights_problem(tensors: dict[str, Any], shapes: dict[str, tuple[int, int]]) -> str | None:
+    """Why LoRA A/B weights do not fit the model's linear layers (another base model), if so."""
+    ranks: dict[str, dict[str, int]] = {}
+    for name, info in tensors.items():
+        for part, dimension in (("lora_A", 1), ("lora_B", 0)):
+            suffix = f".{part}.weight"
+            if not name.endswith(suffix):
+                continue
+            module = name.removeprefix(PEFT_PREFIX).removesuffix(suffix)
+            if module not in shapes or len(info["shape"]) != 2:
+                continue
+            expected = shapes[module][0 if part == "lora_A" else 1]
+            if info["shape"][dimension] != expected:
+                side = "in" if part == "lora_A" else "out"
+                return (
+                    f"{name} has shape {info['shape']}, but the base model's {module} has "
+                    f"{side}_features={expected} (was it trained on another base model?)."
+                )
+            ranks.setdefault(module, {})[part] = info["shape"][1 - dimension]
+    for module, rank in ranks.items():
+        if len(rank) == 2 and rank["lora_A"] != rank["lora_B"]:
+            return f"{module}'s lora_A and lora_B disagree on the rank ({rank})."
+    return None
+
+
+def check_adapter_folder(
+    folder: Path, module_names: list[str], shapes: dict[str, tuple[int, int]] | None = None
+) -> dict[str, Any]:
+    """The adapter_config.json of a LoRA folder, and its weights' header, checked before PEFT
+    reads them; with `shapes` (see `linear_shapes`), the weights must fit those layers.
 
     Raises InvalidRequestError (param "path") saying what is wrong: PEFT itself fails on a bad
     config with a KeyError, or after it has already wrapped the model's layers.
@@ -271,6 +361,12 @@ def check_adapter_folder(folder: Path, module_names: list[str]) -> dict[str, Any
         raise refuse('"target_modules" must be a list of module names.')
     if not (folder / ADAPTER_SAFETENSORS).is_file():
         raise refuse(f"{ADAPTER_SAFETENSORS} is missing (only safetensors weights are loaded).")
+    try:
+        tensors = read_safetensors_header(folder / ADAPTER_SAFETENSORS)
+    except (OSError, ValueError) as error:
+        raise refuse(f"{ADAPTER_SAFETENSORS} cannot be used: {error}.") from error
+    if shapes is not None and (problem := _weights_problem(tensors, shapes)):
+        raise refuse(f"{ADAPTER_SAFETENSORS} does not fit this model: {problem}")
     return config
 
 

@@ -33,7 +33,7 @@ from art_backend.serving._engine import (
     TokenEvent,
 )
 from art_backend.serving._kv_cache import append_rows, cache_keyword, keep_rows, make_growing
-from art_backend.serving._loading import adaptable_modules, check_adapter_folder
+from art_backend.serving._loading import adaptable_modules, check_adapter_folder, linear_shapes
 from art_backend.serving._sampling import (
     apply_bias_and_penalties,
     make_generator,
@@ -102,6 +102,7 @@ class TorchEngine:
         self.adapters: dict[str, str] = {}  # served name -> PEFT adapter name
         # What a LoRA's target_modules may name; read once, before any adapter wraps a layer.
         self.adaptable_modules = adaptable_modules(model)
+        self._linear_shapes = linear_shapes(model)  # what a served adapter's weights must fit
         self._adapter_counter = itertools.count()
         self._lora_layers_key: tuple[str, ...] | None = None
         self._lora_layers_cache: list[Any] = []
@@ -150,7 +151,7 @@ class TorchEngine:
         from peft import PeftModel
 
         # A folder PEFT would fail on is a 400 before PEFT wraps any layer of the model.
-        check_adapter_folder(path, self.adaptable_modules)
+        check_adapter_folder(path, self.adaptable_modules, self._linear_shapes)
         adapter_name = f"adapter_{next(self._adapter_counter)}"
         with self._lock:
             if isinstance(self.model, PeftModel):

@@ -160,6 +160,7 @@ def test_bad_filters_are_400_naming_the_field(review: httpx.Client, query: dict,
         (f"{MODEL_PAGE}/steps/train/7", "its train steps are 0, 1"),
         (f"{MODEL_PAGE}/steps/test/0", "it has no 'test' steps"),
         (f"{MODEL_PAGE}/steps/train/x", "No 'train' step 'x'"),
+        (f"{MODEL_PAGE}/steps/val/²", "No 'val' step '²'"),  # str.isdigit() says yes: was a 500
         (f"{STEP0}/groups/9", "it has groups 0, 1"),
         (f"{STEP0}/trajectories/missing", "No trajectory 'missing' in train step 0"),
         (f"{MODEL_PAGE}/steps/_pending/abcdefabcdef", "is held for review"),

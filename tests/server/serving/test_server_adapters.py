@@ -132,3 +132,58 @@ def test_a_pickled_weights_file_is_never_read(adapter_server, tiny_model_dir):
     )
     assert response.status_code == 400
     assert "only safetensors" in response.json()["error"]["message"]
+
+
+def widen(weights: Path) -> None:
+    """LoRA weights of a wider model (hidden size +32): another base model's adapter."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    save_file(
+        {
+            key: tensor.new_zeros(
+                (tensor.shape[0], tensor.shape[1] + 32)
+                if "lora_A" in key
+                else (tensor.shape[0] + 32, tensor.shape[1])
+            )
+            for key, tensor in tensors.items()
+        },
+        weights,
+    )
+
+
+# How the weights file is spoiled, and what the 400 says: each was a 500 (PEFT failing, some
+# after it had wrapped the model's layers).
+SPOILED_WEIGHTS = [
+    (widen, "trained on another base model"),
+    (lambda weights: weights.write_bytes(weights.read_bytes()[:-100]), "truncated"),
+    (lambda weights: weights.write_bytes(b"\x10" + b"\x00" * 7 + b"garbage!" * 2), "header"),
+    (lambda weights: weights.write_bytes(b""), "fewer than a safetensors header"),
+    (lambda weights: weights.write_bytes(b"\xff" * 64), "more bytes than the file holds"),
+]
+
+
+@pytest.mark.parametrize(
+    ("spoil", "words"),
+    SPOILED_WEIGHTS,
+    ids=["another-base-model", "truncated", "garbage-header", "empty", "huge-header-length"],
+)
+def test_weights_that_do_not_fit_or_are_damaged_are_a_400(
+    adapter_server, tiny_model_dir, spoil, words
+):
+    folder = adapter_server.art_path / "demo" / "models" / "spoiled" / "checkpoints" / "0001"
+    make_random_adapter(tiny_model_dir, folder, seed=5)
+    spoil(folder / "adapter_model.safetensors")
+    client = openai.OpenAI(base_url=f"{adapter_server.url}/v1", api_key="x", max_retries=0)
+    base_answer = greedy_ids(client, "tiny")
+
+    response = httpx.post(
+        f"{adapter_server.url}/v1/adapters", json={"name": "spoiled@1", "path": str(folder)}
+    )
+
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "path" and words in error["message"], error["message"]
+    assert "spoiled@1" not in [model.id for model in client.models.list()]
+    assert greedy_ids(client, "tiny") == base_answer
+    assert greedy_ids(client, "agent@1")  # the adapters already served still answer
