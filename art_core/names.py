@@ -27,7 +27,7 @@ DEFAULT_MODEL_ALIAS = "smollm2-135m-instruct"
 
 def is_name(value: str) -> bool:
     """True for a valid project or model name (safe as one path component)."""
-    return bool(NAME_PATTERN.match(value)) and ".." not in value
+    return bool(NAME_PATTERN.fullmatch(value)) and ".." not in value
 
 
 def check_name(value: str, what: str) -> str:
@@ -42,7 +42,7 @@ def check_name(value: str, what: str) -> str:
 
 def is_split(value: str) -> bool:
     """True for a valid split name ("train", "val", "eval-hard", ...)."""
-    return bool(SPLIT_PATTERN.match(value))
+    return bool(SPLIT_PATTERN.fullmatch(value))
 
 
 def check_split(value: str) -> str:
@@ -57,17 +57,17 @@ def check_split(value: str) -> str:
 
 def is_rollout_id(value: str) -> bool:
     """True for a valid rollout id."""
-    return bool(ROLLOUT_ID_PATTERN.match(value))
+    return bool(ROLLOUT_ID_PATTERN.fullmatch(value))
 
 
 def is_served_name(value: str) -> bool:
     """True for a valid served base-model name (a hub id such as owner/name is one)."""
-    return bool(SERVED_NAME_PATTERN.match(value)) and ".." not in value and "@" not in value
+    return bool(SERVED_NAME_PATTERN.fullmatch(value)) and ".." not in value and "@" not in value
 
 
 def is_adapter_name(value: str) -> bool:
     """True for `<model name>@<step>`, the served name of one checkpoint."""
-    match = ADAPTER_NAME_PATTERN.match(value)
+    match = ADAPTER_NAME_PATTERN.fullmatch(value)
     return match is not None and is_name(match.group(1))
 
 

@@ -284,7 +284,11 @@ def discover_checkpoints(
             # Any PEFT folder named by its step (step.json marks the trainer's own).
             steps = [
                 store.checkpoint_dir(step)
-                for step in sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+                for step in sorted(
+                    int(p.name)
+                    for p in checkpoints.iterdir()
+                    if p.name.isascii() and p.name.isdigit()
+                )
                 if (store.checkpoint_dir(step) / "adapter_config.json").is_file()
             ]
         except BackendError as error:  # a bad folder name, a link leading outside --path
@@ -322,9 +326,12 @@ def _recorded_base_model(store, steps: list[Path]) -> str | None:
 
 def load_checkpoints(engine, art_path: Path, base_names: list[str]) -> int:
     """Serve the newest checkpoints under `art_path` whose base model is this one; returns how
-    many models were skipped (each logged). A checkpoint that still fails to load stops the
-    start with an error naming it and the cause."""
+    many models were skipped (each logged). A model's latest checkpoint that still fails to load
+    stops the start with an error naming it and the cause; an older one (half-deleted by a
+    crash, say) is skipped with a warning naming it."""
     found, skipped = discover_checkpoints(art_path, base_names)
+    # Steps come oldest first within a model: the last path seen for a name is its latest.
+    latest = {adapter_name.rpartition("@")[0]: path for adapter_name, path in found}
     for reason in skipped:
         logger.warning("not serving the checkpoints of %s", reason)
     if skipped:
@@ -339,6 +346,15 @@ def load_checkpoints(engine, art_path: Path, base_names: list[str]) -> int:
             engine.load_adapter(adapter_name, adapter_path)
         except Exception as error:
             reason = " ".join(str(error).split())[:300]
+            if adapter_path != latest[adapter_name.rpartition("@")[0]]:
+                logger.warning(
+                    "not serving %s, an older step of its model: it does not load (%s: %s); "
+                    "the folder stays on disk (half-deleted by a crash? then delete it)",
+                    adapter_path,
+                    type(error).__name__,
+                    reason,
+                )
+                continue
             raise ModelLoadError(
                 f"Checkpoint {adapter_path} does not load onto base model {base_names[0]!r} "
                 f"({type(error).__name__}: {reason}). If it was trained on another base model, "

@@ -480,7 +480,7 @@ def _latest_steps(adapters: list[str]) -> dict[str, str]:
     """Each trained model's plain name -> the served name of its highest step."""
     latest: dict[str, tuple[int, str]] = {}
     for served in adapters:
-        if (match := ADAPTER_NAME_PATTERN.match(served)) is None:
+        if (match := ADAPTER_NAME_PATTERN.fullmatch(served)) is None:
             continue
         name, step = match[1], int(match[2])
         if name not in latest or step > latest[name][0]:
@@ -490,7 +490,7 @@ def _latest_steps(adapters: list[str]) -> dict[str, str]:
 
 def _served_order(served: str) -> tuple[str, int]:
     """A model's plain name first, then its steps in numeric order (`a@9` before `a@10`)."""
-    if (match := ADAPTER_NAME_PATTERN.match(served)) is None:
+    if (match := ADAPTER_NAME_PATTERN.fullmatch(served)) is None:
         return served, -1
     return match[1], int(match[2])
 

@@ -118,7 +118,7 @@ def resolve_model_source(base_model: str, *, cache_dir: Path | None = None) -> P
         return path.resolve()
     if name.startswith(("/", ".", "~")):
         raise ModelLoadError(f"Local model folder '{base_model}' does not exist. {_alternatives()}")
-    if _HUB_ID.match(name):
+    if _HUB_ID.fullmatch(name):
         return name
     raise ModelLoadError(
         f"'{base_model}' is neither a local model folder nor a hub id of the form owner/name. "

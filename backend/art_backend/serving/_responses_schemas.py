@@ -248,7 +248,7 @@ class TextFormat(BaseModel):
     @model_validator(mode="after")
     def _schema_when_needed(self) -> TextFormat:
         if self.type == "json_schema":
-            if self.name is None or not FORMAT_NAME_PATTERN.match(self.name):
+            if self.name is None or not FORMAT_NAME_PATTERN.fullmatch(self.name):
                 raise ValueError(
                     "a json_schema format needs a `name` of 1-64 letters, digits, '_' or '-'"
                 )

@@ -44,7 +44,7 @@ UNSUPPORTED_FIELDS = {
 
 def check_tool_name(name: str) -> str:
     """A function name OpenAI accepts (chat tools and Responses tools alike)."""
-    if not TOOL_NAME_PATTERN.match(name):
+    if not TOOL_NAME_PATTERN.fullmatch(name):
         raise ValueError("must be 1-64 characters of a-z, A-Z, 0-9, underscore or dash")
     return name
 

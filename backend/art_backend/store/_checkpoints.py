@@ -14,15 +14,20 @@ Confinement: project, model and split names pass the one name rule (`art_core.na
 every path the store builds must resolve, symlinks followed, inside the root (`inside`): a name or a link cannot lead the server to read or copy files elsewhere.
 
 Crash safety: a checkpoint is written into `checkpoints/.tmp-<step>-<pid>/`, flushed to disk and
-renamed into place, so a folder named `<step:04d>` is always complete. History rows are appended
-with one write each; a torn last line (a crash mid-write) is ignored on read and repaired, and a
-train row missing after a crash between the rename and the append is rebuilt from the
-checkpoint's own `step.json` (and its trajectories from the checkpoint's copy, unless they
-were logged already). A trajectories file is replaced whole on every write (its old
-bytes plus one new gzip member, written to `.tmp-<file>-<pid>` and renamed), so a crash loses
-at most the batch being written. Files written by older versions (appended in place) may hold
-a torn gzip member: the reader skips it and resyncs at the next member, and `repair_trajectories`
-rewrites such a file from what is readable, keeping the original beside it as `.damaged`.
+renamed into place, so a folder named `<step:04d>` is always complete. A checkpoint is deleted the
+other way round: renamed to `checkpoints/.tmp-deleting-<step>-<pid>/`, then removed, so a crash
+mid-delete leaves a temporary folder, never a half-deleted step; every `.tmp-` folder is removed
+at the next registration (`remove_stale_temporaries`). History rows are appended with one write
+each; a torn last line (a crash mid-write) is ignored on read and repaired, and a train row
+missing after a crash between the rename and the append is rebuilt from the checkpoint's own
+`step.json` (and its trajectories from the checkpoint's copy, unless they were logged already).
+A trajectories file is replaced whole on every write (its old bytes plus one new gzip member,
+written to `.tmp-<file>-<pid>` and renamed), so a crash loses at most the batch being written.
+Files written by older versions (appended in place) may hold a torn gzip member: the reader skips
+it and resyncs at the next member, and `repair_trajectories` rewrites such a file from what is
+readable, keeping the original beside it as `.damaged`. No repair rewrites a file in place: each
+writes `.tmp-<file>-<pid>`, flushes it and renames it over the file, so a crash mid-repair leaves
+the original whole; the next repair removes such a leftover.
 """
 
 from __future__ import annotations
@@ -49,12 +54,12 @@ STEP_FILE = "step.json"
 STEP_TRAJECTORIES = "trajectories.jsonl.gz"
 MODEL_CONFIG_FILE = "model.json"
 TMP_PREFIX = ".tmp-"
-TRAJECTORY_FILE_PATTERN = re.compile(r"^(\d{4,9})\.jsonl\.gz$")
+TRAJECTORY_FILE_PATTERN = re.compile(r"^([0-9]{4,9})\.jsonl\.gz$")
 DAMAGED_SUFFIX = ".damaged"
 GZIP_MAGIC = b"\x1f\x8b\x08"  # the start of every gzip member (magic bytes, then deflate)
 # Fault injection for the crash tests: `ART_FAULT_PAUSE=<point>:<seconds>` sleeps at that point so
 # a test can SIGKILL the process there. Points: before_checkpoint, before_rename,
-# before_trajectories, before_history, before_trajectories_rename.
+# before_trajectories, before_history, before_trajectories_rename, before_checkpoint_removal.
 FAULT_ENV = "ART_FAULT_PAUSE"
 
 
@@ -124,7 +129,8 @@ class ModelStore:
         return sorted(
             int(path.name)
             for path in self.checkpoints_dir.iterdir()
-            if path.name.isdigit()
+            if path.name.isascii()
+            and path.name.isdigit()
             and (path / STEP_FILE).is_file()
             and (path / STEP_FILE).resolve().is_relative_to(root)
         )
@@ -154,7 +160,7 @@ class ModelStore:
         fault_point("before_rename")
         final = self.checkpoint_dir(step)
         if final.exists():  # a re-run of a step that was rolled back: replace it whole
-            shutil.rmtree(final)
+            self.delete_checkpoint(step)
         os.rename(tmp, final)
         _fsync_path(self.checkpoints_dir)
         return final
@@ -179,7 +185,8 @@ class ModelStore:
         return json.loads((self.checkpoint_dir(step) / STEP_FILE).read_text())
 
     def remove_stale_temporaries(self) -> int:
-        """Delete temporary folders left by a crash; returns how many were removed."""
+        """Delete the temporary folders of checkpoint writes and deletions a crash interrupted;
+        returns how many were removed."""
         if not self.checkpoints_dir.is_dir():
             return 0
         stale = [p for p in self.checkpoints_dir.iterdir() if p.name.startswith(TMP_PREFIX)]
@@ -194,7 +201,15 @@ class ModelStore:
                 (self.checkpoint_dir(step) / filename).unlink(missing_ok=True)
 
     def delete_checkpoint(self, step: int) -> None:
-        shutil.rmtree(self.checkpoint_dir(step))
+        """Delete checkpoint `step`: renamed out of the steps first, then removed, so a crash
+        mid-delete leaves a temporary folder (see `remove_stale_temporaries`), not half a step."""
+        trash = self._path("checkpoints", f"{TMP_PREFIX}deleting-{step:04d}-{os.getpid()}")
+        if trash.exists():
+            shutil.rmtree(trash)
+        os.rename(self.checkpoint_dir(step), trash)
+        _fsync_path(self.checkpoints_dir)
+        fault_point("before_checkpoint_removal")
+        shutil.rmtree(trash)
 
     # ---------------------------------------------------------------------------------- history
 
@@ -226,11 +241,15 @@ class ModelStore:
     def repair_history(self) -> list[str]:
         """Make history agree with the checkpoints after a crash; returns what was repaired."""
         repairs: list[str] = []
+        stale = list(self.dir.glob(f"{TMP_PREFIX}{self.history_path.name}-*"))
+        for path in stale:  # a crash during an earlier repair: history.jsonl itself is whole
+            path.unlink(missing_ok=True)
+        if stale:
+            repairs.append("removed an unfinished rewrite of history.jsonl left by a crash")
         if self.history_path.is_file():
-            text = self.history_path.read_text(errors="replace")
-            if text and not text.endswith("\n"):
-                kept = text[: text.rfind("\n") + 1]
-                self.history_path.write_text(kept)
+            data = self.history_path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                _write_bytes_synced(self.history_path, data[: data.rfind(b"\n") + 1])
                 repairs.append("dropped a torn last line of history.jsonl")
         rows = self.read_history()
         # Train rows for steps whose checkpoint no longer exists (rolled back) stay: they happened.
@@ -295,7 +314,7 @@ class ModelStore:
             if not is_split(split_dir.name) or not split_dir.is_dir():
                 continue
             for path in sorted(split_dir.iterdir()):
-                if match := TRAJECTORY_FILE_PATTERN.match(path.name):
+                if match := TRAJECTORY_FILE_PATTERN.fullmatch(path.name):
                     found.append((split_dir.name, int(match.group(1)), path))
         return found
 

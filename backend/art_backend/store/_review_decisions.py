@@ -189,7 +189,7 @@ def read_pending(
     model_dir: Path, pending_id: str
 ) -> tuple[PendingStep, list[dict[str, Any]]] | None:
     """A held step and its rows, or None when it is not (or no longer) held."""
-    if not PENDING_ID_PATTERN.match(pending_id):
+    if not PENDING_ID_PATTERN.fullmatch(pending_id):
         return None
     folder = review_dir(model_dir) / PENDING_FOLDER
     try:
