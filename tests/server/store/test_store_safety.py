@@ -251,7 +251,7 @@ def test_a_checkpoint_that_still_fails_to_load_names_itself_and_the_cause(
         start_server(tiny_model_dir, art_with_a_trained_model)
 
     message = raised.value.message
-    assert str(misfit / "checkpoints/0000") in message and "size mismatch" in message
+    assert str(misfit / "checkpoints/0000") in message and "does not fit this model" in message
     assert "move its model folder out of" in message
 
 
