@@ -31,6 +31,7 @@ from art_backend._openapi import describe_api
 from art_backend._unicode import TolerantJSONResponse
 from art_backend.review._app import create_review_app
 from art_backend.serving._chat import ChatService
+from art_backend.serving._loading import ADAPTER_CONFIG, ADAPTER_SAFETENSORS
 from art_backend.serving._records import validate_rollout_id
 from art_backend.serving._responses import ResponsesService
 from art_backend.serving._schemas import (
@@ -200,6 +201,14 @@ def create_app(
             raise InvalidRequestError(
                 f"No PEFT adapter at {body.path!r} (adapter_config.json missing).", param="path"
             )
+        # The folder is inside --path; the files PEFT reads must be too (not links out of it).
+        for name in (ADAPTER_CONFIG, ADAPTER_SAFETENSORS):
+            if not (path / name).resolve().is_relative_to(root):
+                raise InvalidNameError(
+                    f"Adapter file {name} in {body.path!r} links outside the server's --path "
+                    f"{str(root)!r}; copy the file into the folder instead.",
+                    param="path",
+                )
         # Loading takes the engine lock between steps: keep the event loop free meanwhile.
         await asyncio.to_thread(service.engine.load_adapter, body.name, path)
         return {"id": body.name, "object": "model"}

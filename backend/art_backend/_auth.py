@@ -27,6 +27,8 @@ from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from art_backend._log_redaction import SECRET_PARAMS
+
 REVIEW_PREFIX = "/review"
 SESSION_COOKIE = "art_review_session"
 MAX_LOGIN_BODY = 16 * 1024
@@ -116,7 +118,9 @@ class ApiKeyMiddleware:
             return None
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
         keys = [value for name, value in query if name == "key"]
-        rest = [(name, value) for name, value in query if name != "key"]
+        # Other secret-looking values (`api_key=`, `token=`) are not carried into the page's
+        # login form either: the page would show them back (its HTML, the browser's history).
+        rest = [(name, value) for name, value in query if name.lower() not in SECRET_PARAMS]
         target = path + (f"?{urlencode(rest)}" if rest else "")
         if keys:
             if self._key_ok(keys[0]):

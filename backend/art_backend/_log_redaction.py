@@ -14,6 +14,19 @@ import re
 import sys
 from urllib.parse import parse_qsl, urlencode
 
+# uvicorn's levels, `--log-level` of both commands; `trace` is uvicorn's own level (5), below debug.
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
+TRACE_LEVEL = 5
+
+
+def configure_logging(level: str) -> None:
+    """The root logger at `level` (one of LOG_LEVELS), one line per record."""
+    logging.basicConfig(
+        level=TRACE_LEVEL if level == "trace" else level.upper(),
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+
+
 REDACTED = "REDACTED"
 # Query parameter names (lowercase) whose values are secrets.
 SECRET_PARAMS = frozenset(
@@ -32,8 +45,9 @@ SECRET_PARAMS = frozenset(
     }
 )
 _SECRET_NAMES = "|".join(re.escape(name) for name in sorted(SECRET_PARAMS, key=len, reverse=True))
-# In free text: `key=VALUE` after `?`, `&`, whitespace or the start; and `Bearer TOKEN`.
-_QUERY_SECRET = re.compile(rf"(?i)(^|[?&;\s])({_SECRET_NAMES})=([^&\s\"']*)")
+# In free text: `key=VALUE` after `?`, `&`, whitespace, a quote (uvicorn's trace level prints
+# the ASGI scope: `'query_string': b'key=VALUE'`) or the start; and `Bearer TOKEN`.
+_QUERY_SECRET = re.compile(rf"(?i)(^|[?&;\s'\"])({_SECRET_NAMES})=([^&\s\"']*)")
 _AUTHORIZATION = re.compile(r"(?i)\b(authorization[\"']?\s*[:=]\s*[\"']?)(\w+\s+)?[^\s\"',}]+")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s\"',}]+")
 LOGGERS = ("", "uvicorn", "uvicorn.access", "uvicorn.error")

@@ -21,6 +21,7 @@ from art_backend._errors import (
     ModelLoadError,
 )
 from art_backend._limits import DEFAULT_MAX_BODY_MB
+from art_backend._log_redaction import LOG_LEVELS
 from art_core.names import base_model_aliases, is_served_name
 
 if TYPE_CHECKING:
@@ -469,7 +470,7 @@ def main(argv: list[str] | None = None) -> None:
         metavar="ARG",
         help="passed to vLLM as it is, e.g. --vllm-arg=--tensor-parallel-size=2 (repeatable)",
     )
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     parser.add_argument(
         "--exit-with-parent",
         type=int,
@@ -483,9 +484,9 @@ def main(argv: list[str] | None = None) -> None:
         _exit_with_parent(args.exit_with_parent)
 
     from art_backend._host_guard import parse_allowed_hosts
-    from art_backend._log_redaction import run_uvicorn
+    from art_backend._log_redaction import configure_logging, run_uvicorn
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     # The name the server was bound by is one it answers to (0.0.0.0, :: are not names).
     allowed_hosts = [*parse_allowed_hosts(args.host), *parse_allowed_hosts(args.allowed_hosts)]
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.processes import art_server_refusal
 from tests.support.servers import free_port
 
 
@@ -163,3 +164,8 @@ def test_startup_discovery_serves_a_name_for_one_project_only(tmp_path: Path):
     assert [name for name, _ in found] == ["agent@1"]
     assert found[0][1].parts[-5] == "alpha"
     assert len(skipped) == 1 and skipped[0].startswith("beta/agent: the name is already served")
+
+
+def test_an_unknown_log_level_is_refused_naming_the_choices():
+    refusal = art_server_refusal("--model", "/no/such/model", "--log-level", "loud", timeout=60)
+    assert "--log-level: invalid choice: 'loud'" in refusal and "trace" in refusal

@@ -400,13 +400,17 @@ def wait_healthy(process: subprocess.Popen[str], url: str, seconds: float = 120)
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("program", ["art-server", "art review"])
+@pytest.mark.parametrize(
+    ("program", "log_level"),
+    [("art-server", "info"), ("art review", "info"), ("art review", "trace")],
+)
 def test_the_entry_points_take_allowed_hosts_and_log_no_key(
-    program: str, tiny_model_dir: Path, tmp_path: Path
+    program: str, log_level: str, tiny_model_dir: Path, tmp_path: Path
 ):
+    """Also at uvicorn's `trace` level (it logs each request's ASGI scope: headers, query)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    common = ["--port", str(port), "--path", str(tmp_path), "--log-level", "info"]
+    common = ["--port", str(port), "--path", str(tmp_path), "--log-level", log_level]
     common += ["--allowed-hosts", "box.lan, other.lan"]
     model = ["--model", str(tiny_model_dir), "--name", "tiny", "--dtype", "float32"]
     command = (
@@ -451,3 +455,17 @@ def test_a_host_port_of_other_digits_is_no_port_not_a_500(server: RunningServer)
         headers={"Host": "127.0.0.1:²".encode("latin-1"), "Origin": "http://127.0.0.1:2"},
     )
     assert response.status_code == 403, response.text
+
+
+def test_the_login_page_shows_no_secret_from_the_link_it_was_opened_with(
+    keyed_server: RunningServer,
+):
+    """The page's form carries where to go after login: without `api_key=`/`token=` values
+    (a link with them would put the secret into the page and the browser's history)."""
+    page = httpx.get(
+        f"{keyed_server.url}/review/",
+        params={"api_key": "leaked-1", "token": "leaked-2", "Access_Token": "leaked-3", "q": "ok"},
+    )
+    assert page.status_code == 401
+    assert "leaked" not in page.text
+    assert 'value="/review/?q=ok"' in page.text

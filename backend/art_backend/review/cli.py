@@ -9,11 +9,11 @@ decisions next to them; a running `art-server` on the same folder honours them.
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from art_backend._auth import add_access_arguments
+from art_backend._log_redaction import LOG_LEVELS
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     add_access_arguments(parser, reached="page")
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--log-level", default="warning", choices=LOG_LEVELS)
     args = parser.parse_args(argv)
     if not args.path.is_dir():
         parser.exit(
@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     from art_backend._host_guard import parse_allowed_hosts
-    from art_backend._log_redaction import run_uvicorn
+    from art_backend._log_redaction import configure_logging, run_uvicorn
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     allowed_hosts = [*parse_allowed_hosts(args.host), *parse_allowed_hosts(args.allowed_hosts)]
     app = build_review_server(args.path, api_key=args.api_key, allowed_hosts=allowed_hosts)
     login = " (log in with the API key)" if args.api_key else ""

@@ -187,3 +187,25 @@ def test_weights_that_do_not_fit_or_are_damaged_are_a_400(
     assert "spoiled@1" not in [model.id for model in client.models.list()]
     assert greedy_ids(client, "tiny") == base_answer
     assert greedy_ids(client, "agent@1")  # the adapters already served still answer
+
+
+@pytest.mark.parametrize("linked", ["adapter_model.safetensors", "adapter_config.json"])
+def test_an_adapter_file_linking_out_of_path_is_refused(
+    adapter_server, tiny_model_dir, tmp_path, linked
+):
+    """The folder lies inside --path, one of its files is a link to a file outside it."""
+    outside = tmp_path / "outside"
+    make_random_adapter(tiny_model_dir, outside, seed=6)
+    folder = adapter_server.art_path / "demo" / "models" / f"linked-{linked[8:14]}" / "0001"
+    make_random_adapter(tiny_model_dir, folder, seed=6)
+    (folder / linked).unlink()
+    (folder / linked).symlink_to(outside / linked)
+
+    response = httpx.post(
+        f"{adapter_server.url}/v1/adapters", json={"name": "linked@1", "path": str(folder)}
+    )
+
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "path" and f"{linked} in" in error["message"]
+    assert "links outside the server's --path" in error["message"]
