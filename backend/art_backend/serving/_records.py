@@ -1,13 +1,17 @@
 """Exact-token capture: every completion served is recorded under its id and its rollout id.
 
 Eviction rule (memory stays bounded): a record is kept until (1) the trainer consumes its
-rollout (`pop_rollout`), or (2) it is older than `ttl_seconds` (default 1 hour), or (3) the
-store holds more than `max_records` completions (default 20,000) or more than `max_bytes` of
-records (default 512 MiB, estimated when each is added), when the oldest go first; a record
-larger than `max_bytes` alone is not stored at all.
+rollout (`pop_rollout`), or (2) it is older than `ttl_seconds` (default 1 hour; checked on
+every read and write, so an expired record never lingers), or (3) the store holds more than
+`max_records` completions (default 20,000) or more than `max_bytes` of records (default 512 MiB,
+estimated when each is added). Under (3) the records a trainer may still need go last: first
+the oldest records without a rollout id or already used by a train step (`release`), and only
+when none is left the oldest records of rollouts not yet trained; so other requests, however
+large, never evict a rollout waiting for its train step. A record larger than `max_bytes` alone
+is not stored at all.
 Every eviction by (2) or (3) is counted in `evictions` (those for bytes also in
-`byte_evictions`) and shown on GET /metrics, so a record lost before training is never lost
-silently.
+`byte_evictions`) and shown on GET /metrics, and the store remembers why each recent record
+went (`eviction_reason`), so a train step that asks for it says so in its drops.
 """
 
 from __future__ import annotations
@@ -56,7 +60,12 @@ class CompletionRecords:
         self.byte_evictions = 0
         self.recorded = 0
         self.discarded = 0
-        self._records: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # Every record by id; by age in two queues: records a trainer may still need (of a
+        # rollout, not yet used by a train step) and the rest, which go first under the budget.
+        self._records: dict[str, dict[str, Any]] = {}
+        self._waiting: OrderedDict[str, None] = OrderedDict()
+        self._spare: OrderedDict[str, None] = OrderedDict()
+        self._evicted: OrderedDict[str, str] = OrderedDict()  # recent evictions: id -> why
         self._sizes: dict[str, int] = {}
         self._by_rollout: dict[str, list[str]] = {}
         self._discarded_rollouts: OrderedDict[str, float] = OrderedDict()
@@ -75,33 +84,54 @@ class CompletionRecords:
                 self.evictions += 1
                 self.byte_evictions += 1
                 return
-            self._records[record["id"]] = record
-            self.bytes += size - self._sizes.get(record["id"], 0)
-            self._sizes[record["id"]] = size
+            completion_id = record["id"]
+            self._forget_locked(completion_id)  # a record stored again replaces the old one
+            self._records[completion_id] = record
+            self.bytes += size
+            self._sizes[completion_id] = size
             if record.get("rollout_id"):
-                self._by_rollout.setdefault(record["rollout_id"], []).append(record["id"])
+                self._by_rollout.setdefault(record["rollout_id"], []).append(completion_id)
+                self._waiting[completion_id] = None
+            else:
+                self._spare[completion_id] = None
             self._evict_locked(time.time())
 
     def get(self, completion_id: str) -> dict[str, Any] | None:
         """The record of one completion, or None when unknown or evicted."""
         with self._lock:
+            self._evict_locked(time.time())
             return self._records.get(completion_id)
 
     def get_many(self, completion_ids: list[str]) -> list[dict[str, Any]]:
         """The records of these completions that are still stored, in the order asked."""
         with self._lock:
+            self._evict_locked(time.time())
             return [self._records[i] for i in completion_ids if i in self._records]
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every stored record, oldest first (the list is new; the records are shared)."""
         with self._lock:
-            return list(self._records.values())
+            self._evict_locked(time.time())
+            return sorted(self._records.values(), key=lambda record: record["recorded_at"])
 
     def rollout(self, rollout_id: str) -> list[dict[str, Any]]:
         """The records of one rollout, oldest first."""
         with self._lock:
+            self._evict_locked(time.time())
             ids = self._by_rollout.get(rollout_id, [])
             return [self._records[i] for i in ids if i in self._records]
+
+    def release(self, completion_ids: list[str]) -> None:
+        """A train step used these records: from now on they go first under the budget."""
+        with self._lock:
+            for completion_id in completion_ids:
+                if self._waiting.pop(completion_id, False) is None:
+                    self._spare[completion_id] = None
+
+    def eviction_reason(self, completion_id: str) -> str | None:
+        """Why a recent record is no longer stored (None: never stored here, or long ago)."""
+        with self._lock:
+            return self._evicted.get(completion_id)
 
     def pop_rollout(self, rollout_id: str) -> list[dict[str, Any]]:
         """Hand a rollout's records to the trainer and forget them (not counted as evictions)."""
@@ -122,28 +152,45 @@ class CompletionRecords:
             return records
 
     def __len__(self) -> int:
-        return len(self._records)
+        with self._lock:
+            self._evict_locked(time.time())
+            return len(self._records)
 
     def _forget_locked(self, completion_id: str) -> Any:
-        """Remove one record from the id index and the byte count; returns it (or None)."""
+        """Remove one record from the indexes and the byte count; returns it (or None)."""
         self.bytes -= self._sizes.pop(completion_id, 0)
+        self._waiting.pop(completion_id, None)
+        self._spare.pop(completion_id, None)
         return self._records.pop(completion_id, None)
 
     def _evict_locked(self, now: float) -> None:
         while self._records:
-            oldest_id, oldest = next(iter(self._records.items()))
+            # The oldest of all for the time limit; under the budget, spare records go first.
+            oldest = [next(iter(queue)) for queue in (self._spare, self._waiting) if queue]
+            expired = min(oldest, key=lambda i: self._records[i]["recorded_at"])
+            too_old = now - self._records[expired]["recorded_at"] > self.ttl_seconds
             too_many = len(self._records) > self.max_records
             too_big = self.bytes > self.max_bytes
-            too_old = now - oldest["recorded_at"] > self.ttl_seconds
-            if not (too_many or too_big or too_old):
+            if too_old:
+                victim, reason = expired, f"older than {self.ttl_seconds:g} s"
+            elif too_many or too_big:
+                victim = oldest[0]
+                budget = (
+                    f"{self.max_records:,} records" if too_many else f"{self.max_bytes:,} bytes"
+                )
+                reason = f"the record store was full ({budget})"
+                if too_big and not too_many:
+                    self.byte_evictions += 1
+            else:
                 return
-            self._forget_locked(oldest_id)
+            evicted = self._forget_locked(victim)
             self.evictions += 1
-            if too_big and not (too_many or too_old):
-                self.byte_evictions += 1
-            rollout_id = oldest.get("rollout_id")
+            self._evicted[victim] = reason
+            while len(self._evicted) > self.max_records:
+                self._evicted.popitem(last=False)
+            rollout_id = evicted.get("rollout_id")
             if rollout_id and rollout_id in self._by_rollout:
-                remaining = [i for i in self._by_rollout[rollout_id] if i != oldest_id]
+                remaining = [i for i in self._by_rollout[rollout_id] if i != victim]
                 if remaining:
                     self._by_rollout[rollout_id] = remaining
                 else:

@@ -123,6 +123,8 @@ def prepare_step(
     in the annotations, keyed by (group index, trajectory id)).
     """
     counts: Counter[str] = Counter()
+    evicted: Counter[str] = Counter()  # why records a turn names were evicted
+    used: list[str] = []  # completion ids whose turns are trained
     warnings: list[str] = []
     rewards: list[float] = []
     kept: list[RecordedTrajectory] = []
@@ -187,14 +189,27 @@ def prepare_step(
                         turns.append(matched)
                         continue
                     record = records.get(ref.completion_id)
+                    if record is None and (why := records.eviction_reason(ref.completion_id)):
+                        counts["dropped/evicted_completion"] += 1
+                        evicted[why] += 1
+                        continue
                     choices = turns_from_record(record) if record else []
                     if ref.choice_index >= len(choices):
                         counts["dropped/unknown_completion"] += 1
                         continue
+                    used.append(ref.completion_id)
                     turns.append(choices[ref.choice_index])
             if not turns:
                 counts["dropped/no_trainable_turns"] += 1
             kept.append(RecordedTrajectory(trajectory.id, group_id, reward, turns))
+    records.release(used)  # trained now: under the record budget, these go first
+    if evicted:
+        reasons = "; ".join(f"{count} {why}" for why, count in evicted.items())
+        warnings.append(
+            f"{counts['dropped/evicted_completion']} turn(s) reference completions this backend "
+            f"evicted before this step ({reasons}): not trained. Train a group soon after its "
+            "rollouts, or keep fewer untrained rollouts in flight."
+        )
     if counts["dropped/unknown_completion"]:
         warnings.append(
             f"{counts['dropped/unknown_completion']} turn(s) reference completions this "
@@ -213,6 +228,7 @@ def prepare_step(
         "dropped/unknown_completion",
         "dropped/no_trainable_turns",
         "dropped/unmatched_assistant_messages",
+        "dropped/evicted_completion",
         "matched_assistant_messages",
         "groups/too_small",
         *REVIEW_METRICS,

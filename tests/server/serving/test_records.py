@@ -114,3 +114,45 @@ def test_size_estimate_follows_string_length_and_container_contents():
     assert estimated_bytes("x" * 1_000_000) >= 1_000_000
     tokens = list(range(1_000, 3_000))
     assert estimated_bytes({"token_ids": tokens}) >= 2_000 * 28  # an int object each
+
+
+def test_big_anonymous_records_never_evict_a_rollout_waiting_for_its_train_step():
+    """Six large requests without a rollout once evicted every record a trainer was about to
+    use: under the budget, records without a rollout id go first."""
+    records = CompletionRecords(max_bytes=60_000)
+    for index in range(4):
+        records.add(big_record(f"turn-{index}", "rollout-1", size=2_000))
+    for index in range(6):
+        records.add(big_record(f"big-{index}", size=20_000))
+    assert [r["id"] for r in records.rollout("rollout-1")] == [f"turn-{i}" for i in range(4)]
+    assert records.get("big-0") is None and records.get("big-5") is not None
+    assert records.eviction_reason("big-0") == "the record store was full (60,000 bytes)"
+    assert records.bytes <= 60_000
+
+
+def test_released_records_go_before_those_still_waiting():
+    records = CompletionRecords(max_records=3)
+    records.add(record("trained", "r1"))
+    records.add(record("waiting", "r2"))
+    records.add(record("also-waiting", "r3"))
+    records.release(["trained"])
+    records.add(record("new", "r4"))
+    assert records.get("trained") is None and records.get("waiting") is not None
+    assert records.eviction_reason("trained") == "the record store was full (3 records)"
+
+
+def test_rollouts_alone_over_the_budget_still_evict_their_oldest():
+    records = CompletionRecords(max_records=2)
+    for name in "abc":
+        records.add(record(name, "r"))
+    assert records.get("a") is None and records.eviction_reason("a") is not None
+
+
+def test_an_expired_record_is_gone_on_the_next_read_without_a_new_record():
+    records = CompletionRecords(ttl_seconds=60)
+    records.add(record("old", "r", age=30))
+    records.add(record("new", "r"))
+    records._records["old"]["recorded_at"] -= 45  # time passes: 75 s old now, nothing added
+    assert len(records) == 1 and records.get("old") is None
+    assert records.eviction_reason("old") == "older than 60 s"
+    assert records.eviction_reason("never-stored") is None

@@ -302,3 +302,25 @@ def test_history_holding_a_lone_surrogate_on_disk_is_read_back_as_json(server: R
     assert response.status_code == 200, response.text
     assert "\\ud800" in response.text
     assert json.loads(response.text)["rows"][-1]["metrics"] == {"m\ud800": 1.0}
+
+
+def test_a_turn_whose_record_was_evicted_is_dropped_saying_why(
+    server: RunningServer, edge_model: str
+):
+    trajectories = [
+        sampled_trajectory(server, f"e{i}", reward) for i, reward in enumerate([1, 0, 0.5])
+    ]
+    evicted_id = trajectories[0]["histories"][0]["turns"][0]["completion_id"]
+    records = server.service.records
+    records._records[evicted_id]["recorded_at"] -= 2 * records.ttl_seconds  # past its hour
+    assert records.get(evicted_id) is None
+
+    response = httpx.post(
+        f"{edge_model}/train", json={"groups": [{"trajectories": trajectories}]}, timeout=120
+    )
+
+    result = events_of(response)[-1]
+    assert result["type"] == "result", result
+    assert result["metrics"]["dropped/evicted_completion"] == 1.0
+    assert result["metrics"]["dropped/unknown_completion"] == 0.0
+    assert any("evicted before this step (1 older than 3600 s)" in w for w in result["warnings"])
