@@ -282,7 +282,7 @@ async def _unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> 
 
 
 def _parse_chat_request(body: bytes) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate(parse_json_object(body))
+    return ChatCompletionRequest.model_validate(parse_json_object(body)).came_in(len(body))
 
 
 def _without_tokens(record: dict[str, Any]) -> dict[str, Any]:

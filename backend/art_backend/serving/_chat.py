@@ -38,6 +38,8 @@ from art_backend.serving._tool_calls import (
 from art_core.names import ADAPTER_NAME_PATTERN
 
 _Result = TypeVar("_Result")
+# Bodies over this are prepared and recorded in a lane of their own (see ChatService).
+LARGE_BODY_BYTES = 1024 * 1024
 
 
 class ChatService:
@@ -64,6 +66,11 @@ class ChatService:
         # release the GIL for their heavy part. A few threads: the engine needs the cores more.
         self._workers = ThreadPoolExecutor(
             max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="art-prepare"
+        )
+        # Requests that came in bodies over LARGE_BODY_BYTES take a lane of their own: two of
+        # them (a 9 MB tool list) once held both threads while a small chat waited 56 s.
+        self._large_workers = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="art-prepare-large"
         )
         self.preparing = 0  # requests being tokenized or compiled now (art_requests_preparing)
 
@@ -163,7 +170,7 @@ class ChatService:
         context = self.engine.context_length
         limit = context * self.longest_token_chars
         message_chars = sum(_message_characters(message) for message in request.messages)
-        tool_chars = _string_value_characters(tools) if tools else 0
+        tool_chars = _text_characters(tools) if tools else 0
         if message_chars + tool_chars <= limit:
             return
         param = "messages" if message_chars > limit else "tools"
@@ -240,7 +247,7 @@ class ChatService:
         body = self._completion_body(
             _new_id(), int(time.time()), request, generation, finished, use_tools
         )
-        await self._off_loop(self._record, body, request, rollout_id, started_at)
+        await self._off_loop(request, self._record, body, request, rollout_id, started_at)
         return body
 
     def _completion_body(
@@ -286,12 +293,17 @@ class ChatService:
         # prepared never reaches the engine (the thread finishes, its result is dropped).
         self.preparing += 1
         try:
-            return await self._off_loop(self.prepare, request)
+            return await self._off_loop(request, self.prepare, request)
         finally:
             self.preparing -= 1
 
-    async def _off_loop(self, work: Callable[..., _Result], *args: Any) -> _Result:
-        return await asyncio.get_running_loop().run_in_executor(self._workers, work, *args)
+    async def _off_loop(
+        self, request: ChatCompletionRequest, work: Callable[..., _Result], *args: Any
+    ) -> _Result:
+        """Run `work` on a worker thread: the large lane when `request` came in a large body."""
+        large = request.body_bytes > LARGE_BODY_BYTES
+        workers = self._large_workers if large else self._workers
+        return await asyncio.get_running_loop().run_in_executor(workers, work, *args)
 
     async def _stream_events(
         self,
@@ -382,7 +394,7 @@ class ChatService:
                 body = self._completion_body(
                     completion_id, created, request, generation, finished, use_tools
                 )
-                await self._off_loop(self._record, body, request, rollout_id, started_at)
+                await self._off_loop(request, self._record, body, request, rollout_id, started_at)
             if request.stream_options and request.stream_options.include_usage:
                 yield chunk([], usage=_usage(generation, finished.values()))
             yield "data: [DONE]\n\n"
@@ -501,11 +513,12 @@ def _message_characters(message: Any) -> int:
     if isinstance(content, list):
         content = [part.get("text") for part in content]
     calls = [(call.function.name, call.function.arguments) for call in message.tool_calls or []]
-    return _string_value_characters([content, message.name, calls])
+    return _text_characters([content, message.name, calls])
 
 
-def _string_value_characters(value: Any) -> int:
-    """Characters in the string values (not the keys) of a JSON-like value."""
+def _text_characters(value: Any) -> int:
+    """Characters in the strings of a JSON-like value: its string values and its keys (a
+    template renders a tool schema's property names too: 9 MB of them once passed uncounted)."""
     total = 0
     stack = [value]
     while stack:
@@ -513,6 +526,7 @@ def _string_value_characters(value: Any) -> int:
         if isinstance(node, str):
             total += len(node)
         elif isinstance(node, dict):
+            stack.extend(node.keys())
             stack.extend(node.values())
         elif isinstance(node, list | tuple):
             stack.extend(node)

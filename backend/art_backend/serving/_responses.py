@@ -155,7 +155,7 @@ class ResponsesService:
     @staticmethod
     def parse(body: bytes) -> ResponseCreateRequest:
         """Validate a request body (a 400 naming the field when it is wrong)."""
-        return ResponseCreateRequest.model_validate(parse_json_object(body))
+        return ResponseCreateRequest.model_validate(parse_json_object(body)).came_in(len(body))
 
     # ------------------------------------------------------------------------------- requests
 
@@ -295,7 +295,7 @@ class ResponsesService:
         try:
             return ChatCompletionRequest.model_validate(
                 {key: value for key, value in body.items() if value is not None}
-            )
+            ).came_in(request.body_bytes)
         except ValidationError as error:  # the schema above should have caught it
             first = error.errors()[0]
             raise InvalidRequestError(

@@ -27,6 +27,7 @@ from pydantic.json_schema import SkipJsonSchema
 
 from art_backend.serving._schemas import (
     SEED_RANGE,
+    BodySized,
     check_logit_bias,
     check_metadata,
     check_parameters_schema,
@@ -271,7 +272,7 @@ class TextConfig(BaseModel):
         return verbosity
 
 
-class ResponseCreateRequest(BaseModel):
+class ResponseCreateRequest(BodySized):
     """POST /v1/responses."""
 
     model_config = ConfigDict(extra="forbid")

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -149,7 +150,23 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(BaseModel):
+class BodySized(BaseModel):
+    """A request that knows the size of the body it came in (0 when built by the server):
+    large ones are prepared in a lane of their own (`ChatService`)."""
+
+    _body_bytes: int = PrivateAttr(default=0)
+
+    @property
+    def body_bytes(self) -> int:
+        return self._body_bytes
+
+    def came_in(self, body_bytes: int) -> Self:
+        """Note the size of the body this request was parsed from; returns the request."""
+        self._body_bytes = body_bytes
+        return self
+
+
+class ChatCompletionRequest(BodySized):
     """POST /v1/chat/completions."""
 
     model_config = ConfigDict(extra="forbid")

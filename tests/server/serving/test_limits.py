@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,9 +98,8 @@ def small_body_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[Runnin
 
 
 def test_max_body_mb_sets_the_limit(small_body_server):
-    metadata = {"notes": "n" * (MIB // 2)}
-    assert_error(post(small_body_server, json=body(metadata=metadata)), 413, None, "0.5 MiB")
-    assert post(small_body_server, json=body(metadata={"notes": "short"})).status_code == 200
+    assert_error(post(small_body_server, json=body(user="n" * (MIB // 2))), 413, None, "0.5 MiB")
+    assert post(small_body_server, json=body(user="short")).status_code == 200
 
 
 # ------------------------------------------------------------------------------------ depth
@@ -113,8 +113,9 @@ def deep_request(field: str, value: str) -> str:
     )
 
 
-@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 10, 5_000, 100_000])
-@pytest.mark.parametrize("field", ["metadata", "response_format"])
+# Past 100,000 levels the body holds more values than any request may (`MAX_JSON_VALUES`).
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 10, 5_000, 90_000])
+@pytest.mark.parametrize("field", ["tool_choice", "response_format"])
 def test_json_nested_too_deep_is_a_400_naming_the_field(server, field, depth):
     # Up to ~1,000 levels the parser copes and the depth is counted; beyond, it gives up.
     value = f'{{"type": "json_object", "a": {nested(depth)}}}'
@@ -124,8 +125,11 @@ def test_json_nested_too_deep_is_a_400_naming_the_field(server, field, depth):
 
 
 def test_json_nested_within_the_limit_is_served(server):
-    assert post(server, json=body(metadata={"a": [[[[[[[[[[]]]]]]]]]]})).status_code == 200
-    deepest = deep_request("metadata", f'{{"a": {nested(MAX_JSON_DEPTH - 2)}}}')
+    shallow = {"type": "json_object", "a": [[[[[[[[[[]]]]]]]]]]}
+    assert post(server, json=body(response_format=shallow)).status_code == 200
+    deepest = deep_request(
+        "response_format", f'{{"type": "json_object", "a": {nested(MAX_JSON_DEPTH - 2)}}}'
+    )
     response = post(server, content=deepest)
     assert response.status_code == 200, response.text
 
@@ -147,6 +151,15 @@ def test_tools_that_overflow_the_context_are_refused_naming_tools(server):
     description = "d" * 30_000
     tools = [{"type": "function", "function": {"name": "f", "description": description}}]
     assert_error(post(server, json=body(tools=tools)), 400, "tools", "Shorten the tools")
+
+
+def test_tool_property_names_count_toward_the_context_too(server):
+    """The template renders a schema's property names: long names once escaped the count."""
+    properties = {"p" * 2_000 + str(index): {"type": "string"} for index in range(20)}
+    parameters = {"type": "object", "properties": properties}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    assert_error(post(server, json=body(tools=tools)), 400, "tools", "Shorten the tools")
+    assert_healthy(server)
 
 
 # ---------------------------------------------------------------------------------- schemas
@@ -217,5 +230,31 @@ def test_the_server_answers_while_a_large_schema_compiles(server):
 
 def test_stored_records_are_counted_in_bytes_on_metrics(server):
     before = server.metrics()["art_records_bytes"]
-    assert post(server, json=body(metadata={"notes": "m" * 100_000})).status_code == 200
+    assert post(server, json=body(user="m" * 100_000)).status_code == 200
     assert server.metrics()["art_records_bytes"] >= before + 100_000
+
+
+def test_small_requests_do_not_queue_behind_large_ones(server):
+    """Requests that came in bodies over 1 MiB are prepared in a lane of their own: while that
+    lane is held, a large request waits in it and a small one is served."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    held = threading.Event()
+    lane = server.service._large_workers
+    blocker = lane.submit(held.wait, 120)  # the large lane is busy (a slow, large request)
+    large_body = body(user="x" * 1_100_000)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            large = pool.submit(post, server, json=large_body)
+            deadline = time.monotonic() + 60  # a bound on the wait, not a timing assertion
+            while server.service.preparing < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert server.service.preparing == 1  # the large request waits for its lane
+            small = post(server, json=body())
+            assert small.status_code == 200, small.text
+            assert not large.done()  # still waiting for the large lane
+            held.set()
+            assert large.result(timeout=120).status_code == 200
+    finally:
+        held.set()
+        blocker.result(timeout=30)
