@@ -231,6 +231,10 @@ def create_app(
 
     @app.get("/health")
     async def health():
+        failure = service.engine.failure()
+        if failure is not None:  # a process manager or load balancer takes this server out
+            body = {"status": "engine_stopped", "engine": service.engine.name, "error": failure}
+            return TolerantJSONResponse(body, status_code=503)
         return {"status": "ok", "engine": service.engine.name}
 
     @app.get("/metrics")

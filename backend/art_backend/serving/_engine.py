@@ -143,6 +143,10 @@ class Engine(Protocol):
         """Queue a request; its events arrive on the returned queue (the caller's loop)."""
         ...
 
+    def failure(self) -> str | None:
+        """Why the engine can no longer serve (its process or thread died), else None."""
+        ...
+
     def load_adapter(self, served_name: str, path: Path) -> None:
         """Serve the PEFT LoRA adapter in `path` as `served_name` (replacing one of that name)."""
         ...

@@ -129,6 +129,12 @@ class TorchEngine:
         if self.threads is not None:
             self.threads.stop()
 
+    def failure(self) -> str | None:
+        """Why the engine thread no longer serves, else None."""
+        if self._thread.ident is not None and not self._thread.is_alive() and not self._stopping:
+            return "the torch engine's thread has stopped (see the server log for its error)"
+        return None
+
     @property
     def queue_depth(self) -> int:
         """Requests waiting to be admitted into the batch."""

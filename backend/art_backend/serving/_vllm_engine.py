@@ -84,6 +84,7 @@ class VllmEngine:
         self._rows = 0
         self._busy_since: float | None = None
         self._stopping = False
+        self._failure_logged = False
         self._tasks: set[asyncio.Task] = set()
         self._clients: dict[int, httpx.AsyncClient] = {}
         self._control = httpx.Client(base_url=process.base_url, timeout=600.0)
@@ -183,10 +184,24 @@ class VllmEngine:
 
     # ---------------------------------------------------------------------------------- requests
 
+    def failure(self) -> str | None:
+        """Why vLLM no longer serves (logged once, the first time it is seen), else None."""
+        if self._stopping:
+            return None
+        cause = self.process.exit_cause()
+        if cause is not None and not self._failure_logged:
+            logger.error("the vLLM engine stopped: %s", cause)
+            self._failure_logged = True
+        return cause
+
     def submit(self, request: GenerationRequest) -> asyncio.Queue:
         """Start streaming `request` from vLLM; its events arrive on the returned queue."""
         if self._stopping or not self.process.alive():
-            raise EngineStoppedError("The vLLM engine is not running; retry on another server.")
+            why = self.failure()
+            raise EngineStoppedError(
+                f"The vLLM engine is not running{f' ({why})' if why else ''}; retry on another "
+                "server."
+            )
         if request.adapter is not None and request.adapter not in self.adapters:
             raise InvalidRequestError(f"Adapter {request.adapter!r} is not loaded.", param="model")
         events: asyncio.Queue = asyncio.Queue()

@@ -131,6 +131,10 @@ class VllmServer(Protocol):
 
     def alive(self) -> bool: ...
 
+    def exit_cause(self) -> str | None:
+        """Why the server is gone, or None while it serves."""
+        ...
+
     def stop(self, timeout: float = 30.0) -> None: ...
 
 
@@ -190,6 +194,20 @@ class VllmProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def exit_cause(self) -> str | None:
+        """Why the child is gone (its exit code, vLLM's last error line, its log), or None while
+        it runs."""
+        if self.process is None or self.process.poll() is None:
+            return None
+        cause = f"vLLM exited with code {self.process.returncode}"
+        path = self.settings.log_path
+        if path is None or not path.is_file():
+            return f"{cause} (start art-server with --log-level info to keep its output)"
+        lines = path.read_text(errors="replace").splitlines()[-200:]
+        errors = [line.strip() for line in lines if "Error" in line or "error:" in line]
+        said = f": {errors[-1][:300]}" if errors else ""
+        return f"{cause}{said} (its log: {path})"
 
     def _log_tail(self, lines: int = 15) -> str:
         path = self.settings.log_path
@@ -252,6 +270,9 @@ class AttachedVllm:
 
     def alive(self) -> bool:
         return True
+
+    def exit_cause(self) -> str | None:
+        return None  # not ours to watch: its failures reach us as failed requests
 
     def stop(self, timeout: float = 30.0) -> None:
         return None

@@ -138,3 +138,19 @@ def test_top_logprobs_come_back_best_first_without_the_sampled_extra():
     top = {"token_id:7": -3.0, "token_id:1": -0.5, "token_id:2": -1.0}
     assert _top_list(top, 2) == [(1, -0.5), (2, -1.0)]
     assert _top_list(top, 0) == []
+
+
+def test_a_vllm_child_that_died_is_named_with_its_error_and_log(tmp_path):
+    """A real child that exits at once (no vLLM in this interpreter): its cause is read back."""
+    from art_backend._errors import ModelLoadError
+    from art_backend.serving._vllm_process import VllmProcess
+
+    log = tmp_path / "logs" / "vllm.log"
+    child = VllmProcess(VllmSettings(python=sys.executable, model="m", log_path=log))
+    assert child.exit_cause() is None  # not started: nothing has died
+    with pytest.raises(ModelLoadError):
+        child.start(timeout=60)
+    cause = child.exit_cause()
+    assert cause is not None and cause.startswith("vLLM exited with code 1: ")
+    assert "No module named 'vllm'" in cause and f"(its log: {log})" in cause
+    child.stop()

@@ -9,6 +9,7 @@ unloaded while a request uses it, and `art-server --engine vllm` managing its ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -245,6 +246,25 @@ def test_art_server_runs_and_ends_its_own_vllm(tiny_model_dir: Path, tmp_path: P
             timeout=60,
         )
         assert answer.status_code == 200, answer.text
+        # vLLM dies under the server: every answer names its exit and its log, /health too.
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30)
+        assert health.status_code == 503, health.text
+        assert health.json()["status"] == "engine_stopped"
+        assert "vLLM exited with code" in health.json()["error"]
+        refused = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]},
+            timeout=60,
+        )
+        assert refused.status_code == 503, refused.text
+        message = refused.json()["error"]["message"]
+        assert "vLLM exited with code" in message and "vllm.log" in message
     finally:
         process.send_signal(signal.SIGTERM)
         stop_process(process)
