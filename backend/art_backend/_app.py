@@ -400,6 +400,12 @@ def _register_error_handlers(app: FastAPI) -> None:
     async def validation_error(_: Request, error: Any):
         first = error.errors()[0]
         param = _location(tuple(first.get("loc", ())))
+        if tuple(first.get("loc", ())) == ("body",):  # no body, or not a JSON object
+            message = (
+                "The request body must be a JSON object, sent with Content-Type: "
+                f"application/json ({first.get('msg', 'missing')})."
+            )
+            return _error(400, "invalid_request_error", message, code="invalid_value")
         if first.get("type") == "extra_forbidden":
             message = f"Unrecognized request argument supplied: {param}"
         else:

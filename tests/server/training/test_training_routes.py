@@ -324,3 +324,18 @@ def test_a_turn_whose_record_was_evicted_is_dropped_saying_why(
     assert result["metrics"]["dropped/evicted_completion"] == 1.0
     assert result["metrics"]["dropped/unknown_completion"] == 0.0
     assert any("evicted before this step (1 older than 3600 s)" in w for w in result["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type"),
+    [(b"", "application/json"), (b'{"project": "p"}', "text/plain"), (b"null", "application/json")],
+    ids=["no-body", "text-plain", "null"],
+)
+def test_a_register_without_a_json_object_body_says_so(
+    server: RunningServer, content: bytes, content_type: str
+):
+    response = httpx.post(
+        f"{server.url}{MODELS}", content=content, headers={"content-type": content_type}
+    )
+    assert response.status_code == 400, response.text
+    assert "must be a JSON object" in response.json()["error"]["message"]
