@@ -110,17 +110,21 @@ def test_a_bad_adapter_folder_is_a_400_naming_path(adapter_server, config_text, 
     folder = adapter_server.art_path / "demo" / "models" / "bad" / "checkpoints" / "0001"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "adapter_config.json").write_text(config_text)
-    client = openai.OpenAI(base_url=f"{adapter_server.url}/v1", api_key="x", max_retries=0)
+    assert_refused_loading_nothing(adapter_server, "bad@1", folder, words)
+
+
+def assert_refused_loading_nothing(server, name: str, folder: Path, words: str) -> None:
+    """POST /v1/adapters is a 400 on `path` saying `words`, and nothing was half-loaded: the
+    served models, the base model's answers and the adapters already served are unchanged."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
     base_answer = greedy_ids(client, "tiny")
-    response = httpx.post(
-        f"{adapter_server.url}/v1/adapters", json={"name": "bad@1", "path": str(folder)}
-    )
+    response = httpx.post(f"{server.url}/v1/adapters", json={"name": name, "path": str(folder)})
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error["param"] == "path" and words in error["message"]
-    # Nothing was half-loaded: the served models and the base model's answers are unchanged.
-    assert "bad@1" not in [model.id for model in client.models.list()]
+    assert error["param"] == "path" and words in error["message"], error["message"]
+    assert name not in [model.id for model in client.models.list()]
     assert greedy_ids(client, "tiny") == base_answer
+    assert greedy_ids(client, "agent@1")
 
 
 def test_a_pickled_weights_file_is_never_read(adapter_server, tiny_model_dir):
@@ -174,19 +178,7 @@ def test_weights_that_do_not_fit_or_are_damaged_are_a_400(
     folder = adapter_server.art_path / "demo" / "models" / "spoiled" / "checkpoints" / "0001"
     make_random_adapter(tiny_model_dir, folder, seed=5)
     spoil(folder / "adapter_model.safetensors")
-    client = openai.OpenAI(base_url=f"{adapter_server.url}/v1", api_key="x", max_retries=0)
-    base_answer = greedy_ids(client, "tiny")
-
-    response = httpx.post(
-        f"{adapter_server.url}/v1/adapters", json={"name": "spoiled@1", "path": str(folder)}
-    )
-
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["param"] == "path" and words in error["message"], error["message"]
-    assert "spoiled@1" not in [model.id for model in client.models.list()]
-    assert greedy_ids(client, "tiny") == base_answer
-    assert greedy_ids(client, "agent@1")  # the adapters already served still answer
+    assert_refused_loading_nothing(adapter_server, "spoiled@1", folder, words)
 
 
 @pytest.mark.parametrize("linked", ["adapter_model.safetensors", "adapter_config.json"])
