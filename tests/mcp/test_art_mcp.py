@@ -27,6 +27,16 @@ def tool_texts(trajectory: art.Trajectory) -> list[str]:
     return [m["content"] for m in trajectory.messages() if m["role"] == "tool"]
 
 
+def pool_tickets(server: art_mcp.McpServer) -> list[art_mcp.McpSession | None]:
+    """What the pool holds now: idle sessions, and None for each free slot."""
+    pool = server._pool
+    assert pool is not None
+    tickets = [pool.get_nowait() for _ in range(pool.qsize())]
+    for ticket in reversed(tickets):  # back in their order (the pool is last in, first out)
+        pool.put_nowait(ticket)
+    return tickets
+
+
 # ---------------------------------------------------------------------------------- discovery
 
 
@@ -209,12 +219,13 @@ async def test_a_pool_lends_sessions_and_replaces_a_broken_one(policy):
         first = await art.gather_trajectories(
             [art_mcp.rollout(model, server, f"task {k}") for k in range(6)], show_progress=False
         )
-        assert len(first) == 6 and server._pool_open <= 2
+        assert len(first) == 6 and len(pool_tickets(server)) == 2  # all given back
         async with server.session() as session:
             tools = {t.openai_name: t for t in await server.list_tools()}
             with pytest.raises(art_mcp.McpServerError):
                 await session.call_tool(tools["crash"], {})
-        assert server._pool_open <= 1  # the crashed session left the pool
+        tickets = pool_tickets(server)
+        assert session not in tickets and len(tickets) == 2  # its slot is free for a new one
         again = await art_mcp.rollout(model, server, "after the crash")
         assert tool_texts(again)[0] == "dot:q"
 

@@ -1,11 +1,13 @@
-"""art_mcp when the server or the model misbehaves: pooled sessions that crash, a server that
-goes silent after the handshake, results of megabytes, tools that fill the model's context, and
-a generator whose context is too small for `art mcp-train`. Every server here is a real MCP
-server (tests/mcp/toy_server.py) over stdio or streamable HTTP."""
+"""art_mcp when the server or the model misbehaves: pooled sessions that crash, waiters that
+are cancelled, a server that never answers the handshake or goes silent after it, tool listings
+that fail, results of megabytes, tools that fill the model's context, and a generator whose
+context is too small for `art mcp-train`. Every server here is a real MCP server
+(tests/mcp/toy_server.py) over stdio, streamable HTTP or in process."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 import art_core as art
 import art_mcp
 from examples.mcp_servers.inventory_server import create_server
+from tests.mcp.toy_server import toy_server
 from tests.support.scripted_judge import call
 
 TOY_SERVER_PATH = Path(__file__).with_name("toy_server.py")
@@ -49,7 +52,7 @@ async def test_rollouts_waiting_for_a_pooled_session_wake_when_the_lent_ones_cra
         finished = [o for o in outcomes[2:] if isinstance(o, art.Trajectory)]
         assert len(crashed) == 2 and len(finished) == 2, outcomes
         assert all(t.metrics["task_completed"] for t in finished)
-        assert server._pool_open <= 2
+        assert server._pool is not None and server._pool.qsize() == 2  # both tickets are back
 
 
 @pytest.mark.timeout(120)
@@ -64,7 +67,89 @@ async def test_waiters_fail_counted_when_the_server_is_gone_for_good(policy, tmp
         *(art_mcp.rollout(model, server, f"task {k}") for k in range(3)), return_exceptions=True
     )
     assert all(isinstance(o, art_mcp.McpServerError) for o in outcomes), outcomes
-    assert server._pool_open == 0
+    assert server._pool is not None and server._pool.qsize() == 1  # the slot is free again
+
+
+@pytest.mark.timeout(120)
+async def test_a_waiter_cancelled_as_the_session_comes_back_passes_it_on():
+    """One pooled session, lent, and three rollouts waiting for it. It comes back and the first
+    waiter, the one it is handed to, is cancelled in the same event-loop turn: the other two
+    still get it in turn (a `Condition` on Python 3.11 dropped that wakeup, and they waited
+    forever beside the idle session)."""
+    server = art_mcp.McpServer.from_object(toy_server(), pool_size=1)
+    async with server:
+        [search] = [tool for tool in await server.list_tools() if tool.name == "notes.search"]
+
+        async def search_in_a_pooled_session(query: str) -> str:
+            async with server.session() as session:
+                return (await session.call_tool(search, {"query": query})).text
+
+        async with server.session():
+            waiters = [asyncio.create_task(search_in_a_pooled_session(f"q{k}")) for k in range(3)]
+            await asyncio.sleep(0.5)  # time for all three to queue up for the lent session
+            assert not any(waiter.done() for waiter in waiters)
+        waiters[0].cancel()  # nothing awaited since the session came back: the same turn
+        try:
+            texts = await asyncio.wait_for(asyncio.gather(*waiters[1:]), timeout=60)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        assert texts == ["dot:q1", "dot:q2"] and waiters[0].cancelled()
+        assert server._pool is not None and server._pool.qsize() == 1  # idle in the pool again
+
+
+@pytest.mark.timeout(60)
+async def test_a_server_that_never_answers_the_handshake_fails_named_and_leaves_no_unread_error(
+    caplog: pytest.LogCaptureFixture,
+):
+    """The handshake times out as `McpServerError`; the session's failure, which nobody waits
+    for any more, is not left in a future for asyncio to log as "never retrieved"."""
+    server = art_mcp.McpServer.from_command(sys.executable, [*TOY, "--mute"], connect_timeout=1.0)
+    with pytest.raises(art_mcp.McpServerError, match=r"handshake within 1 s \(connect_timeout\)"):
+        await server.list_tools()
+    await asyncio.sleep(0.1)  # the transport's last callbacks let go of the session
+    gc.collect()  # a future holding an unread exception says so when it is collected
+    assert "never retrieved" not in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize(
+    ("listing", "says"),
+    [
+        (
+            "error",
+            r"answered list_tools with an error \(-32603: the tool registry is corrupt\)\. .*"
+            r"check that list_tools works in another MCP client",
+        ),
+        (
+            "malformed",
+            r"answered list_tools with a result that is not valid MCP \(tools\.0\.description: "
+            r".*\)\. The server breaks the protocol: update its MCP SDK, or fix what it returns",
+        ),
+        (
+            "exit",
+            r"failed during list_tools: MCPError: Connection closed\. Check the command runs on "
+            r"its own.*\n.*stderr ends with:\nlisting the tools: out of memory",
+        ),
+    ],
+)
+async def test_a_tool_listing_that_fails_is_a_server_failure_counted_like_the_others(
+    listing: str, says: str, policy
+):
+    """An error for an answer to tools/list, an answer that is not a tool listing, and a server
+    that exits between two pages: `McpServerError` (what `art_mcp.train` counts as
+    `mcp/failed_rollouts`), with a message that says what to do; no SDK exception escapes."""
+    scripted, model = policy
+    server = art_mcp.McpServer.from_command(sys.executable, [*TOY, "--bad-listing", listing])
+    with pytest.raises(art_mcp.McpServerError, match=says):
+        await server.list_tools()
+    [group] = await art.gather_trajectory_groups(
+        [art.TrajectoryGroup([art_mcp.rollout(model, server, "anything")])],
+        max_exceptions=1,
+        show_progress=False,
+    )
+    [failure] = group.exceptions
+    assert failure.type == "McpServerError" and "list_tools" in failure.message
+    assert scripted.requests == []  # it failed before the model was asked anything
 
 
 @pytest.mark.timeout(60)
@@ -103,10 +188,38 @@ async def test_a_2_mb_result_is_cut_to_the_limit_with_its_marker(
     assert trajectory.metrics["task_completed"] is True
 
 
-async def test_a_result_over_max_message_bytes_names_the_option(policy, toy_http_url: str):
+@pytest.mark.timeout(180)
+async def test_a_50_mb_result_over_stdio_is_cut_to_the_limit_not_timed_out(policy):
+    """One line of 100 MB on the server's stdout (the SDK's servers send a text result twice, as
+    content and as structured content), max_message_bytes raised to hold it: cut like any long
+    result, within call_timeout (the SDK's own reader, quadratic in the length of a line, took
+    over a minute, and the call timed out)."""
+    scripted, model = policy
+    scripted.queue(call("huge", {"size": 50_000_000}), call("complete_task", {"summary": "ok"}))
+    server = art_mcp.McpServer.from_command(
+        sys.executable, TOY, max_message_bytes=128 * 2**20, call_timeout=30
+    )
+    trajectory = await art_mcp.rollout(model, server, "read it all")
+    [text] = tool_texts(trajectory)
+    assert trajectory.metrics["tool_timeouts"] == 0, text
+    assert f"[... {50_000_000 - server.max_result_chars} characters cut ...]" in text
+    assert text.endswith("END") and len(text) < server.max_result_chars + 100
+    assert trajectory.metrics["task_completed"] is True
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+async def test_a_result_over_max_message_bytes_names_the_option(
+    transport: str, policy, toy_http_url: str
+):
+    """Over stdio as over HTTP: the message is refused as soon as it is over the bound, never
+    read whole into memory."""
     scripted, model = policy
     scripted.queue(call("huge", {"size": 300_000}))
-    server = art_mcp.McpServer.from_url(toy_http_url, max_message_bytes=100_000)
+    server = (
+        art_mcp.McpServer.from_url(toy_http_url, max_message_bytes=100_000)
+        if transport == "http"
+        else art_mcp.McpServer.from_command(sys.executable, TOY, max_message_bytes=100_000)
+    )
     with pytest.raises(art_mcp.McpServerError, match="max_message_bytes"):
         await art_mcp.rollout(model, server, "read it all")
 

@@ -4,9 +4,12 @@ for OpenAI. In-process (`toy_server()`), over stdio (`python tests/mcp/toy_serve
 streamable HTTP (`--http PORT`).
 
 Options for the failures a real server shows: `--crash-after N` exits after answering N tool
-calls (the N+1th kills it), `--silent` answers the initialize handshake and then nothing ever
-again (a hung server; stdio only), `--prompt-chars N` adds a prompt with an N-character
-description (a long server description, for a scenario generator's context).
+calls (the N+1th kills it), `--prompt-chars N` adds a prompt with an N-character description (a
+long server description, for a scenario generator's context). Over stdio only, a server written
+by hand (`serve_by_hand`) for what the SDK's servers never do: `--silent` answers the initialize
+handshake and then nothing ever again (a hung server), `--mute` answers nothing at all, not even
+the handshake, and `--bad-listing error|malformed|exit` answers `tools/list` with a JSON-RPC
+error, with a result that is not a tool listing, or with a first page and then a crash.
 """
 
 from __future__ import annotations
@@ -82,19 +85,42 @@ def toy_server(crash_after: int | None = None, prompt_chars: int = 0) -> MCPServ
     return server
 
 
-def serve_silently() -> None:
-    """Answer `initialize` like a real server, then read and ignore everything (stdio)."""
+def serve_by_hand(*, handshake: bool = True, listing: str | None = None) -> None:
+    """Over stdio: answer `initialize` like a real server (unless `handshake` is False), answer
+    `tools/list` as `listing` says (nothing when None), and read and ignore everything else."""
     for line in sys.stdin:
         message = json.loads(line)
-        if message.get("method") == "initialize":
+        method = message.get("method")
+        if method == "initialize" and handshake:
             result = {
                 "protocolVersion": message["params"]["protocolVersion"],
                 "capabilities": {"tools": {}},
-                "serverInfo": {"name": "silent", "version": "1"},
+                "serverInfo": {"name": "by-hand", "version": "1"},
             }
-            answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
-            sys.stdout.write(json.dumps(answer) + "\n")
-            sys.stdout.flush()
+            answer({"jsonrpc": "2.0", "id": message["id"], "result": result})
+        elif method == "tools/list" and listing is not None:
+            answer_listing(listing, message["id"], (message.get("params") or {}).get("cursor"))
+
+
+def answer_listing(listing: str, request_id: int, cursor: str | None) -> None:
+    if listing == "error":
+        error = {"code": -32603, "message": "the tool registry is corrupt"}
+        answer({"jsonrpc": "2.0", "id": request_id, "error": error})
+    elif listing == "malformed":  # a tool without a name or a schema, its description a number
+        answer({"jsonrpc": "2.0", "id": request_id, "result": {"tools": [{"description": 3}]}})
+    elif listing == "exit" and cursor is None:
+        page = {"tools": [{"name": "first", "inputSchema": {"type": "object"}}], "nextCursor": "2"}
+        answer({"jsonrpc": "2.0", "id": request_id, "result": page})
+    elif listing == "exit":  # half of the second page, then gone
+        sys.stdout.write(f'{{"jsonrpc": "2.0", "id": {request_id}, "result": {{"tools": [{{"na')
+        sys.stdout.flush()
+        print("listing the tools: out of memory", file=sys.stderr, flush=True)
+        os._exit(3)
+
+
+def answer(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":
@@ -102,10 +128,12 @@ if __name__ == "__main__":
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP")
     parser.add_argument("--crash-after", type=int, help="exit after answering N tool calls")
     parser.add_argument("--silent", action="store_true", help="go silent after the handshake")
+    parser.add_argument("--mute", action="store_true", help="answer nothing, not the handshake")
+    parser.add_argument("--bad-listing", choices=["error", "malformed", "exit"])
     parser.add_argument("--prompt-chars", type=int, default=0, help="a long prompt description")
     args = parser.parse_args()
-    if args.silent:
-        serve_silently()
+    if args.silent or args.mute or args.bad_listing:
+        serve_by_hand(handshake=not args.mute, listing=args.bad_listing)
     elif args.http:
         toy_server(args.crash_after, args.prompt_chars).run(
             "streamable-http", host="127.0.0.1", port=args.http, streamable_http_path=HTTP_PATH

@@ -6,10 +6,18 @@ Sessions. By default every rollout opens its own session and closes it when it e
 are isolated (a stateful server sees one session per run; a crash ends one rollout), at the
 cost of a connection per rollout (a new process per rollout over stdio). `pool_size=N` keeps up
 to N sessions open and lends one to a rollout at a time: much cheaper per rollout (see
-benchmarks/mcp_rollouts.py), with state carried across the rollouts a session serves. A session
-that failed is closed and replaced, never lent again: a rollout waiting for a session wakes
-whenever one is given back or a slot frees (a crashed session's too), and either gets a session
-or fails with `McpServerError` (counted as `mcp/failed_rollouts` by `art_mcp.train`).
+benchmarks/mcp_rollouts.py), with state carried across the rollouts a session serves. The pool
+is a queue of N tickets, each an idle session or a free slot to open one in: a rollout takes a
+ticket (waiting its turn when none is left) and gives one back, its session, or a free slot if
+the session failed (a failed session is closed and replaced, never lent again). A waiter that
+is cancelled just as a ticket reaches it passes the ticket on: asyncio's queue does, where a
+`Condition` on Python 3.11 dropped that wakeup and left the next waiter hanging beside an idle
+session. A rollout either gets a session or fails with `McpServerError`.
+
+Every failure of the server is `McpServerError` (counted as `mcp/failed_rollouts` by
+`art_mcp.train`): no connection, no handshake, a timeout, a crash, and also an error or an
+invalid answer to a request such as `tools/list`. Only a tool call that the server answers with
+an error (bad arguments, the tool failed) is not: the agent sees it and goes on.
 
 Each session lives in a task of its own: the SDK's streams belong to the task that opened them,
 so a rollout may call tools from any task (LangGraph branches, a timeout wrapper) safely.
@@ -22,7 +30,6 @@ import contextlib
 import functools
 import logging
 import os
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -35,8 +42,9 @@ from art_mcp._tools import McpTool, ToolNames, tools_from_listing
 T = TypeVar("T")
 logger = logging.getLogger("art_mcp")
 
-# Over HTTP one server message (a tool result) is read whole up to this size, then cut to
-# `max_result_chars` for the agent; the SDK's own default (1 MiB) failed the session instead.
+# One server message (a tool result) is read whole up to this size, over HTTP and stdio alike,
+# then cut to `max_result_chars` for the agent; the SDK's own default over HTTP (1 MiB) failed
+# the session instead, and over stdio it had no bound.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 # Error codes of a server that answered: the tool call was wrong, the server is fine.
@@ -61,8 +69,8 @@ class McpServer:
     Every operation is bounded: the handshake by `connect_timeout`, a tool call by
     `call_timeout` (a timeout the agent sees), everything else (list_tools, resources, prompts)
     by `request_timeout`; a server that does not answer in time fails the rollout with
-    `McpServerError`. A tool result is cut to `max_result_chars` for the agent; over HTTP a
-    message is read whole up to `max_message_bytes` first.
+    `McpServerError`. A tool result is cut to `max_result_chars` for the agent; a message is
+    read whole up to `max_message_bytes` first (a longer one fails the session, naming it).
     """
 
     def __init__(
@@ -99,9 +107,8 @@ class McpServer:
         self._headers = dict(headers or {})
         # Only these tools (MCP names) are offered to the agent: a small model's context is short.
         self.allowed_tools = list(allowed_tools) if allowed_tools is not None else None
-        self._idle: list[McpSession] = []  # pooled sessions not lent right now
-        self._pool_open = 0  # pooled sessions open or opening, lent or idle
-        self._pool_changed: asyncio.Condition | None = None
+        # The pool's tickets: an idle session, or None for a free slot (see the module docstring).
+        self._pool: asyncio.LifoQueue[McpSession | None] | None = None
         self._pool_loop: asyncio.AbstractEventLoop | None = None
         # One HTTP client per server and event loop: a client per session costs a TLS context.
         self._http: tuple[asyncio.AbstractEventLoop, Any] | None = None
@@ -171,60 +178,51 @@ class McpServer:
             await self._give_back(session)
 
     async def _borrow(self) -> McpSession:
-        loop = asyncio.get_running_loop()
-        if self._pool_changed is None or self._pool_loop is not loop:
-            # Sessions belong to the loop that opened them: a new loop starts a new pool.
-            self._idle, self._pool_open = [], 0
-            self._pool_changed, self._pool_loop = asyncio.Condition(), loop
-        dead: list[McpSession] = []
+        pool = self._pool_of_this_loop()
+        # Last in, first out: the session given back last is lent first, free slots wait below.
+        ticket = await pool.get()
+        if ticket is not None and not ticket.broken:
+            return ticket
         try:
-            async with self._pool_changed:
-                while True:
-                    while self._idle:
-                        session = self._idle.pop()
-                        if not session.broken:
-                            return session
-                        self._pool_open -= 1  # died while idle (its server exited): replace it
-                        dead.append(session)
-                    if self._pool_open < self.pool_size:
-                        self._pool_open += 1  # reserve the slot, then connect outside the lock
-                        break
-                    # Woken by every session given back and every slot freed (a crash too).
-                    await self._pool_changed.wait()
-        finally:
-            for session in dead:
-                await session.close()
-        try:
+            if ticket is not None:
+                await ticket.close()  # died while idle (its server exited): replace it
             return await McpSession.open(self)
         except BaseException:
-            await self._release_slot()
+            pool.put_nowait(None)  # the slot is free again, for the next in line
             raise
 
     async def _give_back(self, session: McpSession) -> None:
-        if self._pool_changed is None or self._pool_loop is not asyncio.get_running_loop():
+        if self._pool is None or self._pool_loop is not asyncio.get_running_loop():
             await session.close()  # lent by a pool of another loop, now gone
             return
-        if session.broken:
-            await session.close()
-            await self._release_slot()
+        if not session.broken:
+            self._pool.put_nowait(session)
             return
-        async with self._pool_changed:
-            self._idle.append(session)
-            self._pool_changed.notify()
+        try:
+            await session.close()
+        finally:
+            self._pool.put_nowait(None)  # a new session may be opened in its place
 
-    async def _release_slot(self) -> None:
-        """A session of the pool is gone: a waiter may open a new one in its place."""
-        assert self._pool_changed is not None
-        async with self._pool_changed:
-            self._pool_open -= 1
-            self._pool_changed.notify()
+    def _pool_of_this_loop(self) -> asyncio.LifoQueue[McpSession | None]:
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._pool_loop is not loop:
+            # Sessions belong to the loop that opened them: a new loop starts a new pool.
+            self._pool, self._pool_loop = asyncio.LifoQueue(), loop
+            for _ in range(self.pool_size):
+                self._pool.put_nowait(None)
+        return self._pool
 
     async def close(self) -> None:
         """Close the pooled sessions and the shared HTTP client (both are per event loop)."""
-        idle, self._idle = self._idle, []
-        for session in idle:
-            self._pool_open -= 1
-            await session.close()
+        pool = self._pool
+        if pool is not None:
+            idle = [pool.get_nowait() for _ in range(pool.qsize())]
+            for session in idle:
+                try:
+                    if session is not None:
+                        await session.close()
+                finally:
+                    pool.put_nowait(None)  # the pool stays usable: a slot to open a new one in
         if self._http is not None:
             http, self._http = self._http, None
             with contextlib.suppress(Exception):
@@ -306,7 +304,9 @@ class McpServer:
             )
             target = _HttpTransport(target, self._http_client(), connect)
         elif isinstance(target, mcp.StdioServerParameters):
-            target = _StdioTransport(target)
+            from art_mcp._stdio import StdioTransport
+
+            target = StdioTransport(target, self.max_message_bytes)
         return mcp.Client(target, mode="legacy", cache=None)
 
     def _http_client(self) -> Any:
@@ -331,6 +331,7 @@ class McpSession:
         self._ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Future[Any]] = set()
+        self._client: Any = None  # the SDK's client, once the owner made it
 
     @classmethod
     async def open(cls, server: McpServer) -> McpSession:
@@ -346,13 +347,13 @@ class McpSession:
                 f"{server.connect_timeout:.0f} s (connect_timeout). Is it running, and is this "
                 "its MCP endpoint?"
             ) from None
-        except McpServerError:
+        except BaseException:  # the handshake failed, or the caller gave up on it
             await session.close()
             raise
         return session
 
     async def _own(self) -> None:
-        client = self.server._client()
+        client = self._client = self.server._client()
         try:
             async with client:
                 self._ready.set_result(None)
@@ -389,9 +390,12 @@ class McpSession:
         *,
         what: str = "a request",
         option: str = "request_timeout",
+        caller_handles: tuple[type[Exception], ...] = (),
     ) -> T:
         """Run `fn(client)` in the session's task, within `timeout` (default: the server's
-        `request_timeout`); infrastructure failures and timeouts are `McpServerError`."""
+        `request_timeout`). Any failure (no answer in time, an error answer, one that is not
+        valid MCP, a lost connection) is `McpServerError` and breaks the session, but for the
+        exceptions the caller handles itself (`call_tool`: a tool's own errors)."""
         timeout = self.server.request_timeout if timeout is None else timeout
         if self.broken:
             raise McpServerError(f"MCP server {self.server.label}: the session is closed.")
@@ -402,10 +406,18 @@ class McpSession:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
             self.broken = True  # the owner is stuck on this job: never lend this session again
+            future.cancel()  # nobody reads it now: a late failure must not be logged as unread
             raise McpServerError(
                 f"MCP server {self.server.label}: no answer to {what} within {timeout:g} s "
                 f"({option}); the session is abandoned. Is the server hung?"
             ) from None
+        except McpServerError:
+            raise
+        except caller_handles:
+            raise
+        except Exception as error:
+            self.broken = True  # never lend a session whose server failed a request
+            raise _request_error(self.server, what, error, _stderr_tail(self._client)) from error
         finally:
             self._pending.discard(future)
 
@@ -424,6 +436,7 @@ class McpSession:
                 timeout=server.call_timeout + 10,  # the SDK's own timeout answers first
                 what=f"the call of {tool.name}",
                 option="call_timeout + 10",
+                caller_handles=(MCPError,),
             )
         except MCPError as error:
             seconds = time.perf_counter() - started
@@ -442,52 +455,25 @@ class McpSession:
         )
 
     async def close(self) -> None:
-        """End the session (waits a little for a clean goodbye, then cancels)."""
+        """End the session: an open one waits a little for a clean goodbye, then is cancelled;
+        one still in its handshake is cancelled at once (nobody waits for it any more)."""
         if self._task is None or self._task.done():
             return
-        self._jobs.put_nowait(None)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), 5)
-        except BaseException:  # noqa: BLE001 - a hung or failed goodbye: cancel the owner
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+        if not self._ready.done():
+            # Before the owner fails it: a failure nobody reads would be logged by asyncio as
+            # "Future exception was never retrieved" (`open` stopped waiting on a timeout).
+            self._ready.cancel()
+        else:
+            self._jobs.put_nowait(None)
+            with contextlib.suppress(BaseException):  # a hung or failed goodbye: cancel below
+                await asyncio.wait_for(asyncio.shield(self._task), 5)
+                return
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
 
 
 # ---------------------------------------------------------------------------------- transports
-
-
-class _StdioTransport:
-    """stdio_client with the server's stderr kept in a file, so a crash message can quote it."""
-
-    def __init__(self, parameters: Any) -> None:
-        self.parameters = parameters
-        self.stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
-        self.last_stderr = ""
-
-    @contextlib.asynccontextmanager
-    async def _streams(self) -> AsyncIterator[Any]:
-        from mcp.client.stdio import stdio_client
-
-        try:
-            async with stdio_client(self.parameters, errlog=self.stderr) as streams:
-                yield streams
-        finally:
-            self.last_stderr = self.stderr_tail()
-            self.stderr.close()
-
-    async def __aenter__(self) -> Any:
-        self._context = self._streams()
-        return await self._context.__aenter__()
-
-    async def __aexit__(self, *exc: Any) -> Any:
-        return await self._context.__aexit__(*exc)
-
-    def stderr_tail(self, chars: int = 800) -> str:
-        with contextlib.suppress(ValueError, OSError):
-            self.stderr.seek(0)
-            return self.stderr.read()[-chars:].strip()
-        return ""
 
 
 class _HttpTransport:
@@ -504,7 +490,9 @@ class _HttpTransport:
         return await self._context.__aexit__(*exc)
 
 
-def _server_error(server: McpServer, error: BaseException, stderr: str | None) -> McpServerError:
+def _server_error(
+    server: McpServer, error: BaseException, stderr: str | None, *, during: str | None = None
+) -> McpServerError:
     """A clear message for a failed connection, whatever the SDK raised (groups included)."""
     if isinstance(error, McpServerError):
         return error
@@ -516,15 +504,55 @@ def _server_error(server: McpServer, error: BaseException, stderr: str | None) -
         if transport
         else "Check the server is running and the URL is its MCP endpoint (often .../mcp)."
     )
-    if "byte limit" in reason:  # the SDK's SSE reader refused one message (a tool result)
+    if "byte limit" in reason:  # one message (a tool result) refused: SSE's reader, or ours
         hint = (
             f"A message was over max_message_bytes ({server.max_message_bytes} bytes): raise "
             "it, or make the tool return less."
         )
-    message = f"MCP server {server.label} failed: {reason.rstrip('.')}. {hint}"
+    failed = f"failed during {during}" if during else "failed"
+    message = f"MCP server {server.label} {failed}: {reason.rstrip('.')}. {hint}"
     if stderr:
         message += f"\nIts stderr ends with:\n{stderr}"
     return McpServerError(message)
+
+
+def _request_error(server: McpServer, what: str, error: Exception, stderr: str) -> McpServerError:
+    """A clear message for a request the server failed: an error for an answer, an answer that
+    is not valid MCP, or none (the connection closed: a crash)."""
+    from mcp import MCPError
+    from mcp_types import CONNECTION_CLOSED
+    from pydantic import ValidationError
+
+    if isinstance(error, MCPError) and error.error.code != CONNECTION_CLOSED:
+        message = (
+            f"MCP server {server.label} answered {what} with an error ({error.error.code}: "
+            f"{error.error.message.rstrip('.')}). The rollout cannot go on without it: look for "
+            f"the cause in the server's log, and check that {what} works in another MCP client "
+            "(e.g. the MCP Inspector)."
+        )
+    elif isinstance(error, ValidationError):
+        problems = "; ".join(
+            f"{'.'.join(map(str, problem['loc'])) or 'result'}: {problem['msg']}"
+            for problem in error.errors()[:3]
+        )
+        message = (
+            f"MCP server {server.label} answered {what} with a result that is not valid MCP "
+            f"({problems}). The server breaks the protocol: update its MCP SDK, or fix what it "
+            "returns."
+        )
+    else:
+        return _server_error(server, error, stderr, during=what)
+    if stderr:
+        message += f"\nIts stderr ends with:\n{stderr}"
+    return McpServerError(message)
+
+
+def _stderr_tail(client: Any) -> str:
+    """The end of a stdio server's stderr, to quote in a failure ('' for other transports)."""
+    transport: Any = getattr(client, "server", None)
+    if not hasattr(transport, "stderr_tail"):
+        return ""
+    return str(transport.last_stderr or transport.stderr_tail())
 
 
 def _leaf_exceptions(error: BaseException) -> Any:
