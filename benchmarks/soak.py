@@ -338,7 +338,7 @@ def expensive_requests() -> dict[str, dict[str, Any]]:
             }
         ),
         "33 MiB body": chat(metadata={"notes": "n" * (33 * MIB)}),
-        "6 million small values (24 MB)": chat(
+        "6 million small values (16 MB)": chat(
             tools=[function_tool({"type": "object", "enum": [[1, 2, 3]] * 1_500_000})]
         ),
         "9 MB of tool property names": chat(
