@@ -26,6 +26,11 @@ import torch
 from transformers import DynamicCache
 
 from art_backend._errors import EngineStoppedError, InvalidRequestError
+from art_backend.serving._adapter_files import (
+    adaptable_modules,
+    check_adapter_folder,
+    linear_shapes,
+)
 from art_backend.serving._engine import (
     EngineMetrics,
     FinishEvent,
@@ -33,7 +38,6 @@ from art_backend.serving._engine import (
     TokenEvent,
 )
 from art_backend.serving._kv_cache import append_rows, cache_keyword, keep_rows, make_growing
-from art_backend.serving._loading import adaptable_modules, check_adapter_folder, linear_shapes
 from art_backend.serving._sampling import (
     apply_bias_and_penalties,
     make_generator,

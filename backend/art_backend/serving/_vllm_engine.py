@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from art_backend._errors import EngineStoppedError, InvalidRequestError, ModelLoadError
+from art_backend.serving._adapter_files import check_adapter_folder
 from art_backend.serving._constrained import lark_text
 from art_backend.serving._engine import (
     EngineMetrics,
@@ -42,7 +43,6 @@ from art_backend.serving._engine import (
     GenerationRequest,
     TokenEvent,
 )
-from art_backend.serving._loading import check_adapter_folder
 from art_backend.serving._vllm_process import VllmServer
 
 logger = logging.getLogger("art_backend.vllm")

@@ -254,7 +254,7 @@ def test_one_grpo_step_through_unsloth_writes_a_plain_peft_checkpoint(
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from art_backend.serving._loading import adaptable_modules, check_adapter_folder
+    from art_backend.serving._adapter_files import adaptable_modules, check_adapter_folder
 
     code = (
         "import json, sys; "
