@@ -86,7 +86,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
 # The vLLM engine's suite: vLLM's CPU build in an environment of its own (it pins transformers
-# < 5.20), the contract tests and tests/server/serving/test_vllm_engine.py run with --engine vllm.
+# < 5.20), the contract tests and tests/server/engines/test_vllm_engine.py run with --engine vllm.
 VLLM_VENV := .venv-vllm
 VLLM_REMOVED := torchvision torchaudio torchcodec triton
 $(VLLM_VENV)/.installed: $(call locked_by,$(LOCK_VLLM))
@@ -101,7 +101,7 @@ $(VLLM_VENV)/.installed: $(call locked_by,$(LOCK_VLLM))
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y $(VLLM_REMOVED)
 	touch $@
 
-VLLM_TESTS := tests/server/serving/test_vllm_engine.py tests/server/serving/test_server_openai.py \
+VLLM_TESTS := tests/server/engines/test_vllm_engine.py tests/server/serving/test_server_openai.py \
 	tests/server/serving/test_server_errors.py tests/server/serving/test_server_adapters.py \
 	tests/server/serving/test_server_cancellation.py tests/server/training/test_training_routes.py \
 	tests/server/serving/test_model_alias.py tests/server/serving/test_responses.py \

@@ -29,16 +29,16 @@ from art_backend._limits import (
 )
 from art_backend._openapi import describe_api
 from art_backend._unicode import TolerantJSONResponse
+from art_backend.engines._adapter_files import ADAPTER_CONFIG, ADAPTER_SAFETENSORS
 from art_backend.review._app import create_review_app
-from art_backend.serving._adapter_files import ADAPTER_CONFIG, ADAPTER_SAFETENSORS
 from art_backend.serving._chat import ChatService
-from art_backend.serving._records import validate_rollout_id
 from art_backend.serving._responses import ResponsesService
 from art_backend.serving._schemas import (
     ChatCompletionRequest,
     LoadAdapterRequest,
     LookupCompletionsRequest,
 )
+from art_backend.store._records import validate_rollout_id
 from art_backend.training._routes import training_router
 from art_backend.training._service import TrainingService
 from art_core.names import is_adapter_name

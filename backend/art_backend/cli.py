@@ -25,8 +25,8 @@ from art_backend._log_redaction import LOG_LEVELS
 from art_core.names import base_model_aliases, is_served_name
 
 if TYPE_CHECKING:
-    from art_backend.serving._engine import Engine
-    from art_backend.serving._threads import ThreadGovernor
+    from art_backend.engines._engine import Engine
+    from art_backend.engines._threads import ThreadGovernor
 
 __all__ = ["build_app", "main"]
 
@@ -52,12 +52,12 @@ def build_app(
 ):
     """Load the model, start the engine, and return the FastAPI app (engine stops on shutdown)."""
     from art_backend._app import create_app
+    from art_backend.engines._constrained import GrammarCompiler
+    from art_backend.engines._loading import load_model
+    from art_backend.engines._torch_engine import TorchEngine
+    from art_backend.engines._vllm_process import find_vllm_python
     from art_backend.serving._chat import ChatService
-    from art_backend.serving._constrained import GrammarCompiler
-    from art_backend.serving._loading import load_model
-    from art_backend.serving._records import CompletionRecords
-    from art_backend.serving._torch_engine import TorchEngine
-    from art_backend.serving._vllm_process import find_vllm_python
+    from art_backend.store._records import CompletionRecords
     from art_backend.training._service import TrainingService
 
     served_name = name or default_served_name(base_model)
@@ -163,7 +163,7 @@ def pick_engine(requested: str, device: str, vllm_python: str | None) -> tuple[s
         return "torch", "--engine torch"
     if requested == "vllm":
         if vllm_python is None:
-            from art_backend.serving._vllm_process import INSTALL_HINT
+            from art_backend.engines._vllm_process import INSTALL_HINT
 
             raise ModelLoadError(f"--engine vllm: vLLM is not installed here; {INSTALL_HINT}.")
         return "vllm", "--engine vllm"
@@ -175,8 +175,8 @@ def pick_engine(requested: str, device: str, vllm_python: str | None) -> tuple[s
 
 
 def _vllm_engine(options: VllmOptions, python: str, loaded, trainer_host, art_path: Path):
-    from art_backend.serving._vllm_engine import VllmEngine
-    from art_backend.serving._vllm_process import (
+    from art_backend.engines._vllm_engine import VllmEngine
+    from art_backend.engines._vllm_process import (
         AttachedVllm,
         VllmProcess,
         VllmServer,
@@ -239,7 +239,7 @@ def thread_governor(fixed: int | None, device: str) -> ThreadGovernor | None:
     """Auto follows the cores other processes leave idle (CPU only); a number fixes the count."""
     import torch
 
-    from art_backend.serving._threads import ThreadGovernor
+    from art_backend.engines._threads import ThreadGovernor
 
     if fixed is not None:
         torch.set_num_threads(fixed)

@@ -21,20 +21,20 @@ from art_backend._errors import (
     InvalidRequestError,
     ModelNotServedError,
 )
-from art_backend.serving._engine import (
+from art_backend.engines._engine import (
     Engine,
     FinishEvent,
     GenerationRequest,
     SamplingParams,
     TokenEvent,
 )
-from art_backend.serving._records import CompletionRecords
-from art_backend.serving._schemas import ChatCompletionRequest
-from art_backend.serving._tool_calls import (
+from art_backend.engines._tool_calls import (
     parse_tool_calls,
     prepare_messages,
     template_supports_tools,
 )
+from art_backend.serving._schemas import ChatCompletionRequest
+from art_backend.store._records import CompletionRecords
 from art_core.names import ADAPTER_NAME_PATTERN
 
 _Result = TypeVar("_Result")

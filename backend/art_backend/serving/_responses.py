@@ -33,7 +33,6 @@ from pydantic import ValidationError
 from art_backend._errors import BackendError, InvalidRequestError
 from art_backend._limits import parse_json_object
 from art_backend.serving._chat import ChatService
-from art_backend.serving._records import estimated_bytes
 from art_backend.serving._responses_output import (
     EventWriter,
     assistant_message,
@@ -50,6 +49,7 @@ from art_backend.serving._responses_schemas import (
     ToolChoiceFunction,
 )
 from art_backend.serving._schemas import ChatCompletionRequest
+from art_backend.store._records import estimated_bytes
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 

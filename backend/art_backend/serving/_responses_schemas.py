@@ -25,8 +25,8 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from art_backend.engines._engine import SEED_RANGE
 from art_backend.serving._schemas import (
-    SEED_RANGE,
     BodySized,
     check_logit_bias,
     check_metadata,

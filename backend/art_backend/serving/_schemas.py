@@ -16,6 +16,8 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from art_backend.engines._engine import SEED_RANGE
+
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 # Fields OpenAI clients may send that do not change what is generated: accepted, not used.
@@ -27,9 +29,6 @@ IGNORED_FIELDS = {
     "safety_identifier",
     "prompt_cache_key",
 }
-
-# OpenAI's range for `seed` (a signed 64-bit integer), as in its OpenAPI description.
-SEED_RANGE = (-(2**63), 2**63 - 1)
 
 # Fields we know and do not support: rejected with a message rather than ignored.
 UNSUPPORTED_FIELDS = {

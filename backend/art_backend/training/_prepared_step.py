@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from art_backend._errors import InvalidRequestError
-from art_backend.serving._records import CompletionRecords
+from art_backend.store._records import CompletionRecords
 from art_backend.store._review_decisions import ReviewState
 from art_backend.training._grpo import ScaleRewards, advantages_from_rewards, balance_advantages
 from art_backend.training._rows import (

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from art_backend._errors import BackendError, ConflictError, InvalidRequestError
-from art_backend.serving._adapter_files import unmatched_target_modules
-from art_backend.serving._engine import Engine, TrainableEngine
+from art_backend.engines._adapter_files import unmatched_target_modules
+from art_backend.engines._engine import Engine, TrainableEngine
 from art_backend.store._checkpoints import ModelStore
 from art_backend.store._review_decisions import remove_all_pending
 from art_backend.training._schemas import DeleteCheckpointsRequest, RegisterRequest

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from art_backend._errors import InvalidRequestError
-from art_backend.serving._tool_calls import prepare_messages, template_supports_tools
+from art_backend.engines._tool_calls import prepare_messages, template_supports_tools
 
 DROP_REASONS = ("no_trainable_tokens", "truncated", "over_length")
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # torch.manual_seed takes 64 bits: the registration seed has the chat API's range.
-from art_backend.serving._schemas import SEED_RANGE
+from art_backend.engines._engine import SEED_RANGE
 
 # The settings are the client's own models: one definition of every field, range and default.
 from art_core._config import LoRAConfig as LoraSettings

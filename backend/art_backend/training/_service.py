@@ -22,13 +22,13 @@ from typing import Any
 import torch
 
 from art_backend._errors import BackendError, InvalidRequestError
-from art_backend.serving._engine import Engine, TrainableEngine
-from art_backend.serving._records import CompletionRecords
+from art_backend.engines._engine import Engine, TrainableEngine
 from art_backend.store._checkpoints import (
     STEP_TRAJECTORIES,
     fault_point,
     write_trajectory_rows,
 )
+from art_backend.store._records import CompletionRecords
 from art_backend.store._review_decisions import read_review_state
 from art_backend.training._grpo import (
     LossConfig,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from art_backend._errors import BackendError
-from art_backend.serving._engine import TrainableEngine
+from art_backend.engines._engine import TrainableEngine
 from art_backend.training._grpo import LossConfig, loss_denominator, policy_loss
 from art_backend.training._packing import (
     PackedBatch,

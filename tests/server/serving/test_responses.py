@@ -20,8 +20,8 @@ from pydantic import BaseModel, Field
 from transformers import AutoTokenizer
 
 import art_core as art
-from art_backend.serving._records import estimated_bytes
 from art_backend.serving._responses import StoredResponses
+from art_backend.store._records import estimated_bytes
 from tests.support.chat_messages import ADD_TOOL as CHAT_ADD_TOOL
 from tests.support.servers import RunningServer
 

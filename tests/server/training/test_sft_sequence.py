@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from art_backend.serving._tool_calls import prepare_messages
+from art_backend.engines._tool_calls import prepare_messages
 from art_backend.training._rows import sft_sequence
 
 TOOLS = [

@@ -197,7 +197,7 @@ def completion_logprobs(model: Any, pairs: list[tuple[list[int], list[int]]]) ->
 
 def one_unsloth_step(model_dir: str, checkpoint_dir: str) -> dict[str, Any]:
     """In a child process: load through Unsloth, take one GRPO step, save the checkpoint."""
-    from art_backend.serving._torch_engine import TorchEngine
+    from art_backend.engines._torch_engine import TorchEngine
     from art_backend.training._grpo import loss_preset
     from art_backend.training._rows import Sequence, pack_rows
     from art_backend.training._trainer import LoraTrainer, OptimizerSettings
@@ -254,7 +254,7 @@ def test_one_grpo_step_through_unsloth_writes_a_plain_peft_checkpoint(
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from art_backend.serving._adapter_files import adaptable_modules, check_adapter_folder
+    from art_backend.engines._adapter_files import adaptable_modules, check_adapter_folder
 
     code = (
         "import json, sys; "

@@ -1,4 +1,4 @@
-"""The thread governor: torch runs on the cores other processes leave idle (serving/_threads.py).
+"""The thread governor: torch runs on the cores other processes leave idle (engines/_threads.py).
 
 Two spinning OpenMP threads on 2 cores collapse when a foreign process takes a core; one thread
 does not (BENCHMARKS.md, "Serving under load"). The decision is read from /proc: a fake /proc
@@ -21,7 +21,7 @@ import torch
 
 from art_backend._errors import InvalidRequestError
 from art_backend.cli import parse_threads, thread_governor
-from art_backend.serving._threads import ThreadGovernor, _cpu_ticks, _process_ticks
+from art_backend.engines._threads import ThreadGovernor, _cpu_ticks, _process_ticks
 from tests.support.processes import art_server_refusal
 from tests.support.servers import running_server
 

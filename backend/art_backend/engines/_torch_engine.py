@@ -26,25 +26,25 @@ import torch
 from transformers import DynamicCache
 
 from art_backend._errors import EngineStoppedError, InvalidRequestError
-from art_backend.serving._adapter_files import (
+from art_backend.engines._adapter_files import (
     adaptable_modules,
     check_adapter_folder,
     linear_shapes,
 )
-from art_backend.serving._engine import (
+from art_backend.engines._engine import (
     EngineMetrics,
     FinishEvent,
     GenerationRequest,
     TokenEvent,
 )
-from art_backend.serving._kv_cache import append_rows, cache_keyword, keep_rows, make_growing
-from art_backend.serving._sampling import (
+from art_backend.engines._kv_cache import append_rows, cache_keyword, keep_rows, make_growing
+from art_backend.engines._sampling import (
     apply_bias_and_penalties,
     make_generator,
     sample_token,
 )
-from art_backend.serving._text import decode_increment, find_stop, stop_prefix_length
-from art_backend.serving._threads import ThreadGovernor
+from art_backend.engines._text import decode_increment, find_stop, stop_prefix_length
+from art_backend.engines._threads import ThreadGovernor
 
 logger = logging.getLogger("art_backend.engine")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from art_backend.serving._engine import SamplingParams
+from art_backend.engines._engine import SamplingParams
 
 
 def apply_bias_and_penalties(

@@ -35,15 +35,15 @@ from typing import Any
 import httpx
 
 from art_backend._errors import EngineStoppedError, InvalidRequestError, ModelLoadError
-from art_backend.serving._adapter_files import check_adapter_folder
-from art_backend.serving._constrained import lark_text
-from art_backend.serving._engine import (
+from art_backend.engines._adapter_files import check_adapter_folder
+from art_backend.engines._constrained import lark_text
+from art_backend.engines._engine import (
     EngineMetrics,
     FinishEvent,
     GenerationRequest,
     TokenEvent,
 )
-from art_backend.serving._vllm_process import VllmServer
+from art_backend.engines._vllm_process import VllmServer
 
 logger = logging.getLogger("art_backend.vllm")
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from art_backend._errors import ModelLoadError
-from art_backend.serving import _loading
-from art_backend.serving._loading import (
+from art_backend.engines import _loading
+from art_backend.engines._loading import (
     DEFAULT_MODEL,
     LoadedModel,
     load_model,

@@ -9,7 +9,7 @@ import jinja2
 import pytest
 
 from art_backend._errors import InvalidRequestError
-from art_backend.serving._tool_calls import (
+from art_backend.engines._tool_calls import (
     format_tool_call_text,
     parse_tool_calls,
     prepare_messages,

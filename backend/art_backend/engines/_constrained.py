@@ -32,7 +32,7 @@ import torch
 
 from art_backend._errors import BackendError, InvalidGrammarError
 from art_backend._limits import check_schema_sizes
-from art_backend.serving._tool_calls import _TOOL_CALL_OPEN
+from art_backend.engines._tool_calls import _TOOL_CALL_OPEN
 
 # Whitespace in JSON is fixed to Python's json.dumps style: `{"a": 1, "b": [2, 3]}`. With
 # flexible whitespace a weak model can emit spaces or newlines forever while staying "valid".

@@ -9,7 +9,7 @@ import warnings
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from art_backend.serving._kv_cache import ROOM, GrowingLayer, cache_keyword
+from art_backend.engines._kv_cache import ROOM, GrowingLayer, cache_keyword
 
 
 def states(batch: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

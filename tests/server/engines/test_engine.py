@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from art_backend.serving._engine import (
+from art_backend.engines._engine import (
     Engine,
     FinishEvent,
     GenerationRequest,
     SamplingParams,
     TrainableEngine,
 )
-from art_backend.serving._torch_engine import TorchEngine
+from art_backend.engines._torch_engine import TorchEngine
 from tests.support.adapters import load_model, make_random_adapter
 
 
