@@ -9,7 +9,6 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,11 +21,19 @@ from art_backend._errors import (
 )
 from art_backend._limits import DEFAULT_MAX_BODY_MB
 from art_backend._log_redaction import LOG_LEVELS
+from art_backend.engines._choice import (
+    ENGINE_CHOICES,
+    VllmOptions,
+    parse_threads,
+    pick_engine,
+    thread_governor,
+    vllm_engine,
+    wait_passively_beside_vllm,
+)
 from art_core.names import base_model_aliases, is_served_name
 
 if TYPE_CHECKING:
     from art_backend.engines._engine import Engine
-    from art_backend.engines._threads import ThreadGovernor
 
 __all__ = ["build_app", "main"]
 
@@ -106,7 +113,7 @@ def build_app(
     serving: Engine = torch_engine
     if picked == "vllm":
         assert vllm_python is not None
-        serving = _vllm_engine(vllm, vllm_python, loaded, torch_engine, art_path)
+        serving = vllm_engine(vllm, vllm_python, loaded, torch_engine, art_path)
     # What PEFT records in adapter_config.json: the folder or hub id the weights came from.
     try:
         serving.start()
@@ -134,85 +141,7 @@ def build_app(
     )
 
 
-ENGINE_CHOICES = ("auto", "torch", "vllm")
 TRAINER_CHOICES = ("torch", "unsloth")
-
-
-@dataclass
-class VllmOptions:
-    """`art-server --vllm-*`: how the vLLM engine's server is started (see _vllm_process)."""
-
-    python: str | None = None  # else $ART_VLLM_PYTHON, else this interpreter if it has vLLM
-    url: str | None = None  # a vLLM server already running: used, not started
-    max_lora_rank: int = 16
-    kv_cache_gb: int = 2  # CPU only
-    sleep: bool | None = None  # None: sleep during steps when vLLM shares the trainer's GPU
-    devices: str | None = None  # CUDA_VISIBLE_DEVICES of vLLM: a GPU of its own
-    args: list[str] = field(default_factory=list)  # passed to vLLM as they are
-
-
-def pick_engine(requested: str, device: str, vllm_python: str | None) -> tuple[str, str]:
-    """The engine `--engine` names, and why; `auto` follows the rule measured in BENCHMARKS.md.
-
-    On CUDA, vLLM whenever it is installed (paged attention, CUDA graphs, prefix caching). On
-    CPU, the torch engine: measured on 2 cores with SmolLM2-135M, it is 2.1x vLLM's CPU build on
-    adapter traffic (what RL serves; 131 vs 64 tok/s), starts in 6 s instead of 40 and holds
-    1.2 GB instead of 5.4; vLLM is 1.2x ahead on base-model traffic (--engine vllm for that).
-    """
-    if requested == "torch":
-        return "torch", "--engine torch"
-    if requested == "vllm":
-        if vllm_python is None:
-            from art_backend.engines._vllm_process import INSTALL_HINT
-
-            raise ModelLoadError(f"--engine vllm: vLLM is not installed here; {INSTALL_HINT}.")
-        return "vllm", "--engine vllm"
-    if device != "cuda":
-        return "torch", f"auto: on {device} the torch engine serves adapters faster than vLLM"
-    if vllm_python is None:
-        return "torch", "auto: CUDA, but vLLM is not installed (pip install 'art-trainer[vllm]')"
-    return "vllm", "auto: CUDA and vLLM installed"
-
-
-def _vllm_engine(options: VllmOptions, python: str, loaded, trainer_host, art_path: Path):
-    from art_backend.engines._vllm_engine import VllmEngine
-    from art_backend.engines._vllm_process import (
-        AttachedVllm,
-        VllmProcess,
-        VllmServer,
-        VllmSettings,
-    )
-
-    on_cuda = loaded.device.type == "cuda"
-    if options.sleep and not on_cuda:
-        raise InvalidRequestError("--vllm-sleep needs CUDA: vLLM's sleep mode is GPU-only.")
-    sleep = options.sleep if options.sleep is not None else on_cuda and options.devices is None
-    extra = list(options.args)
-    if on_cuda and options.devices is None and "--gpu-memory-utilization" not in " ".join(extra):
-        extra += ["--gpu-memory-utilization", "0.6"]  # the trainer's copy shares this GPU
-    settings = VllmSettings(
-        python=python,
-        model=str(loaded.source),
-        dtype=str(loaded.dtype).removeprefix("torch."),
-        context_length=loaded.context_length,
-        max_lora_rank=options.max_lora_rank,
-        kv_cache_gb=options.kv_cache_gb,
-        sleep_mode=sleep,
-        devices=options.devices,
-        extra_args=extra,
-        log_path=art_path / "logs" / "vllm.log",
-        unset_env=tuple(_OPENMP_SET_HERE),
-    )
-    server: VllmServer = AttachedVllm(options.url) if options.url else VllmProcess(settings)
-    return VllmEngine(
-        server,
-        loaded.tokenizer,
-        eos_token_ids=loaded.eos_token_ids,
-        context_length=loaded.context_length,
-        vocab_size=int(loaded.model.config.vocab_size),
-        adaptable_modules=trainer_host.adaptable_modules,
-        max_lora_rank=options.max_lora_rank,
-    )
 
 
 def positive_int(text: str) -> int:
@@ -224,29 +153,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is less than 1")
     return value
-
-
-def parse_threads(threads: str) -> int | None:
-    """`--threads`: None for auto, else the fixed count; anything else is a clear error."""
-    if threads == "auto":
-        return None
-    if not threads.isdigit() or int(threads) < 1:
-        raise InvalidRequestError(f"--threads must be auto or a positive number, not {threads!r}")
-    return int(threads)
-
-
-def thread_governor(fixed: int | None, device: str) -> ThreadGovernor | None:
-    """Auto follows the cores other processes leave idle (CPU only); a number fixes the count."""
-    import torch
-
-    from art_backend.engines._threads import ThreadGovernor
-
-    if fixed is not None:
-        torch.set_num_threads(fixed)
-        return None
-    if device != "cpu":
-        return None  # the GPU computes; torch's CPU threads only feed it
-    return ThreadGovernor().start()
 
 
 def default_served_name(base_model: str) -> str:
@@ -374,26 +280,6 @@ def _exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
-_OPENMP_SET_HERE: set[str] = set()  # not passed on to vLLM, which sets its own
-
-
-def wait_passively_beside_vllm(engine: str, device: str) -> None:
-    """With vLLM serving on a CPU, our process only trains: OpenMP waits passively there.
-
-    vLLM's CPU build keeps polling on a core between requests (0.6 cores on average during
-    train_step), so the trainer's two threads share the cores with it. Measured, GRPO steps of
-    SmolLM2 beside vLLM: spinning threads (libgomp's default) trained at 22.0 s per 1k trained
-    tokens, one thread at 28.6, two passive threads at 18.2. The torch engine keeps the spin
-    default: there passive waits cost a futex wake per matmul of every decode step
-    (BENCHMARKS.md, "Serving under load").
-    Must run before torch is imported (libgomp reads it once); a value the user set wins.
-    """
-    on_cuda = device == "cuda" or (device == "auto" and Path("/proc/driver/nvidia").exists())
-    if engine == "vllm" and not on_cuda and "OMP_WAIT_POLICY" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-        _OPENMP_SET_HERE.add("OMP_WAIT_POLICY")
 
 
 def main(argv: list[str] | None = None) -> None:

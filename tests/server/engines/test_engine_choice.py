@@ -13,7 +13,7 @@ import sys
 import llguidance
 import pytest
 
-from art_backend.cli import pick_engine
+from art_backend.engines._choice import pick_engine
 from art_backend.engines._constrained import GrammarCompiler, lark_text
 from art_backend.engines._vllm_engine import _top_list
 from art_backend.engines._vllm_process import VllmSettings, find_vllm_python
@@ -65,19 +65,19 @@ def test_the_torch_path_never_imports_vllm(tiny_model_dir, tmp_path):
 
 def test_beside_vllm_on_a_cpu_our_trainer_waits_passively_unless_told_otherwise(monkeypatch):
     """vLLM's CPU build polls a core between requests; spinning trainer threads beside it
-    trained a step in 7.1 s against 3.6 s passive (cli.wait_passively_beside_vllm)."""
-    from art_backend import cli
+    trained a step in 7.1 s against 3.6 s passive (wait_passively_beside_vllm)."""
+    from art_backend.engines import _choice
 
-    monkeypatch.setattr(cli, "_OPENMP_SET_HERE", set())
+    monkeypatch.setattr(_choice, "_OPENMP_SET_HERE", set())
     for engine, device in [("torch", "cpu"), ("auto", "cpu"), ("vllm", "cuda")]:
         monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-        cli.wait_passively_beside_vllm(engine, device)
+        _choice.wait_passively_beside_vllm(engine, device)
         assert "OMP_WAIT_POLICY" not in os.environ, (engine, device)
-    cli.wait_passively_beside_vllm("vllm", "cpu")
+    _choice.wait_passively_beside_vllm("vllm", "cpu")
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert "OMP_WAIT_POLICY" in cli._OPENMP_SET_HERE
+    assert "OMP_WAIT_POLICY" in _choice._OPENMP_SET_HERE
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's value wins
-    cli.wait_passively_beside_vllm("vllm", "cpu")
+    _choice.wait_passively_beside_vllm("vllm", "cpu")
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
