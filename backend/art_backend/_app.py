@@ -1,55 +1,39 @@
-"""The HTTP app: routes grouped by resource, errors mapped to OpenAI's shape in one place."""
+"""The HTTP app, composed: the middlewares (Host and origin, the API key, the body size), each
+wing's routes (serving, training, the review page), operations (/health, /metrics), and the
+errors mapped to OpenAI's shape in one place."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from art_backend._auth import ApiKeyMiddleware
-from art_backend._errors import BackendError, InvalidNameError, InvalidRequestError
+from art_backend._errors import BackendError
 from art_backend._host_guard import HostGuardMiddleware
 from art_backend._limits import (
     DEFAULT_MAX_BODY_MB,
     MIB,
     BodySizeLimitMiddleware,
-    CheckedJsonRoute,
-    parse_json_object,
 )
 from art_backend._openapi import describe_api
 from art_backend._unicode import TolerantJSONResponse
-from art_backend.engines._adapter_files import ADAPTER_CONFIG, ADAPTER_SAFETENSORS
 from art_backend.review._app import create_review_app
 from art_backend.serving._chat import ChatService
-from art_backend.serving._responses import ResponsesService
-from art_backend.serving._schemas import (
-    ChatCompletionRequest,
-    LoadAdapterRequest,
-    LookupCompletionsRequest,
-)
-from art_backend.store._records import validate_rollout_id
+from art_backend.serving._routes import serving_router
 from art_backend.training._routes import training_router
 from art_backend.training._service import TrainingService
-from art_core.names import is_adapter_name
 
 logger = logging.getLogger("art_backend.app")
-
-DISCONNECT_POLL_SECONDS = 0.5
-PARSE_ON_LOOP_MAX_BYTES = 256 * 1024  # larger chat bodies are parsed on a worker thread
-
-
-RequestT = TypeVar("RequestT")
 
 
 def create_app(
@@ -89,138 +73,7 @@ def create_app(
     app.add_middleware(HostGuardMiddleware, allowed_hosts=allowed_hosts or [])
     _register_error_handlers(app)
 
-    # ----------------------------------------------------------------------------- completions
-
-    async def chat_completions(raw: Request, rollout_id: str | None = None):
-        return await _answer(raw, rollout_id, _parse_chat_request, service.stream, service.complete)
-
-    @app.post("/v1/chat/completions")
-    async def create_chat_completion(raw: Request):
-        return await chat_completions(raw)
-
-    @app.post("/rollouts/{rollout_id}/v1/chat/completions")
-    async def create_rollout_chat_completion(rollout_id: str, raw: Request):
-        return await chat_completions(raw, rollout_id)
-
-    @app.post("/v1/chat/completions/lookup")
-    async def lookup_chat_completions(body: LookupCompletionsRequest):
-        # One request for many records: the Langfuse exporter reads a step's calls with it.
-        records = service.records.get_many(body.ids)
-        found = {record["id"] for record in records}
-        return await _encoded_off_loop(
-            {
-                "object": "list",
-                "data": records if body.tokens else [_without_tokens(r) for r in records],
-                "missing": [i for i in body.ids if i not in found],
-            }
-        )
-
-    @app.get("/v1/chat/completions/{completion_id}")
-    async def get_chat_completion(completion_id: str):
-        record = service.records.get(completion_id)
-        if record is None:
-            return _error(
-                404,
-                "not_found_error",
-                f"No completion {completion_id!r}: it was never served here, or it was evicted "
-                "(see the eviction rule in the README; evictions are counted on /metrics).",
-            )
-        return await _encoded_off_loop(record)
-
-    @app.get("/v1/rollouts/{rollout_id}")
-    async def get_rollout(rollout_id: str):
-        validate_rollout_id(rollout_id)
-        records = service.records.rollout(rollout_id)
-        return await _encoded_off_loop(
-            {"object": "rollout", "id": rollout_id, "completions": records}
-        )
-
-    @app.delete("/v1/rollouts/{rollout_id}")
-    async def discard_rollout(rollout_id: str):
-        # A rollout that failed is not trained: its records are released now, not in an hour.
-        validate_rollout_id(rollout_id)
-        discarded = service.records.discard_rollout(rollout_id)
-        return {"object": "rollout.deleted", "id": rollout_id, "discarded": len(discarded)}
-
-    # ------------------------------------------------------------------------------- responses
-
-    # The Responses API, translated onto chat completions (records, tools, engines unchanged).
-    responses = app.state.responses = ResponsesService(service)
-
-    async def create_response(raw: Request, rollout_id: str | None = None):
-        return await _answer(raw, rollout_id, responses.parse, responses.stream, responses.create)
-
-    @app.post("/v1/responses")
-    async def create_plain_response(raw: Request):
-        return await create_response(raw)
-
-    @app.post("/rollouts/{rollout_id}/v1/responses")
-    async def create_rollout_response(rollout_id: str, raw: Request):
-        return await create_response(raw, rollout_id)
-
-    @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str):
-        return responses.get(response_id)
-
-    @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str):
-        return responses.delete(response_id)
-
-    # ---------------------------------------------------------------------------------- models
-
-    async def list_models():
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "art"}
-                for name in service.served_models()
-            ],
-        }
-
-    app.get("/v1/models")(list_models)
-    app.get("/rollouts/{rollout_id}/v1/models")(list_models)
-
-    async def load_adapter(body: LoadAdapterRequest):
-        if not is_adapter_name(body.name):
-            raise InvalidNameError(
-                f"Invalid adapter name {body.name!r}: use `<name>@<step>` with letters, digits, "
-                "'.', '_' or '-' in the name.",
-                param="name",
-            )
-        root = (art_path or Path(".art")).resolve()
-        try:
-            # A NUL byte or an over-long name raises here rather than naming a missing folder.
-            path = Path(body.path).resolve()
-            found = path.is_relative_to(root) and (path / "adapter_config.json").is_file()
-        except (ValueError, OSError) as error:
-            raise InvalidRequestError(
-                f"Adapter path {body.path!r} is not a usable path: {error}.", param="path"
-            ) from error
-        if not path.is_relative_to(root):
-            raise InvalidNameError(
-                f"Adapter path {body.path!r} is outside the server's --path {str(root)!r}.",
-                param="path",
-            )
-        if not found:
-            raise InvalidRequestError(
-                f"No PEFT adapter at {body.path!r} (adapter_config.json missing).", param="path"
-            )
-        # The folder is inside --path; the files PEFT reads must be too (not links out of it).
-        for name in (ADAPTER_CONFIG, ADAPTER_SAFETENSORS):
-            if not (path / name).resolve().is_relative_to(root):
-                raise InvalidNameError(
-                    f"Adapter file {name} in {body.path!r} links outside the server's --path "
-                    f"{str(root)!r}; copy the file into the folder instead.",
-                    param="path",
-                )
-        # Loading takes the engine lock between steps: keep the event loop free meanwhile.
-        await asyncio.to_thread(service.engine.load_adapter, body.name, path)
-        return {"id": body.name, "object": "model"}
-
-    app.router.add_api_route(
-        "/v1/adapters", load_adapter, methods=["POST"], route_class_override=CheckedJsonRoute
-    )
-
+    app.include_router(serving_router(service, art_path or Path(".art")))
     if training is not None:
         app.include_router(training_router(training))
 
@@ -243,72 +96,6 @@ def create_app(
 
     app.openapi = lambda: describe_api(app, keyed=bool(api_key))  # type: ignore[method-assign]
     return app
-
-
-async def _encoded_off_loop(content: Any) -> Response:
-    """Stored records as a JSON answer, encoded on a worker thread with the plain encoder.
-
-    FastAPI's encoder walks every token id in Python on the event loop: one 3.8 MB record held
-    every other request 3-9 s. `json.dumps` takes tens of milliseconds for it.
-    """
-    return await asyncio.to_thread(TolerantJSONResponse, content)
-
-
-async def _parsed_request(
-    raw: Request, rollout_id: str | None, parse: Callable[[bytes], RequestT]
-) -> tuple[str | None, RequestT]:
-    """The rollout id (the rollout-scoped URL wins over the header, both validated) and the body
-    parsed by `parse`; megabytes are parsed off the event loop so other clients do not stall."""
-    rollout_id = rollout_id or raw.headers.get("x-rollout-id")
-    if rollout_id is not None:
-        validate_rollout_id(rollout_id)
-    body = await raw.body()
-    if len(body) > PARSE_ON_LOOP_MAX_BYTES:
-        return rollout_id, await asyncio.to_thread(parse, body)
-    return rollout_id, parse(body)
-
-
-async def _answer(
-    raw: Request,
-    rollout_id: str | None,
-    parse: Callable[[bytes], Any],
-    stream: Callable[[Any, str | None], Awaitable[AsyncIterator[str]]],
-    complete: Callable[[Any, str | None], Coroutine[Any, Any, Any]],
-) -> Any:
-    """One generation route (chat completions, responses): parse the body, then stream it as
-    server-sent events or answer once, cancelled if the client goes away."""
-    rollout_id, request = await _parsed_request(raw, rollout_id, parse)
-    if request.stream:
-        events = await stream(request, rollout_id)
-        return StreamingResponse(events, media_type="text/event-stream")
-    return await _unless_disconnected(raw, complete(request, rollout_id))
-
-
-async def _unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> Any:
-    """Await `work`, cancelling it (and so its rows in the engine) if the client goes away."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
-        if done:
-            return task.result()
-        if await raw.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
-
-
-def _parse_chat_request(body: bytes) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate(parse_json_object(body)).came_in(len(body))
-
-
-def _without_tokens(record: dict[str, Any]) -> dict[str, Any]:
-    choices = [
-        {key: value for key, value in choice.items() if key not in ("token_ids", "logprobs")}
-        for choice in record["choices"]
-    ]
-    kept = {key: value for key, value in record.items() if key != "prompt_token_ids"}
-    return {**kept, "choices": choices}
 
 
 def _prometheus_metrics(service: ChatService) -> str:
@@ -379,11 +166,21 @@ def _location(loc: tuple[Any, ...]) -> str | None:
 def _allowed_methods(request: Request) -> list[str]:
     """Every method some route of the app takes at this request's path."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
+    for route in _every_route(request.app.router.routes):
         match, _ = route.matches(request.scope)
         if match is not Match.NONE:
             methods |= getattr(route, "methods", None) or set()
     return sorted(methods)
+
+
+def _every_route(routes: list[Any]) -> Iterator[Any]:
+    """The routes, those of included routers too (FastAPI keeps an included router whole)."""
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from _every_route(included.routes)
+        else:
+            yield route
 
 
 def _register_error_handlers(app: FastAPI) -> None:

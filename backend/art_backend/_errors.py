@@ -51,6 +51,13 @@ class ModelNotServedError(BackendError):
         super().__init__(message, param="model", code="model_not_found")
 
 
+class CompletionNotFoundError(BackendError):
+    """No stored record of that completion: never served here, or evicted (HTTP 404)."""
+
+    status_code = 404
+    error_type = "not_found_error"
+
+
 class AuthenticationError(BackendError):
     """Missing or wrong API key (HTTP 401)."""
 
