@@ -78,3 +78,46 @@ class EngineStoppedError(BackendError):
 
     status_code = 503
     error_type = "server_error"
+
+
+class ModelNotRegisteredError(BackendError):
+    """Training or logging for a model this backend has not registered (HTTP 404)."""
+
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class UnslothUnavailableError(BackendError):
+    """`--trainer unsloth` was asked for where Unsloth cannot run; the message says what to do."""
+
+
+class CheckpointLoadError(BackendError):
+    """A checkpoint on disk that cannot be loaded onto this model (HTTP 409); says why."""
+
+    status_code = 409
+    error_type = "invalid_request_error"
+
+
+class TrainerStateError(CheckpointLoadError):
+    """A checkpoint's trainer state that cannot be read safely or does not fit (HTTP 409)."""
+
+
+class ReviewNotFoundError(BackendError):
+    """A project, model, step, group or trajectory that is not in the store (HTTP 404)."""
+
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class CrossSiteRequestError(BackendError):
+    """A form without the page's CSRF token (HTTP 403): a page elsewhere cannot flag or approve."""
+
+    status_code = 403
+    error_type = "permission_error"
+
+
+class ResponseNotFoundError(BackendError):
+    """No stored response has this id (HTTP 404)."""
+
+    status_code = 404
+    error_type = "not_found_error"

@@ -24,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art_backend._auth import CSRF_STATE
-from art_backend._errors import BackendError, InvalidRequestError
+from art_backend._errors import BackendError, CrossSiteRequestError, InvalidRequestError
 from art_backend._unicode import TolerantHTMLResponse, TolerantJSONResponse
 from art_backend.review._browse import (
     PENDING,
@@ -275,13 +275,6 @@ def _not_held(store: ModelStore, pending_id: str) -> BackendError:
         f"No step {pending_id!r} is held for review on {store.project}/{store.name}: it was "
         "already trained, its hold expired, or it never existed."
     )
-
-
-class CrossSiteRequestError(BackendError):
-    """A form without the page's CSRF token (HTTP 403): a page elsewhere cannot flag or approve."""
-
-    status_code = 403
-    error_type = "permission_error"
 
 
 async def _form(request: Request) -> dict[str, str]:

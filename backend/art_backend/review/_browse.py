@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from art_backend._errors import BackendError
+from art_backend._errors import BackendError, ReviewNotFoundError
 from art_backend._unicode import replace_lone_surrogates
 from art_backend.store._checkpoints import ModelStore, read_trajectory_file
 from art_backend.store._review_decisions import (
@@ -25,14 +25,6 @@ from art_backend.store._review_decisions import (
     review_state,
 )
 from art_core.names import is_name, is_split
-
-
-class ReviewNotFoundError(BackendError):
-    """A project, model, step, group or trajectory that is not in the store (HTTP 404)."""
-
-    status_code = 404
-    error_type = "not_found_error"
-
 
 # ----------------------------------------------------------------------------------- models
 

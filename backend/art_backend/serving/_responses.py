@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from art_backend._errors import BackendError, InvalidRequestError
+from art_backend._errors import BackendError, InvalidRequestError, ResponseNotFoundError
 from art_backend._limits import parse_json_object
 from art_backend.serving._chat import ChatService
 from art_backend.serving._responses_output import (
@@ -59,13 +59,6 @@ _RESPONSES_TERMS = {
     "response_format": "text.format",
     "messages": "input",
 }
-
-
-class ResponseNotFoundError(BackendError):
-    """No stored response has this id (HTTP 404)."""
-
-    status_code = 404
-    error_type = "not_found_error"
 
 
 @dataclass

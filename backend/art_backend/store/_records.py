@@ -60,8 +60,9 @@ class CompletionRecords:
         self.byte_evictions = 0
         self.recorded = 0
         self.discarded = 0
-        # Every record by id; by age in two queues: records a trainer may still need (of a
-        # rollout, not yet used by a train step) and the rest, which go first under the budget.
+        # Every record by id, in the order they came (oldest first); and in two queues: records a
+        # trainer may still need (of a rollout, not yet used by a train step) and the rest, which
+        # go first under the budget.
         self._records: dict[str, dict[str, Any]] = {}
         self._waiting: OrderedDict[str, None] = OrderedDict()
         self._spare: OrderedDict[str, None] = OrderedDict()
@@ -165,10 +166,11 @@ class CompletionRecords:
 
     def _evict_locked(self, now: float) -> None:
         while self._records:
-            # The oldest of all for the time limit; under the budget, spare records go first.
-            oldest = [next(iter(queue)) for queue in (self._spare, self._waiting) if queue]
-            expired = min(oldest, key=lambda i: self._records[i]["recorded_at"])
+            # The oldest of all (records are kept in the order they came) for the time limit;
+            # under the budget, spare records go first.
+            expired = next(iter(self._records))
             too_old = now - self._records[expired]["recorded_at"] > self.ttl_seconds
+            oldest = [next(iter(queue)) for queue in (self._spare, self._waiting) if queue]
             too_many = len(self._records) > self.max_records
             too_big = self.bytes > self.max_bytes
             if too_old:

@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from art_backend._errors import BackendError, ConflictError, InvalidRequestError
+from art_backend._errors import (
+    ConflictError,
+    InvalidRequestError,
+    ModelNotRegisteredError,
+    TrainerStateError,
+)
 from art_backend.engines._adapter_files import unmatched_target_modules
 from art_backend.engines._engine import Engine, TrainableEngine
 from art_backend.store._checkpoints import ModelStore
@@ -24,18 +29,10 @@ from art_backend.training._schemas import DeleteCheckpointsRequest, RegisterRequ
 from art_backend.training._trainer import (
     TRAINER_STATE,
     LoraTrainer,
-    TrainerStateError,
     read_trainer_state,
 )
 
 logger = logging.getLogger("art_backend.training")
-
-
-class ModelNotRegisteredError(BackendError):
-    """Training or logging for a model this backend has not registered (HTTP 404)."""
-
-    status_code = 404
-    error_type = "not_found_error"
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from art_backend._errors import BackendError
+from art_backend._errors import CheckpointLoadError, TrainerStateError
 from art_backend.engines._engine import TrainableEngine
 from art_backend.training._grpo import LossConfig, loss_denominator, policy_loss
 from art_backend.training._packing import (
@@ -360,17 +360,6 @@ class LoraTrainer:
     def close(self) -> None:
         """Remove this trainer's adapter from the engine's model."""
         self.engine.remove_trainable_adapter(self.adapter_name)
-
-
-class CheckpointLoadError(BackendError):
-    """A checkpoint on disk that cannot be loaded onto this model (HTTP 409); says why."""
-
-    status_code = 409
-    error_type = "invalid_request_error"
-
-
-class TrainerStateError(CheckpointLoadError):
-    """A checkpoint's trainer state that cannot be read safely or does not fit (HTTP 409)."""
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:

@@ -34,14 +34,10 @@ from typing import Any
 
 import torch
 
-from art_backend._errors import BackendError, ModelLoadError
+from art_backend._errors import ModelLoadError, UnslothUnavailableError
 
 UNSLOTH_PACKAGE = "unsloth"
 INSTALL_HINT = "pip install 'art-trainer[unsloth]' on a CUDA machine"
-
-
-class UnslothUnavailableError(BackendError):
-    """`--trainer unsloth` was asked for where Unsloth cannot run; the message says what to do."""
 
 
 def check_unsloth_available() -> None:

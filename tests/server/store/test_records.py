@@ -156,3 +156,13 @@ def test_an_expired_record_is_gone_on_the_next_read_without_a_new_record():
     assert len(records) == 1 and records.get("old") is None
     assert records.eviction_reason("old") == "older than 60 s"
     assert records.eviction_reason("never-stored") is None
+
+
+def test_a_released_record_past_its_time_goes_though_younger_ones_were_released_before_it():
+    records = CompletionRecords(ttl_seconds=60)
+    records.add(record("first", "r1", age=30))
+    records.add(record("second", "r2", age=20))
+    records.release(["second"])
+    records.release(["first"])  # released last, yet the oldest: the time limit still finds it
+    records._records["first"]["recorded_at"] -= 45
+    assert records.get("first") is None and records.get("second") is not None

@@ -312,7 +312,10 @@ def test_a_turn_whose_record_was_evicted_is_dropped_saying_why(
     ]
     evicted_id = trajectories[0]["histories"][0]["turns"][0]["completion_id"]
     records = server.service.records
-    records._records[evicted_id]["recorded_at"] -= 2 * records.ttl_seconds  # past its hour
+    # As if it had come two hours ago: the oldest record, past its hour.
+    aged = records._records.pop(evicted_id)
+    aged["recorded_at"] -= 2 * records.ttl_seconds
+    records._records = {evicted_id: aged, **records._records}
     assert records.get(evicted_id) is None
 
     response = httpx.post(
