@@ -366,14 +366,6 @@ def new_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
     return torch.full((batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32)
 
 
-def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set `logits[i, t]` to -inf where bit t of `bitmask[i]` is clear, in place.
-
-    Columns past the bitmask (model vocabularies padded beyond the tokenizer) are disallowed.
-    """
-    logits.add_(_bias_from_bitmask(bitmask, logits))
-
-
 def _bias_from_bitmask(bitmask: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """0 for allowed and -inf for disallowed tokens, shaped (bitmask rows, logits columns)."""
     # Looking each mask byte up in a 256 x 8 table and adding the result is branch-free, about
