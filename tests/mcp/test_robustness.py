@@ -142,14 +142,22 @@ async def test_a_tool_listing_that_fails_is_a_server_failure_counted_like_the_ot
     server = art_mcp.McpServer.from_command(sys.executable, [*TOY, "--bad-listing", listing])
     with pytest.raises(art_mcp.McpServerError, match=says):
         await server.list_tools()
+    failure = await failed_rollout(model, server)
+    assert "list_tools" in failure.message
+    assert scripted.requests == []  # it failed before the model was asked anything
+
+
+async def failed_rollout(model, server: art_mcp.McpServer) -> art.RolloutException:
+    """A rollout against `server` in a gather, as a training run makes it: the server's failure
+    is kept on its group as an `McpServerError` (what `art_mcp.train` counts)."""
     [group] = await art.gather_trajectory_groups(
         [art.TrajectoryGroup([art_mcp.rollout(model, server, "anything")])],
         max_exceptions=1,
         show_progress=False,
     )
     [failure] = group.exceptions
-    assert failure.type == "McpServerError" and "list_tools" in failure.message
-    assert scripted.requests == []  # it failed before the model was asked anything
+    assert failure.type == "McpServerError"
+    return failure
 
 
 @pytest.mark.timeout(60)
@@ -159,13 +167,7 @@ async def test_a_server_silent_after_the_handshake_fails_within_the_request_time
     with pytest.raises(art_mcp.McpServerError, match=r"no answer to list_tools within 1 s"):
         await server.list_tools()
     # In a training run the rollout fails as any server failure does: kept on its group.
-    [group] = await art.gather_trajectory_groups(
-        [art.TrajectoryGroup([art_mcp.rollout(model, server, "anything")])],
-        max_exceptions=1,
-        show_progress=False,
-    )
-    [failure] = group.exceptions
-    assert failure.type == "McpServerError" and "request_timeout" in failure.message
+    assert "request_timeout" in (await failed_rollout(model, server)).message
     assert scripted.requests == []  # it failed before the model was asked anything
 
 
