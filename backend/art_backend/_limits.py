@@ -136,7 +136,12 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     is valid JSON but no text: it cannot be tokenized, stored as UTF-8 or shown) is a 400; deeper
     nesting and lone surrogates name their field.
     """
-    if _value_count_bound(body) > MAX_JSON_VALUES and _count_values(body) > MAX_JSON_VALUES:
+    # The cheap bound first; only a body over it has its strings taken out (text full of
+    # commas) and is counted again.
+    if (
+        _value_count_bound(body) > MAX_JSON_VALUES
+        and _value_count_bound(JSON_STRING.sub(b'""', body)) > MAX_JSON_VALUES
+    ):
         raise InvalidRequestError(
             f"The request body holds more than {MAX_JSON_VALUES:,} JSON values, more than this "
             "server parses in one request. Send fewer items in one request (split the batch).",
@@ -173,24 +178,18 @@ def _value_count_bound(body: bytes) -> int:
     return 1 + body.count(b",") + body.count(b"[") + body.count(b"{")
 
 
-def _count_values(body: bytes) -> int:
-    """The bound again with the strings taken out (for text full of commas)."""
-    bare = JSON_STRING.sub(b'""', body)
-    return 1 + bare.count(b",") + bare.count(b"[") + bare.count(b"{")
-
-
 # A JSON string, unrolled (runs of plain bytes, then one escape): linear, 10 MB in 0.05 s.
 JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 # The escape of a UTF-16 surrogate: the only way a JSON text carries one (UTF-8 cannot).
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
-def check_text(payload: Any, where: str = "") -> None:
+def check_text(payload: Any) -> None:
     """Raise a 400 naming the first field whose key or string holds a lone surrogate.
 
     json.loads joins an escaped pair (`"\ud83d\ude00"`) into one character, so what is left in
     a string after parsing is a half that cannot be encoded."""
-    stack: list[tuple[str, Any]] = [(where, payload)]
+    stack: list[tuple[str, Any]] = [("", payload)]
     while stack:
         path, node = stack.pop()
         if isinstance(node, str):
