@@ -8,19 +8,18 @@ Names follow OpenPipe ART, so ART code ports by changing the import:
 """
 
 from art_core import utils as utils  # `art.utils.iterate_dataset`, as ART has it
-from art_core._autorl import AutoRLResult, autorl
-from art_core._backend import Backend, RemoteBackend
-from art_core._batches import trajectory_group_batches
-from art_core._cache import ResponseCache
-from art_core._capture import (
+from art_core._observers import StepObserver
+from art_core.backend import Backend, RemoteBackend
+from art_core.batches import trajectory_group_batches
+from art_core.capture import (
     NoTrajectoryError,
     current_trajectory,
     no_capture,
     trajectory,
+    trajectory_from_records,
     trajectory_group,
 )
-from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
-from art_core._errors import (
+from art_core.errors import (
     ArtError,
     BackendCrashedError,
     BackendRequestError,
@@ -41,25 +40,32 @@ from art_core._errors import (
     UnknownFieldError,
     UnsupportedOptionError,
 )
-from art_core._gather import GatheredGroups, gather_trajectories, gather_trajectory_groups
-from art_core._langfuse import LangfuseExporter, flush_langfuse, langfuse_stats
-from art_core._local_backend import LocalBackend
-from art_core._model import Model, RolloutCapture, TrainableModel
-from art_core._observers import StepObserver
-from art_core._pipeline import PipelineTrainer
-from art_core._preflight import PreflightError, PreflightResult, preflight
-from art_core._rollout import trajectory_from_records
-from art_core._ruler import RulerScore, ruler, ruler_score_group
-from art_core._ruler_prompt import DEFAULT_RUBRIC
-from art_core._scenarios import (
+from art_core.gather import GatheredGroups, gather_trajectories, gather_trajectory_groups
+from art_core.local import LocalBackend
+from art_core.model import Model, RolloutCapture, TrainableModel
+from art_core.pipeline_trainer import PipelineTrainer
+from art_core.rewards import (
+    DEFAULT_RUBRIC,
+    AutoRLResult,
+    JudgeUsage,
+    PreflightError,
+    PreflightResult,
+    ResponseCache,
+    RulerScore,
     Scenario,
+    autorl,
     generate_scenarios,
+    judge_or_base_model,
     load_scenarios,
+    preflight,
+    resolve_model,
+    ruler,
+    ruler_score_group,
     save_scenarios,
     split_scenarios,
 )
-from art_core._structured import JudgeUsage, judge_or_base_model, resolve_model
-from art_core._trajectory import (
+from art_core.trackers.langfuse import LangfuseExporter, flush_langfuse, langfuse_stats
+from art_core.trajectories import (
     History,
     Messages,
     MessagesAndChoices,
@@ -68,7 +74,8 @@ from art_core._trajectory import (
     Trajectory,
     TrajectoryGroup,
 )
-from art_core._utils import DatasetBatch, iterate_dataset, limit_concurrency, retry
+from art_core.types import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
+from art_core.utils import DatasetBatch, iterate_dataset, limit_concurrency, retry
 
 __all__ = [
     "DEFAULT_RUBRIC",

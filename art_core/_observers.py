@@ -4,7 +4,7 @@ A `TrainableModel` tells each of its observers (`model.observers`) when a train 
 call starts, before any work (an observer may refuse its options then, with a named error), and
 calls back what the observer returns when the step is over, with the step's `TrainResult` (None
 for a log call or a step that failed). An observer may also add counts to the model's next
-step metrics. Langfuse export is one (`art_core._langfuse.LangfuseObserver`); a user's own
+step metrics. Langfuse export is one (`art_core.trackers.langfuse._export.LangfuseObserver`); a user's own
 observer (a progress notifier, a W&B logger) is another.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from art_core._config import TrainResult
-from art_core._trajectory import TrajectoryGroup
+from art_core.trajectories import TrajectoryGroup
+from art_core.types import TrainResult
 
 StepFinished = Callable[[TrainResult | None], None]
 

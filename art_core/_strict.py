@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from art_core._errors import UnknownFieldError
+from art_core.errors import UnknownFieldError
 
 # Spellings from other libraries that difflib would not match (too short, or a different word).
 _ALIASES = {"lr": "learning_rate", "rank": "r", "lora_rank": "r"}

@@ -50,7 +50,7 @@ from _tiny_model import build_tiny_model
 
 import art_core as art
 import art_langgraph
-from art_core._model import trajectory_from_records
+from art_core.model import trajectory_from_records
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "langgraph_overhead.json"

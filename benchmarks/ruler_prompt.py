@@ -25,7 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _markdown import publish
 
 import art_core as art
-from art_core._ruler_prompt import DEFAULT_RUBRIC, SYSTEM_PROMPT, build_judge_prompt, distinct_runs
+from art_core.rewards._ruler_prompt import (
+    DEFAULT_RUBRIC,
+    SYSTEM_PROMPT,
+    build_judge_prompt,
+    distinct_runs,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ruler_prompt.json"
 START, END = "<!-- ruler_prompt:start -->", "<!-- ruler_prompt:end -->"

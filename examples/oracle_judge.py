@@ -4,7 +4,7 @@ No competent judge fits on a laptop CPU, so to prove that RULER's scores reach t
 right way round this server stands in for one. It speaks the chat-completions wire protocol
 (`POST /v1/chat/completions`, `GET /v1/models`, `response_format` with a JSON schema honoured),
 so the stock `openai` SDK and `art.ruler_score_group` talk to it unchanged. It reads RULER's own
-prompt (`art_core/_ruler_prompt.py`): the shared `<context>` and each `<run id="k">`, scores
+prompt (`art_core/rewards/_ruler_prompt.py`): the shared `<context>` and each `<run id="k">`, scores
 each run with `truth(context, run)` (a code check the policy never sees), and answers with the
 schema's keys `run_1..run_N`, each `{"explanation", "score": 0..100}`.
 
@@ -83,7 +83,7 @@ def parse_ruler_prompt(text: str) -> tuple[str, list[tuple[int, str]]]:
     if not runs:
         raise OracleRequestError(
             'The oracle judge answers RULER prompts only: no <run id="k"> section found in the '
-            "user message (build it with art_core._ruler_prompt.build_judge_prompt)."
+            "user message (build it with art_core.rewards._ruler_prompt.build_judge_prompt)."
         )
     context = _CONTEXT.search(text)
     return (context.group(1) if context else ""), runs

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from smollm2 import smollm2_trainable
 
 import art_core as art
-from art_core._autorl import one_answer_agent
+from art_core.rewards._autorl import one_answer_agent
 
 
 async def demo_preflight(

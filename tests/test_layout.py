@@ -182,6 +182,40 @@ PUBLIC_SURFACES = {
         "PreflightError", "PreflightResult", "preflight",
         "Messages", "MessagesAndChoices", "Tools", "limit_concurrency", "trajectory_group_batches",
     ],
+    # ART's module paths: `from art.<module> import ...` ports by changing `art` to `art_core`.
+    "art_core.model": ["Model", "RolloutCapture", "TrainableModel"],
+    "art_core.trajectories": [
+        "History", "Messages", "MessagesAndChoices", "RolloutException", "Tools", "Trajectory",
+        "TrajectoryGroup",
+    ],
+    "art_core.gather": ["GatheredGroups", "gather_trajectories", "gather_trajectory_groups"],
+    "art_core.backend": ["Backend", "RemoteBackend"],
+    "art_core.batches": ["trajectory_group_batches"],
+    "art_core.types": ["LoRAConfig", "TokenPrice", "TrainConfig", "TrainResult", "TrainSFTConfig"],
+    "art_core.errors": [
+        "ArtError", "BackendCrashedError", "BackendRequestError", "GeneratorContextError",
+        "GeneratorError", "InvalidTrajectoryError", "JudgeContextError", "JudgeError",
+        "JudgeResponseError", "JudgeUnavailableError", "LangfuseConfigError",
+        "LangfuseNotInstalledError", "ModelConfigError", "ModelNotRegisteredError",
+        "NotTrainableError", "ScenarioGenerationError", "TooManyExceptionsError",
+        "UnknownFieldError", "UnsupportedOptionError",
+    ],
+    "art_core.local": ["LocalBackend"],
+    "art_core.local.backend": ["LocalBackend"],
+    "art_core.rewards": [
+        "DEFAULT_RUBRIC", "AutoRLResult", "JudgeUsage", "PreflightError", "PreflightResult",
+        "ResponseCache", "RulerScore", "Scenario", "autorl", "generate_scenarios",
+        "judge_or_base_model", "load_scenarios", "preflight", "resolve_model", "ruler",
+        "ruler_score_group", "save_scenarios", "split_scenarios",
+    ],
+    "art_core.rewards.ruler": ["DEFAULT_RUBRIC", "RulerScore", "ruler", "ruler_score_group"],
+    "art_core.capture": [
+        "NoTrajectoryError", "current_trajectory", "no_capture", "trajectory",
+        "trajectory_from_records", "trajectory_group",
+    ],
+    "art_core.trackers.langfuse": [
+        "LangfuseExporter", "LangfuseObserver", "flush_langfuse", "langfuse_stats",
+    ],
     "art_core.pipeline_trainer": [
         "CheckpointInfo", "CheckpointRetentionContext", "CheckpointRetentionStrategy", "EvalFn",
         "PipelineRuntimeConfig", "PipelineState", "PipelineTrainer", "RolloutFn", "ScenarioT",

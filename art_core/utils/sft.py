@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
-from art_core._config import SFT_AUTO_BATCH_SIZE, TrainResult, TrainSFTConfig
-from art_core._errors import ArtError, UnsupportedOptionError
-from art_core._trajectory import Trajectory
+from art_core.errors import ArtError, UnsupportedOptionError
+from art_core.trajectories import Trajectory
+from art_core.types import SFT_AUTO_BATCH_SIZE, TrainResult, TrainSFTConfig
 
 if TYPE_CHECKING:
-    from art_core._model import TrainableModel
+    from art_core.model import TrainableModel
 
 __all__ = [
     "InvalidSFTFileError",

@@ -215,7 +215,7 @@ async def test_training_an_ungathered_group_is_a_clear_error(tiny_model_dir):
 
 
 def test_with_a_judge_the_bar_shows_judged_rewards_not_placeholders():
-    from art_core._gather import _Progress
+    from art_core.gather import _Progress
 
     progress = _Progress(2, "gather", 0, show=True, judged=True)
     progress.done(art.Trajectory(reward=0.0))

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 import art_core as art
-from art_core import _langfuse
+from art_core.trackers.langfuse import _export as _langfuse
 from tests.support.langfuse_receiver import (
     PUBLIC_KEY,
     SECRET_KEY,
@@ -282,7 +282,7 @@ except art.LangfuseNotInstalledError as error:
 else:
     raise SystemExit("no LangfuseNotInstalledError")
 os.environ.update(LANGFUSE_PUBLIC_KEY="pk", LANGFUSE_SECRET_KEY="sk", LANGFUSE_HOST="http://x")
-from art_core._langfuse import resolve_exporter
+from art_core.trackers.langfuse._export import resolve_exporter
 assert resolve_exporter(None) is None  # set but not installed: a warning, no export
 try:
     resolve_exporter(True)

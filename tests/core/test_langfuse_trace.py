@@ -6,7 +6,7 @@ import pytest
 from openai.types.chat.chat_completion import Choice
 
 import art_core as art
-from art_core._langfuse_trace import (
+from art_core.trackers.langfuse._trace import (
     TraceContext,
     completion_ids,
     observation_id_for,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import art_core as art
-from art_core._ruler_prompt import build_judge_prompt, distinct_runs
+from art_core.rewards._ruler_prompt import build_judge_prompt, distinct_runs
 from tests.support.rollouts import answer_rollout
 from tests.support.scripted_judge import Reply, ScriptedJudge, scores_json
 

@@ -20,8 +20,8 @@ import openai
 import pytest
 
 import art_core as art
-from art_core._ruler import validate_scores
-from art_core._ruler_prompt import build_judge_prompt, distinct_runs
+from art_core.rewards._ruler_prompt import build_judge_prompt, distinct_runs
+from art_core.rewards.ruler import validate_scores
 from tests.support.models import fresh_model
 from tests.support.rollouts import groups_for
 

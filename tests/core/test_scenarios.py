@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 import art_core as art
-from art_core._scenarios import (
+from art_core.rewards._scenarios import (
     GeneratorContextError,
     GeneratorError,
     _prompt,
     context_sizes,
     scenario_schema,
 )
-from art_core._structured import JudgeUsage, structured_completion
+from art_core.rewards._structured import JudgeUsage, structured_completion
 from tests.support.scripted_judge import Reply, ScriptedJudge
 
 DESCRIPTION = "A support agent for a bike shop: answers questions about repairs and opening hours."

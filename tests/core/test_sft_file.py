@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import art_core as art
-from art_core._errors import UnsupportedOptionError
+from art_core.errors import UnsupportedOptionError
 from art_core.utils.sft import (
     InvalidSFTFileError,
     create_lr_schedule,

@@ -13,7 +13,7 @@ from openai.types.chat.chat_completion import Choice
 from pydantic import BaseModel
 
 import art_core as art
-from art_core._trajectory import group_payload
+from art_core.trajectories import group_payload
 
 
 def choice(text: str, completion_id: str = "chatcmpl-1") -> Choice:

@@ -10,7 +10,7 @@ import random
 import pytest
 
 import art_core as art
-from art_core import _utils as art_utils
+from art_core.utils import _loops as art_utils
 
 
 def batches(**kwargs) -> list[list[int]]:

@@ -9,7 +9,7 @@ from langchain_core.tools import tool
 
 import art_core as art
 import art_langgraph
-from art_core._langfuse_trace import trace_id_for
+from art_core.trackers.langfuse._trace import trace_id_for
 from tests.support.langfuse_receiver import (
     LangfuseReceiver,
     exporter,

@@ -10,7 +10,7 @@ import pytest
 
 import art_core as art
 import art_mcp
-from art_core._langfuse_trace import trace_id_for
+from art_core.trackers.langfuse._trace import trace_id_for
 from examples.mcp_servers.inventory_server import create_server
 from tests.support.langfuse_receiver import (
     LangfuseReceiver,

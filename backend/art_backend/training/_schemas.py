@@ -15,12 +15,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 # torch.manual_seed takes 64 bits: the registration seed has the chat API's range.
 from art_backend.engines._engine import SEED_RANGE
+from art_core.names import check_name, check_split
 
 # The settings are the client's own models: one definition of every field, range and default.
-from art_core._config import LoRAConfig as LoraSettings
-from art_core._config import TrainConfig as TrainSettings
-from art_core._config import TrainSFTConfig as SFTSettings
-from art_core.names import check_name, check_split
+from art_core.types import LoRAConfig as LoraSettings
+from art_core.types import TrainConfig as TrainSettings
+from art_core.types import TrainSFTConfig as SFTSettings
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # Content parts an SFT message may hold, as serving reads them: part type -> key of its text.

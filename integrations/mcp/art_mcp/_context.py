@@ -16,7 +16,7 @@ from typing import Any
 import openai
 
 import art_core as art
-from art_core._scenarios import context_sizes
+from art_core.rewards._scenarios import context_sizes
 from art_mcp._agent import COMPLETE_TASK, DEFAULT_SYSTEM_PROMPT
 from art_mcp._errors import McpContextError
 from art_mcp._server import McpServer

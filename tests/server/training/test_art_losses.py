@@ -21,8 +21,8 @@ from art_backend.training._grpo import (
     policy_loss,
 )
 from art_backend.training._service import loss_config_for
-from art_core._config import train_config_from_art
-from art_core._errors import UnknownFieldError, UnsupportedOptionError
+from art_core.errors import UnknownFieldError, UnsupportedOptionError
+from art_core.types import train_config_from_art
 
 
 def loss_config(**art_options):

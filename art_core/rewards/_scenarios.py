@@ -30,8 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from art_core._cache import ResponseCache, resolve_cache
-from art_core._errors import (
+from art_core.errors import (
     GeneratorContextError,
     GeneratorError,
     JudgeContextError,
@@ -39,8 +38,9 @@ from art_core._errors import (
     JudgeResponseError,
     ScenarioGenerationError,
 )
-from art_core._model import Model
-from art_core._structured import JudgeUsage, resolve_model, structured_completion
+from art_core.model import Model
+from art_core.rewards._cache import ResponseCache, resolve_cache
+from art_core.rewards._structured import JudgeUsage, resolve_model, structured_completion
 
 MIN_TASK_CHARS = 12
 MAX_TASK_CHARS = 400

@@ -1,4 +1,4 @@
-"""The pipeline's settings, state and group rules (`art_core._pipeline` runs the pipeline).
+"""The pipeline's settings, state and group rules (`art_core.pipeline_trainer._trainer` runs the pipeline).
 
 ART's names: `PipelineRuntimeConfig`, `PipelineState`, the rollout and eval function types; the
 keywords ART's PipelineTrainer takes that this one does not, with what to use instead; and the
@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 from pydantic import Field
 
-from art_core._config import TrainConfig
-from art_core._model import TrainableModel
 from art_core._strict import StrictModel
-from art_core._trajectory import Trajectory, TrajectoryGroup
+from art_core.model import TrainableModel
+from art_core.trajectories import Trajectory, TrajectoryGroup
+from art_core.types import TrainConfig
 
 ScenarioT = TypeVar("ScenarioT")
 ConfigT = TypeVar("ConfigT")

@@ -21,17 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from art_core._config import TrainConfig, TrainResult
-from art_core._gather import gather_trajectory_groups
-from art_core._model import Model, TrainableModel
-from art_core._ruler import RULER_OPTIONS, ruler, ruler_score_group
-from art_core._ruler_prompt import DEFAULT_RUBRIC
-from art_core._scenarios import Scenario, generate_scenarios, split_scenarios
 from art_core._strict import check_names
-from art_core._structured import JudgeUsage, resolve_model
-from art_core._trajectory import Trajectory, TrajectoryGroup
-from art_core._utils import iterate_dataset
+from art_core.gather import gather_trajectory_groups
+from art_core.model import Model, TrainableModel
 from art_core.report import Evaluation, summarize, write_report
+from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
+from art_core.rewards._scenarios import Scenario, generate_scenarios, split_scenarios
+from art_core.rewards._structured import JudgeUsage, resolve_model
+from art_core.rewards.ruler import RULER_OPTIONS, ruler, ruler_score_group
+from art_core.trajectories import Trajectory, TrajectoryGroup
+from art_core.types import TrainConfig, TrainResult
+from art_core.utils._loops import iterate_dataset
 
 Rollout = Callable[[Scenario, float], Awaitable[Trajectory]]  # (scenario, temperature)
 

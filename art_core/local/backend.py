@@ -20,8 +20,10 @@ from typing import Any
 
 import httpx
 
-from art_core._backend import ModelRef, RemoteBackend
-from art_core._errors import ArtError, BackendCrashedError
+from art_core.backend import ModelRef, RemoteBackend
+from art_core.errors import ArtError, BackendCrashedError
+
+__all__ = ["LocalBackend"]
 
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may convert the embedded model (~40 s)
 

@@ -40,8 +40,18 @@ from openai.types.chat.chat_completion_message_param import ChatCompletionMessag
 from openai.types.chat.chat_completion_tool_param import ChatCompletionToolParam
 from pydantic import ConfigDict, Field, SkipValidation, field_validator
 
-from art_core._errors import InvalidTrajectoryError, UnknownFieldError
 from art_core._strict import StrictModel
+from art_core.errors import InvalidTrajectoryError, UnknownFieldError
+
+__all__ = [
+    "History",
+    "Messages",
+    "MessagesAndChoices",
+    "RolloutException",
+    "Tools",
+    "Trajectory",
+    "TrajectoryGroup",
+]
 
 # ART's type aliases (`art.types`), for annotations in user code. The fields below take Any:
 # a dict is kept as given and a Choice as returned, never re-validated.

@@ -52,18 +52,18 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, overload
 
-import art_core._model as model_module
-from art_core._backend import Backend, new_rollout_id
-from art_core._capture_http import get_records_sync, install_patches, origin
-from art_core._errors import (
+import art_core.model as model_module
+from art_core._strict import check_names
+from art_core.backend import Backend, new_rollout_id
+from art_core.capture._http import get_records_sync, install_patches, origin
+from art_core.capture._records import trajectory_from_records
+from art_core.errors import (
     ArtError,
     InvalidTrajectoryError,
     ModelNotRegisteredError,
 )
-from art_core._model import Model
-from art_core._rollout import trajectory_from_records
-from art_core._strict import check_names
-from art_core._trajectory import RolloutException, Trajectory, TrajectoryGroup
+from art_core.model import Model
+from art_core.trajectories import RolloutException, Trajectory, TrajectoryGroup
 
 logger = logging.getLogger("art_core.capture")
 

@@ -27,17 +27,17 @@ from urllib.parse import urlparse
 
 import openai
 
-from art_core._backend import Backend
-from art_core._cache import ResponseCache
-from art_core._config import TokenPrice
-from art_core._errors import (
+from art_core.backend import Backend
+from art_core.errors import (
     JudgeContextError,
     JudgeError,
     JudgeResponseError,
     JudgeUnavailableError,
     ModelConfigError,
 )
-from art_core._model import Model
+from art_core.model import Model
+from art_core.rewards._cache import ResponseCache
+from art_core.types import TokenPrice
 
 T = TypeVar("T")
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from art_core._trajectory import Trajectory, _as_message, _completion_id, _jsonable
+from art_core.trajectories import Trajectory, _as_message, _completion_id, _jsonable
 
 # Request fields that are not sampling parameters (the messages and tools are the input).
 _NOT_PARAMETERS = {"messages", "tools", "model", "stream", "stream_options", "metadata", "user"}

@@ -26,14 +26,16 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from art_core._errors import TooManyExceptionsError
-from art_core._trajectory import (
+from art_core.errors import TooManyExceptionsError
+from art_core.trajectories import (
     RolloutException,
     Trajectory,
     TrajectoryGroup,
     current_observer,
     gather_or_cancel,
 )
+
+__all__ = ["GatheredGroups", "gather_trajectories", "gather_trajectory_groups"]
 
 logger = logging.getLogger("art_core.gather")
 

@@ -42,14 +42,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from art_core._errors import ArtError, JudgeError
-from art_core._gather import gather_trajectory_groups
-from art_core._model import Model
-from art_core._ruler import RULER_OPTIONS, judged_messages, ruler
-from art_core._ruler_prompt import DEFAULT_RUBRIC
 from art_core._strict import check_names
-from art_core._structured import JudgeUsage, resolve_model
-from art_core._trajectory import Trajectory, TrajectoryGroup
+from art_core.errors import ArtError, JudgeError
+from art_core.gather import gather_trajectory_groups
+from art_core.model import Model
+from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
+from art_core.rewards._structured import JudgeUsage, resolve_model
+from art_core.rewards.ruler import RULER_OPTIONS, judged_messages, ruler
+from art_core.trajectories import Trajectory, TrajectoryGroup
 
 PreflightRollout = Callable[[Any, Any], Awaitable[Trajectory]]  # rollout(model, scenario)
 

@@ -4,13 +4,13 @@ Enabled when LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST (or LANG
 are set, or per call with `model.train(..., langfuse=True)` / `model.log(..., langfuse=True)`
 (`langfuse=False` turns it off for a call; an `art.LangfuseExporter` sends to that instance).
 
-The wire (`_langfuse_wire.py`) is what the Langfuse v5 SDK sends: OTLP protobuf spans to
+The wire (`_wire.py`) is what the Langfuse v5 SDK sends: OTLP protobuf spans to
 `<host>/api/public/otel/v1/traces` and a JSON list of scores to `/api/public/scores`, with
-Basic auth. The trace itself is built by pure functions in `_langfuse_trace.py`.
+Basic auth. The trace itself is built by pure functions in `_trace.py`.
 
 One worker thread per exporter takes jobs (one per train or log call) from a bounded queue:
 it reads the calls' records from the backend in one request, waits for the step's advantages
-(train), builds the traces (`_langfuse_trace.py`) and sends them. A full queue, Langfuse down
+(train), builds the traces (`_trace.py`) and sends them. A full queue, Langfuse down
 or a wrong key drop traces with a count (`stats()`, `art.langfuse_stats()`, the next step's
 `langfuse/exported_traces` and `langfuse/dropped_traces`) and one warning; nothing raises into
 training.
@@ -34,19 +34,19 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from art_core._config import TrainResult
-from art_core._errors import LangfuseConfigError, LangfuseNotInstalledError
-from art_core._langfuse_trace import (
+from art_core._observers import ObservedModel, StepFinished
+from art_core.errors import LangfuseConfigError, LangfuseNotInstalledError
+from art_core.trackers.langfuse._trace import (
     TraceContext,
     completion_ids,
     trace_from_trajectory,
     trace_id_for,
 )
-from art_core._observers import ObservedModel, StepFinished
-from art_core._trajectory import Trajectory, TrajectoryGroup
+from art_core.trajectories import Trajectory, TrajectoryGroup
+from art_core.types import TrainResult
 
 if TYPE_CHECKING:
-    from art_core._langfuse_wire import Sender
+    from art_core.trackers.langfuse._wire import Sender
 
 logger = logging.getLogger("art_core.langfuse")
 
@@ -272,7 +272,7 @@ class LangfuseExporter:
         with self._lock:
             if self._thread is not None:
                 return
-            from art_core._langfuse_wire import WORKER_THREAD_NAME
+            from art_core.trackers.langfuse._wire import WORKER_THREAD_NAME
 
             self._thread = threading.Thread(
                 target=self._work, name=f"{WORKER_THREAD_NAME}-{id(self):x}", daemon=True
@@ -351,7 +351,9 @@ class LangfuseExporter:
 
     def _get_sender(self) -> Sender:
         if self._sender is None:
-            from art_core._langfuse_wire import Sender  # langfuse and opentelemetry load here
+            from art_core.trackers.langfuse._wire import (
+                Sender,  # langfuse and opentelemetry load here
+            )
 
             self._sender = Sender(
                 host=self.host,

@@ -10,7 +10,7 @@ from typing import Any
 
 from openai.types.chat.chat_completion import Choice
 
-from art_core._trajectory import History, Trajectory
+from art_core.trajectories import History, Trajectory
 
 logger = logging.getLogger("art_core.model")
 

@@ -3,7 +3,7 @@
 httpx and httpx2 (`Client.send`, `AsyncClient.send`), requests (`Session.send`) and aiohttp
 (`ClientSession._request`) are patched once, where each sends a request: a request gets the
 header `x-rollout-id` when the resolver given to `install_patches` (the open scope's rollout id
-for one of our backends' origins, see `art_core._capture`) names one, and never when the request
+for one of our backends' origins, see `art_core.capture._scopes`) names one, and never when the request
 already carries the header. Everything else passes untouched.
 """
 
@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from art_core._backend import Backend, _raise_for_status
-from art_core._errors import BackendCrashedError
+from art_core.backend import Backend, _raise_for_status
+from art_core.errors import BackendCrashedError
 
 ROLLOUT_HEADER = "x-rollout-id"
 

@@ -1,11 +1,16 @@
 """ART's `art.pipeline_trainer` module: `from art_core.pipeline_trainer import PipelineTrainer`.
 
-The implementation lives in `art_core._pipeline` (settings and state in `art_core._pipeline_state`,
-retention in `art_core._retention`); this module only names its public parts.
+The implementation lives in `art_core.pipeline_trainer._trainer` (settings and state in `art_core.pipeline_trainer._state`,
+retention in `art_core.pipeline_trainer._retention`); this module only names its public parts.
 """
 
-from art_core._pipeline import PipelineTrainer, make_group_rollout_fn
-from art_core._pipeline_state import (
+from art_core.pipeline_trainer._retention import (
+    CheckpointInfo,
+    CheckpointRetentionContext,
+    CheckpointRetentionStrategy,
+    keep_recent_and_top,
+)
+from art_core.pipeline_trainer._state import (
     EvalFn,
     PipelineRuntimeConfig,
     PipelineState,
@@ -13,12 +18,7 @@ from art_core._pipeline_state import (
     ScenarioT,
     SingleRolloutFn,
 )
-from art_core._retention import (
-    CheckpointInfo,
-    CheckpointRetentionContext,
-    CheckpointRetentionStrategy,
-    keep_recent_and_top,
-)
+from art_core.pipeline_trainer._trainer import PipelineTrainer, make_group_rollout_fn
 
 __all__ = [
     "CheckpointInfo",

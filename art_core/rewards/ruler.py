@@ -16,10 +16,11 @@ import logging
 import math
 from typing import Any
 
-from art_core._cache import ResponseCache, resolve_cache
-from art_core._errors import JudgeContextError, JudgeError
-from art_core._model import Model
-from art_core._ruler_prompt import (
+from art_core._strict import StrictModel, check_names
+from art_core.errors import JudgeContextError, JudgeError
+from art_core.model import Model
+from art_core.rewards._cache import ResponseCache, resolve_cache
+from art_core.rewards._ruler_prompt import (
     DEFAULT_MESSAGE_CHAR_BUDGET,
     DEFAULT_RUBRIC,
     MIN_MESSAGE_CHAR_BUDGET,
@@ -28,9 +29,10 @@ from art_core._ruler_prompt import (
     build_judge_prompt,
     distinct_runs,
 )
-from art_core._strict import StrictModel, check_names
-from art_core._structured import JudgeUsage, resolve_model, structured_completion
-from art_core._trajectory import Trajectory, TrajectoryGroup
+from art_core.rewards._structured import JudgeUsage, resolve_model, structured_completion
+from art_core.trajectories import Trajectory, TrajectoryGroup
+
+__all__ = ["DEFAULT_RUBRIC", "RulerScore", "ruler", "ruler_score_group"]
 
 logger = logging.getLogger("art_core.ruler")
 

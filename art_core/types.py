@@ -7,8 +7,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_core._errors import UnsupportedOptionError
 from art_core._strict import StrictModel, check_names
+from art_core.errors import UnsupportedOptionError
+
+__all__ = ["LoRAConfig", "TokenPrice", "TrainConfig", "TrainResult", "TrainSFTConfig"]
 
 MAX_LORA_ALPHA = 1e6
 MIN_LORA_SCALE = 1e-30  # above float32's smallest normal number (1.2e-38)

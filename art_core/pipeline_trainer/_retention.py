@@ -13,7 +13,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from art_core._backend import Backend, ModelRef
+from art_core.backend import Backend, ModelRef
 
 
 class CheckpointInfo(BaseModel):

@@ -2,6 +2,28 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "ArtError",
+    "BackendCrashedError",
+    "BackendRequestError",
+    "GeneratorContextError",
+    "GeneratorError",
+    "InvalidTrajectoryError",
+    "JudgeContextError",
+    "JudgeError",
+    "JudgeResponseError",
+    "JudgeUnavailableError",
+    "LangfuseConfigError",
+    "LangfuseNotInstalledError",
+    "ModelConfigError",
+    "ModelNotRegisteredError",
+    "NotTrainableError",
+    "ScenarioGenerationError",
+    "TooManyExceptionsError",
+    "UnknownFieldError",
+    "UnsupportedOptionError",
+]
+
 
 class ArtError(Exception):
     """Base class of every error art_core raises on purpose."""

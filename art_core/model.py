@@ -16,26 +16,28 @@ from typing import Any, TypeVar
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
-from art_core._backend import Backend, new_rollout_id
 from art_core._clients import shared_client
-from art_core._config import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
-from art_core._errors import (
+from art_core._observers import StepFinished, StepObserver
+from art_core._strict import StrictModel, check_names
+from art_core.backend import Backend, new_rollout_id
+from art_core.capture._records import trajectory_from_records
+from art_core.errors import (
     InvalidTrajectoryError,
     ModelNotRegisteredError,
     NotTrainableError,
     UnsupportedOptionError,
 )
-from art_core._langfuse import LangfuseExporter, LangfuseObserver
-from art_core._observers import StepFinished, StepObserver
-from art_core._rollout import trajectory_from_records
-from art_core._strict import StrictModel, check_names
-from art_core._trajectory import Trajectory, TrajectoryGroup
 from art_core.names import check_name
+from art_core.trackers.langfuse._export import LangfuseExporter, LangfuseObserver
+from art_core.trajectories import Trajectory, TrajectoryGroup
+from art_core.types import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
+
+__all__ = ["Model", "RolloutCapture", "TrainableModel"]
 
 logger = logging.getLogger("art_core.model")
 
 # Every backend a model was registered on (weakly: a closed, dropped backend goes away); capture
-# scopes without `model=` tag requests to these hosts (art_core._capture).
+# scopes without `model=` tag requests to these hosts (art_core.capture._scopes).
 registered_backends: weakref.WeakSet[Any] = weakref.WeakSet()
 
 ConfigT = TypeVar("ConfigT", bound=StrictModel)

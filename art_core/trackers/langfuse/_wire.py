@@ -35,7 +35,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, TraceFlags
 
-from art_core._langfuse_trace import Observation, TraceData
+from art_core.trackers.langfuse._trace import Observation, TraceData
 
 OTEL_TRACES_PATH = "/api/public/otel/v1/traces"
 OTLP_EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.http.trace_exporter"

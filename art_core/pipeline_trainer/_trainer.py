@@ -47,12 +47,16 @@ from collections.abc import (
 )
 from typing import Any, Generic
 
-from art_core._backend import Backend
-from art_core._config import TrainConfig, TrainResult
-from art_core._errors import TooManyExceptionsError
-from art_core._gather import gather_trajectory_groups
-from art_core._model import TrainableModel
-from art_core._pipeline_state import (
+from art_core._strict import check_names
+from art_core.backend import Backend
+from art_core.errors import TooManyExceptionsError
+from art_core.gather import gather_trajectory_groups
+from art_core.model import TrainableModel
+from art_core.pipeline_trainer._retention import (
+    CheckpointRetentionStrategy,
+    apply_retention,
+)
+from art_core.pipeline_trainer._state import (
     KNOWN_KEYWORDS,
     MAX_SERVED_STEPS,
     POLICY_VERSION_KEY,
@@ -72,12 +76,8 @@ from art_core._pipeline_state import (
     step_train_config,
     zero_variance,
 )
-from art_core._retention import (
-    CheckpointRetentionStrategy,
-    apply_retention,
-)
-from art_core._strict import check_names
-from art_core._trajectory import TrajectoryGroup
+from art_core.trajectories import TrajectoryGroup
+from art_core.types import TrainConfig, TrainResult
 
 logger = logging.getLogger("art_core.pipeline")
 

@@ -26,13 +26,15 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from art_core._errors import TooManyExceptionsError
-from art_core._trajectory import (
+from art_core.errors import TooManyExceptionsError
+from art_core.trajectories import (
     RolloutException,
     Trajectory,
     TrajectoryGroup,
     current_observer,
 )
+
+__all__ = ["trajectory_group_batches"]
 
 logger = logging.getLogger("art_core.gather")
 

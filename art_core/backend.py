@@ -1,6 +1,6 @@
 """The Backend protocol and `RemoteBackend`, which talks to a running `art-server` over HTTP.
 
-`LocalBackend` (in `_local_backend.py`) is a RemoteBackend that first starts the server in a
+`LocalBackend` (in `art_core.local`) is a RemoteBackend that first starts the server in a
 child process; both share every request below, so one test suite covers both.
 """
 
@@ -14,20 +14,22 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from art_core._config import (
+from art_core.errors import (
+    BackendCrashedError,
+    BackendRequestError,
+    InvalidTrajectoryError,
+    UnsupportedOptionError,
+)
+from art_core.trajectories import Trajectory, TrajectoryGroup, group_payload
+from art_core.types import (
     LoRAConfig,
     TrainConfig,
     TrainResult,
     TrainSFTConfig,
     train_config_from_art,
 )
-from art_core._errors import (
-    BackendCrashedError,
-    BackendRequestError,
-    InvalidTrajectoryError,
-    UnsupportedOptionError,
-)
-from art_core._trajectory import Trajectory, TrajectoryGroup, group_payload
+
+__all__ = ["Backend", "RemoteBackend"]
 
 logger = logging.getLogger("art_core.backend")
 

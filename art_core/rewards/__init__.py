@@ -1,0 +1,40 @@
+"""Rewards without reward code: RULER (a judge ranks a group), generated scenarios, AutoRL and
+preflight, over one structured-call layer (JSON-schema answers, one re-ask, usage, a disk cache).
+
+ART's `art.rewards` holds RULER; `from art_core.rewards import ruler_score_group` as there.
+"""
+
+from art_core.rewards._autorl import AutoRLResult, autorl
+from art_core.rewards._cache import ResponseCache
+from art_core.rewards._preflight import PreflightError, PreflightResult, preflight
+from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
+from art_core.rewards._scenarios import (
+    Scenario,
+    generate_scenarios,
+    load_scenarios,
+    save_scenarios,
+    split_scenarios,
+)
+from art_core.rewards._structured import JudgeUsage, judge_or_base_model, resolve_model
+from art_core.rewards.ruler import RulerScore, ruler, ruler_score_group
+
+__all__ = [
+    "DEFAULT_RUBRIC",
+    "AutoRLResult",
+    "JudgeUsage",
+    "PreflightError",
+    "PreflightResult",
+    "ResponseCache",
+    "RulerScore",
+    "Scenario",
+    "autorl",
+    "generate_scenarios",
+    "judge_or_base_model",
+    "load_scenarios",
+    "preflight",
+    "resolve_model",
+    "ruler",
+    "ruler_score_group",
+    "save_scenarios",
+    "split_scenarios",
+]

@@ -1,0 +1,1 @@
+"""Trackers: what watches a model's steps (Langfuse export, a user's own `StepObserver`)."""
