@@ -10,10 +10,13 @@ import json
 import logging
 import secrets
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import httpx
+from pydantic import BaseModel, ValidationError
+from pydantic_core import to_jsonable_python
 
+from art_core._observers import observed_step
 from art_core.errors import (
     BackendCrashedError,
     BackendRequestError,
@@ -27,6 +30,14 @@ from art_core.types import (
     TrainResult,
     TrainSFTConfig,
     train_config_from_art,
+)
+from art_core.wire import (
+    DeleteCheckpointsRequest,
+    GroupPayload,
+    LogRequest,
+    RegisterRequest,
+    SFTRequest,
+    TrainRequest,
 )
 
 __all__ = ["Backend", "RemoteBackend"]
@@ -180,10 +191,10 @@ class RemoteBackend:
             "project": model.project,
             "name": model.name,
             "base_model": model.base_model,
-            "lora": model.lora_config.model_dump(),
+            "lora": model.lora_config,
             **options,
         }
-        return await self._request("POST", "/v1/training/models", body)
+        return await self._request("POST", "/v1/training/models", _wire(RegisterRequest, body))
 
     async def train(
         self,
@@ -205,9 +216,9 @@ class RemoteBackend:
         known ones; a value this backend cannot honour, `UnsupportedOptionError`.
 
         As ART's, the step is not logged by `model.log`: the backend records it in history
-        itself (see `model.log` for the rule). A TrainableModel's observers (Langfuse export,
-        `langfuse=` as in `model.train`) and the counts it made between steps go with the step;
-        `client_metrics` adds counts of the caller's own.
+        itself (see `model.log` for the rule). A TrainableModel's trackers are told of the step
+        (`observed_step`) and the counts it made between steps go with it; `client_metrics` adds
+        counts of the caller's own. `langfuse=` (deprecated) as in `model.train`.
         """
         if config is not None and options:
             raise UnsupportedOptionError(
@@ -231,20 +242,12 @@ class RemoteBackend:
             groups = [trajectory_groups]
         else:
             groups = list(trajectory_groups)
-        extra = {key: float(value) for key, value in (client_metrics or {}).items()}
-
-        async def send(pending: Mapping[str, float]) -> TrainResult:
-            counts = {**extra}
-            for key, value in pending.items():
-                counts[key] = counts.get(key, 0.0) + float(value)
-            return await self._train_step(model, groups, config, dropped, counts)
-
-        # A TrainableModel tells its observers and sends the counts it made between steps.
-        run_step = getattr(model, "_run_train_step", None)
-        if run_step is None:
-            result = await send({})
-        else:
-            result = await run_step(groups, send, langfuse=langfuse)
+        counts = {key: float(value) for key, value in (client_metrics or {}).items()}
+        options = {} if langfuse is None else {"langfuse": langfuse}
+        async with observed_step(model, groups, "train", options) as step:
+            for key, value in step.pending.items():
+                counts[key] = counts.get(key, 0.0) + value
+            result = step.result = await self._train_step(model, groups, config, dropped, counts)
         if not save_checkpoint:
             result.checkpoint_path = None
         if verbose:
@@ -260,27 +263,26 @@ class RemoteBackend:
         client_metrics: Mapping[str, float],
     ) -> TrainResult:
         """The train request itself; `client_metrics` are counts made by the client."""
-        stats: dict[str, int] = {}
-        payload = {
-            "groups": self._groups_payload(groups, stats),
-            "config": config.model_dump(exclude_none=True),
-            "client_metrics": {
+        request = TrainRequest(
+            groups=self._groups_payload(groups),
+            config=config,
+            client_metrics={
                 # Groups an `after_each` (a judge that failed) dropped during the gather.
                 "groups/dropped_before_training": dropped,
                 **client_metrics,
             },
-        }
-        event = await self._events(f"{self._model_path(model)}/train", payload)
+        )
+        event = await self._events(f"{self._model_path(model)}/train", _json(request))
         return _result(event)
 
     async def train_sft(
         self, model: ModelRef, trajectories: list[Trajectory], config: TrainSFTConfig
     ) -> TrainResult:
-        payload = {
+        body = {
             "trajectories": [{"messages": t.messages(), "tools": t.tools} for t in trajectories],
-            "config": config.model_dump(exclude_none=True),
+            "config": config,
         }
-        event = await self._events(f"{self._model_path(model)}/sft", payload)
+        event = await self._events(f"{self._model_path(model)}/sft", _wire(SFTRequest, body))
         return _result(event)
 
     async def log(
@@ -293,12 +295,14 @@ class RemoteBackend:
         step: int | None = None,
     ) -> dict[str, Any]:
         """Record groups and/or metrics in the model's history (the rule: `TrainableModel.log`)."""
-        payload: dict[str, Any] = {"groups": self._groups_payload(groups, {}), "split": split}
+        body: dict[str, Any] = {"groups": self._groups_payload(groups), "split": split}
         if metrics:
-            payload["metrics"] = {key: float(value) for key, value in metrics.items()}
+            body["metrics"] = {key: float(value) for key, value in metrics.items()}
         if step is not None:
-            payload["step"] = step
-        return await self._request("POST", f"{self._model_path(model)}/log", payload)
+            body["step"] = step
+        return await self._request(
+            "POST", f"{self._model_path(model)}/log", _wire(LogRequest, body)
+        )
 
     async def get_step(self, model: ModelRef) -> int:
         info = await self._request("GET", self._model_path(model))
@@ -311,12 +315,16 @@ class RemoteBackend:
     async def delete_checkpoints(
         self, model: ModelRef, best_checkpoint_metric: str, maximize: bool
     ) -> dict[str, Any]:
-        body = {"best_checkpoint_metric": best_checkpoint_metric, "maximize": maximize}
-        return await self._request("POST", f"{self._model_path(model)}/delete_checkpoints", body)
+        body = DeleteCheckpointsRequest(
+            best_checkpoint_metric=best_checkpoint_metric, maximize=maximize
+        )
+        return await self._request(
+            "POST", f"{self._model_path(model)}/delete_checkpoints", _json(body)
+        )
 
     async def delete_checkpoint_steps(self, model: ModelRef, steps: list[int]) -> dict[str, Any]:
         """Delete exactly these checkpoint steps (never the latest: that is a 400)."""
-        body = {"steps": list(steps)}
+        body = _wire(DeleteCheckpointsRequest, {"steps": list(steps)})
         return await self._request("POST", f"{self._model_path(model)}/delete_checkpoints", body)
 
     async def checkpoint_steps(self, model: ModelRef) -> list[int]:
@@ -344,7 +352,7 @@ class RemoteBackend:
         await self.close()
 
     @staticmethod
-    def _groups_payload(groups: list[TrajectoryGroup], stats: dict[str, int]) -> list[dict]:
+    def _groups_payload(groups: list[TrajectoryGroup]) -> list[GroupPayload]:
         if isinstance(groups, TrajectoryGroup):
             groups = [groups]
         payload = []
@@ -354,10 +362,25 @@ class RemoteBackend:
                     f"groups[{index}] is a {type(group).__name__}, not an art.TrajectoryGroup"
                 )
             try:
-                payload.append(group_payload(group, stats=stats))
+                payload.append(group_payload(group))
             except InvalidTrajectoryError as error:
                 raise InvalidTrajectoryError(f"groups[{index}]: {error}") from error
         return payload
+
+
+def _json(request: BaseModel) -> dict[str, Any]:
+    """A request of `art_core.wire` as its JSON body: what was set, so that an option left out
+    keeps the server's default (and a choice between two forms stays the one made)."""
+    return request.model_dump(mode="json", exclude_unset=True)
+
+
+def _wire(request_class: type[BaseModel], body: dict[str, Any]) -> dict[str, Any]:
+    """`body` built as the wire class the server validates. A body the class refuses (a caller's
+    bad option) goes as it is: the server answers with its 400, which names the field."""
+    try:
+        return _json(request_class.model_validate(body))
+    except ValidationError:
+        return cast(dict[str, Any], to_jsonable_python(body, exclude_none=True))
 
 
 def new_rollout_id() -> str:

@@ -8,16 +8,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import warnings
 import weakref
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from openai import AsyncOpenAI
 from pydantic import BaseModel
 
 from art_core._clients import shared_client
-from art_core._observers import StepFinished, StepObserver
+from art_core._observers import StepObserver, observed_step
 from art_core._strict import StrictModel, check_names
 from art_core.backend import Backend, new_rollout_id
 from art_core.capture._records import trajectory_from_records
@@ -28,7 +29,7 @@ from art_core.errors import (
     UnsupportedOptionError,
 )
 from art_core.names import check_name
-from art_core.trackers.langfuse._export import LangfuseExporter, LangfuseObserver
+from art_core.trackers import observers_for
 from art_core.trajectories import Trajectory, TrajectoryGroup
 from art_core.types import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
 
@@ -142,7 +143,7 @@ class Model:
         *,
         metrics: Mapping[str, float] | None = None,
         step: int | None = None,
-        langfuse: bool | LangfuseExporter | None = None,
+        langfuse: Any = None,
     ) -> dict[str, Any]:
         """Record groups (e.g. an evaluation) in the backend's history at the current step."""
         raise NotTrainableError(
@@ -174,13 +175,19 @@ class TrainableModel(Model):
         id: str | None = None,
         run_id: str | None = None,
         base_path: str = ".art",
-        report_metrics: list[str] | None = None,
+        report_metrics: Sequence[str | StepObserver] | None = None,
     ) -> None:
         """ART's fields are accepted: `config` (your pydantic object, `model.config`),
         `lora_config` (ART's dict: rank, alpha, dropout, target_modules; or our `lora`),
         `run_name` (equal to `name`: one name stores and serves the model here), `entity`, `id`,
-        `run_id` (kept). The backend's `path` decides where files go, so `base_path` and
-        `report_metrics` (W&B) keep their defaults; other values raise UnsupportedOptionError."""
+        `run_id` (kept). The backend's `path` decides where files go, so `base_path` keeps its
+        default; another value raises UnsupportedOptionError.
+
+        `report_metrics`: the trackers told of every train step and log call (`model.observers`),
+        by name (`["langfuse"]`, as installed: `art_core.trackers.tracker_names()`) or as
+        `StepObserver` objects. None: the default trackers, each on when its settings are in the
+        environment; `[]`: none. A named tracker that cannot run raises now, naming what is
+        missing."""
         super().__init__(
             check_name(name, "model name"), project=project, config=config, entity=entity, id=id
         )
@@ -194,11 +201,6 @@ class TrainableModel(Model):
                 "TrainableModel: base_path is not used here: the backend's folder holds the "
                 "model's files (art.LocalBackend(path=...))."
             )
-        if report_metrics:
-            raise UnsupportedOptionError(
-                f"TrainableModel: report_metrics={report_metrics!r}: this backend reports to "
-                "nobody; its history (backend.history(model)) and Langfuse hold the metrics."
-            )
         if lora is not None and lora_config is not None:
             raise UnsupportedOptionError("TrainableModel: pass lora= or lora_config=, not both.")
         self.run_name = name
@@ -210,8 +212,8 @@ class TrainableModel(Model):
         # Counts the client makes between steps (calls no rollout could claim); sent with the
         # next train() as step metrics, then reset.
         self.pending_metrics: Counter[str] = Counter()
-        # Told of every train step and log call (Langfuse export by default); add your own.
-        self.observers: list[StepObserver] = [LangfuseObserver()]
+        # Told of every train step and log call (`report_metrics`); add your own.
+        self.observers: list[StepObserver] = observers_for(report_metrics)
 
     @property
     def open_rollouts(self) -> int:
@@ -248,6 +250,11 @@ class TrainableModel(Model):
             self.backend  # noqa: B018 - raises ModelNotRegisteredError
         return self._step or 0
 
+    @step.setter
+    def step(self, value: int) -> None:
+        """Set by the backend when a step is trained (or a checkpoint resumed)."""
+        self._step = value
+
     def get_inference_name(self, step: int | None = None) -> str:
         """`<name>@<step>`: the served adapter of the current (or given) step."""
         return f"{self.name}@{self.step if step is None else step}"
@@ -262,17 +269,16 @@ class TrainableModel(Model):
         groups: list[TrajectoryGroup],
         config: TrainConfig | Mapping[str, Any] | None = None,
         *,
-        langfuse: bool | LangfuseExporter | None = None,
+        langfuse: Any = None,
         **config_overrides: Any,
     ) -> TrainResult:
         """One GRPO step on these groups; the backend then serves `<name>@<step + 1>`.
 
         Our form, kept beside ART's `backend.train(model, groups, **ART keywords)` (which ART
         0.5.23 has in its place). `config_overrides` are TrainConfig fields
-        (`learning_rate=1e-4`) over `config`; an unknown one raises `UnknownFieldError`.
-        `langfuse`: None exports the groups when the LANGFUSE_* variables are set, True asks
-        for it (a named error without the extra or the settings), False turns it off, an
-        `art.LangfuseExporter` sends to that one. The export runs in the background.
+        (`learning_rate=1e-4`) over `config`; an unknown one raises `UnknownFieldError`. The
+        model's trackers (`report_metrics`) are told of the step. `langfuse=` (deprecated: use
+        `report_metrics`) still picks this call's Langfuse export.
         """
         config = _config_with(
             TrainConfig,
@@ -282,28 +288,7 @@ class TrainableModel(Model):
             keywords=["config", "langfuse"],
             hints=_TRAIN_HINTS,
         )
-        return await self.backend.train(self, groups, config, langfuse=langfuse)
-
-    async def _run_train_step(
-        self,
-        groups: list[TrajectoryGroup],
-        send: Callable[[Mapping[str, float]], Awaitable[TrainResult]],
-        *,
-        langfuse: bool | LangfuseExporter | None = None,
-    ) -> TrainResult:
-        """What a backend's train call does around its request (`send`): the observers are told,
-        the counts this client made since the last step go with it, the step is updated."""
-        finished = self._observe(groups, "train", {"langfuse": langfuse})
-        pending, self.pending_metrics = self.pending_metrics, Counter()
-        try:
-            result = await send(pending)
-        except BaseException:
-            self.pending_metrics.update(pending)  # not reported yet: the next step reports them
-            finished(None)
-            raise
-        finished(result)
-        self._step = result.step
-        return result
+        return await self.backend.train(self, groups, config, **_deprecated_langfuse(langfuse))
 
     async def train_sft(
         self,
@@ -350,7 +335,7 @@ class TrainableModel(Model):
         *,
         metrics: Mapping[str, float] | None = None,
         step: int | None = None,
-        langfuse: bool | LangfuseExporter | None = None,
+        langfuse: Any = None,
     ) -> dict[str, Any]:
         """Record groups and/or metrics in the backend's history, at `step` (default: current).
 
@@ -362,38 +347,13 @@ class TrainableModel(Model):
         out of its row the metrics the train row already holds with the same value, and does
         not write again the trajectories that step trained (the answer's `already_recorded`
         counts both). Returns {"step", "split", "metrics"[, "already_recorded"]}.
-        `langfuse` as in `train`: with it, the groups are also exported as Langfuse traces.
+        The model's trackers see the groups (Langfuse exports them); `langfuse=` as in `train`.
         """
         groups = _as_groups(trajectories)
-        # Observers see every log of groups (a metrics-only log has none to export).
-        observe = trajectories is not None
-        finished = self._observe(groups, split, {"langfuse": langfuse}) if observe else None
-        try:
+        if trajectories is None:  # a metrics-only log has no groups for the trackers
             return await self.backend.log(self, groups, split, metrics=metrics, step=step)
-        finally:
-            if finished is not None:
-                finished(None)
-
-    def _observe(
-        self, groups: list[TrajectoryGroup], split: str, options: dict[str, Any]
-    ) -> StepFinished:
-        """Tell the observers a step starts; returns what tells them it is over."""
-        if split == "train":
-            for observer in self.observers:
-                self.pending_metrics.update(observer.step_metrics(self))
-        callbacks = [
-            callback
-            for observer in self.observers
-            if (callback := observer.step_started(
-                self, groups, split=split, step=self.step, options=options
-            )) is not None
-        ]  # fmt: skip
-
-        def finished(result: TrainResult | None) -> None:
-            for callback in callbacks:
-                callback(result)
-
-        return finished
+        async with observed_step(self, groups, split, _deprecated_langfuse(langfuse)):
+            return await self.backend.log(self, groups, split, metrics=metrics, step=step)
 
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward", *, maximize: bool = True
@@ -604,3 +564,16 @@ def _as_config(config_class: type[ConfigT], value: ConfigT | Mapping[str, Any]) 
     return (
         config_class(**value) if isinstance(value, Mapping) else config_class.model_validate(value)
     )
+
+
+def _deprecated_langfuse(langfuse: Any) -> dict[str, Any]:
+    """A call's `langfuse=` as the observers' option; it warns: the model's trackers decide."""
+    if langfuse is None:
+        return {}
+    warnings.warn(
+        "langfuse= on a call is deprecated and goes in the next release: configure trackers on "
+        "the model, TrainableModel(..., report_metrics=['langfuse']) (or []: none).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return {"langfuse": langfuse}

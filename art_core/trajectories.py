@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import copy
 import inspect
-import math
 import time
 import traceback
 import uuid
@@ -42,6 +41,13 @@ from pydantic import ConfigDict, Field, SkipValidation, field_validator
 
 from art_core._strict import StrictModel
 from art_core.errors import InvalidTrajectoryError, UnknownFieldError
+from art_core.wire import (
+    GroupPayload,
+    HistoryPayload,
+    TrajectoryPayload,
+    TurnRef,
+    finite_reward,
+)
 
 __all__ = [
     "History",
@@ -135,9 +141,7 @@ class Trajectory(History):
     @field_validator("reward")
     @classmethod
     def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError(f"reward must be a finite number, got {value}")
-        return value
+        return finite_reward(value)
 
     def __str__(self) -> str:
         return f"Trajectory(reward={self.reward}, metrics={self.metrics}, metadata={self.metadata})"
@@ -378,21 +382,21 @@ class TrajectoryGroup:
 # --------------------------------------------------------------------------------- wire format
 
 
-def group_payload(group: TrajectoryGroup, *, stats: dict[str, int]) -> dict[str, Any]:
-    """The JSON the training API takes for a group; counts context assistant turns in `stats`."""
+def group_payload(group: TrajectoryGroup) -> GroupPayload:
+    """The group as the training API takes it (`art_core.wire`)."""
     if group._pending:
         raise InvalidTrajectoryError(
             "This TrajectoryGroup still holds rollouts that were never run: pass it through "
             "`await art.gather_trajectory_groups(...)` first."
         )
-    return {
-        "trajectories": [trajectory_payload(t, stats=stats) for t in group.trajectories],
-        "exceptions": [f"{e.type}: {e.message}" for e in group.exceptions],
-        "metrics": {key: float(value) for key, value in group.metrics.items()},
-    }
+    return GroupPayload(
+        trajectories=[trajectory_payload(t) for t in group.trajectories],
+        exceptions=[f"{e.type}: {e.message}" for e in group.exceptions],
+        metrics={key: float(value) for key, value in group.metrics.items()},
+    )
 
 
-def trajectory_payload(trajectory: Trajectory, *, stats: dict[str, int]) -> dict[str, Any]:
+def trajectory_payload(trajectory: Trajectory) -> TrajectoryPayload:
     """One trajectory as the training API takes it: messages and turn references per history.
 
     A choice is referenced by its completion id; any other assistant message (a plain dict, a
@@ -402,29 +406,26 @@ def trajectory_payload(trajectory: Trajectory, *, stats: dict[str, int]) -> dict
     context_assistant = 0
     for history in trajectory.histories():
         messages: list[dict[str, Any]] = []
-        turns: list[dict[str, Any]] = []
+        turns: list[TurnRef] = []
         for item in history.messages_and_choices:
             completion_id = _completion_id(item)
             message = _as_message(item)
             if completion_id is not None:
-                turns.append({"completion_id": completion_id, "choice_index": _index(item)})
+                turns.append(TurnRef(completion_id=completion_id, choice_index=_index(item)))
             elif message.get("role") == "assistant":
                 context_assistant += 1
-                turns.append({"message_index": len(messages)})
+                turns.append(TurnRef(message_index=len(messages)))
             messages.append(message)
-        histories.append({"messages": messages, "tools": history.tools, "turns": turns})
-    stats["context_assistant_messages"] = (
-        stats.get("context_assistant_messages", 0) + context_assistant
+        histories.append(HistoryPayload(messages=messages, tools=history.tools, turns=turns))
+    return TrajectoryPayload(
+        id=trajectory.id,
+        reward=trajectory.reward,
+        metrics={key: float(value) for key, value in trajectory.metrics.items()},
+        metadata=_jsonable(trajectory.metadata),
+        logs=list(trajectory.logs),
+        histories=histories,
+        context_assistant_messages=context_assistant,
     )
-    return {
-        "id": trajectory.id,
-        "reward": trajectory.reward,
-        "metrics": {key: float(value) for key, value in trajectory.metrics.items()},
-        "metadata": _jsonable(trajectory.metadata),
-        "logs": list(trajectory.logs),
-        "histories": histories,
-        "context_assistant_messages": context_assistant,
-    }
 
 
 def _completion_id(item: Any) -> str | None:

@@ -151,7 +151,7 @@ def test_packages_point_one_way():
         "art_backend.store._records",
         "art_backend.review.cli, art_backend.review._app",
         "art_backend.engines._engine",
-        "art_core, art_core.names",
+        "art_core, art_core.names, art_core.wire",
     ],
 )
 def test_torch_free_rooms_import_no_torch(modules):
@@ -201,6 +201,12 @@ PUBLIC_SURFACES = {
         "UnknownFieldError", "UnsupportedOptionError",
     ],
     "art_core.local": ["LocalBackend"],
+    "art_core.wire": [
+        "SEED_RANGE", "DeleteCheckpointsRequest", "ForkFrom", "GroupPayload", "HistoryPayload",
+        "LogRequest", "RegisterRequest", "SFTExample", "SFTRequest", "TrainRequest",
+        "TrajectoryPayload", "TurnRef", "finite_reward",
+    ],
+    "art_core.trackers": ["DEFAULT_TRACKERS", "ENTRY_POINT_GROUP", "observers_for", "tracker_names"],
     "art_core.local.backend": ["LocalBackend"],
     "art_core.rewards": [
         "DEFAULT_RUBRIC", "AutoRLResult", "JudgeUsage", "PreflightError", "PreflightResult",

@@ -30,8 +30,6 @@ EvalFn = Callable[
 
 # Where a group keeps the step it was sampled at (ART keeps it on each trajectory).
 POLICY_VERSION_KEY = "initial_policy_version"
-# The server's bound on served steps per model (backend/art_backend/training/_schemas.py).
-MAX_SERVED_STEPS = 16
 
 # ART's PipelineTrainer keywords this trainer does not have, and what to use instead.
 UNSUPPORTED_HINTS = {

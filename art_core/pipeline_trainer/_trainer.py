@@ -58,7 +58,6 @@ from art_core.pipeline_trainer._retention import (
 )
 from art_core.pipeline_trainer._state import (
     KNOWN_KEYWORDS,
-    MAX_SERVED_STEPS,
     POLICY_VERSION_KEY,
     UNSUPPORTED_HINT,
     UNSUPPORTED_HINTS,
@@ -78,6 +77,7 @@ from art_core.pipeline_trainer._state import (
 )
 from art_core.trajectories import TrajectoryGroup
 from art_core.types import TrainConfig, TrainResult
+from art_core.wire import MAX_SERVED_STEPS
 
 logger = logging.getLogger("art_core.pipeline")
 

@@ -1,1 +1,76 @@
-"""Trackers: what watches a model's steps (Langfuse export, a user's own `StepObserver`)."""
+"""Trackers: what watches a model's steps, configured on the model as ART configures them.
+
+`TrainableModel(report_metrics=[...])` names them: each name is an entry point of the group
+`art_trainer.trackers` (a package adds its own in its pyproject), each entry a callable that takes
+`requested=` and returns a `StepObserver`. An observer object may stand in the list as well.
+`report_metrics=None` (the default) builds the default trackers unrequested: each is on when its
+settings are in the environment (Langfuse: LANGFUSE_PUBLIC_KEY, ...), quiet otherwise;
+`report_metrics=[]` builds none.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+from art_core._observers import StepObserver
+from art_core.errors import UnsupportedOptionError
+
+__all__ = ["DEFAULT_TRACKERS", "ENTRY_POINT_GROUP", "observers_for", "tracker_names"]
+
+ENTRY_POINT_GROUP = "art_trainer.trackers"
+DEFAULT_TRACKERS = ("langfuse",)
+# Ours, also found from a source tree that pip never installed (no entry points there).
+_BUILT_IN = {"langfuse": "art_core.trackers.langfuse:LangfuseObserver"}
+
+
+@functools.cache
+def _installed() -> dict[str, str]:
+    """Tracker name -> "module:attribute", the built-in ones and the entry points."""
+    found = dict(_BUILT_IN)
+    found.update({entry.name: entry.value for entry in entry_points(group=ENTRY_POINT_GROUP)})
+    return found
+
+
+def _load(target: str) -> Callable[..., Any]:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)  # type: ignore[no-any-return]
+
+
+def tracker_names() -> list[str]:
+    """The trackers installed here, by the name `report_metrics` takes."""
+    return sorted(_installed())
+
+
+def observers_for(report_metrics: Sequence[str | StepObserver] | None) -> list[StepObserver]:
+    """The observers `report_metrics` names (see the module's docstring for the rule)."""
+    if isinstance(report_metrics, str):
+        raise UnsupportedOptionError(
+            f"report_metrics={report_metrics!r}: give a list, e.g. report_metrics=[{report_metrics!r}]"
+        )
+    requested = report_metrics is not None
+    observers: list[StepObserver] = []
+    for item in DEFAULT_TRACKERS if report_metrics is None else report_metrics:
+        if not isinstance(item, str):
+            if not callable(getattr(item, "step_started", None)):
+                raise UnsupportedOptionError(
+                    f"report_metrics: {item!r} is neither a tracker name ({_known()}) nor a "
+                    "StepObserver (an object with step_metrics and step_started)"
+                )
+            observers.append(item)
+            continue
+        target = _installed().get(item)
+        if target is None:
+            raise UnsupportedOptionError(
+                f"report_metrics: no tracker named {item!r} is installed here ({_known()})."
+            )
+        observers.append(_load(target)(requested=requested))
+    return observers
+
+
+def _known() -> str:
+    names = tracker_names()
+    return "installed: " + ", ".join(names) if names else "none is installed"

@@ -210,7 +210,7 @@ async def test_training_an_ungathered_group_is_a_clear_error(tiny_model_dir):
     coroutine = rollout(1.0)
     group = art.TrajectoryGroup([coroutine])
     with pytest.raises(art.InvalidTrajectoryError, match="gather_trajectory_groups"):
-        art.RemoteBackend("http://127.0.0.1:9")._groups_payload([group], {})
+        art.RemoteBackend("http://127.0.0.1:9")._groups_payload([group])
     coroutine.close()
 
 

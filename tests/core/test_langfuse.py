@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 import art_core as art
+from art_core.trackers.langfuse import LangfuseObserver
 from art_core.trackers.langfuse import _export as _langfuse
 from tests.support.langfuse_receiver import (
     PUBLIC_KEY,
@@ -57,7 +58,8 @@ async def test_a_training_step_exports_each_trajectory_as_a_trace_of_its_calls(
 ):
     groups = varied_group(await groups_for(model, QUESTIONS, per_group=2))
     records = records_of(model, groups)
-    result = await model.train(groups, langfuse=exporter)
+    model.observers = [LangfuseObserver(exporter)]
+    result = await model.train(groups)
     assert exporter.flush(timeout=30)
 
     traces = langfuse_receiver.traces()
@@ -128,7 +130,8 @@ async def test_an_evaluation_logged_with_langfuse_true_is_a_val_trace_without_ad
     monkeypatch.setenv("LANGFUSE_HOST", langfuse_receiver.url)
     groups = await groups_for(model, QUESTIONS[:1], per_group=1)
     try:
-        await model.log(groups, split="val", langfuse=True)
+        model.observers = [LangfuseObserver(requested=True)]
+        await model.log(groups, split="val")
         assert art.flush_langfuse(timeout=30)
         assert art.langfuse_stats()["exported_traces"] == 1
     finally:
@@ -160,13 +163,12 @@ async def test_a_wrong_key_is_one_counted_warning_and_training_goes_on(
         public_key=PUBLIC_KEY, secret_key="sk-wrong", host=langfuse_receiver.url, timeout=2.0
     )
     caplog.set_level(logging.WARNING)
+    model.observers = [LangfuseObserver(wrong)]
     try:
-        first = await model.train(
-            varied_group(await groups_for(model, QUESTIONS, per_group=2)), langfuse=wrong
-        )
+        first = await model.train(varied_group(await groups_for(model, QUESTIONS, per_group=2)))
         assert wrong.flush(timeout=30)
         second = await model.train(
-            varied_group(await groups_for(model, QUESTIONS[:1], per_group=2)), langfuse=wrong
+            varied_group(await groups_for(model, QUESTIONS[:1], per_group=2))
         )
         assert wrong.flush(timeout=30)
     finally:
@@ -193,9 +195,10 @@ async def test_langfuse_down_drops_the_traces_with_a_count_and_training_goes_on(
     down = art.LangfuseExporter(
         public_key=PUBLIC_KEY, secret_key=SECRET_KEY, host=f"http://127.0.0.1:{port}", timeout=1.0
     )
+    model.observers = [LangfuseObserver(down)]
     try:
         result = await model.train(
-            varied_group(await groups_for(model, QUESTIONS[:1], per_group=2)), langfuse=down
+            varied_group(await groups_for(model, QUESTIONS[:1], per_group=2))
         )
         assert down.flush(timeout=30)
     finally:
@@ -209,7 +212,8 @@ async def test_a_503_is_retried_and_the_trace_arrives(
 ):
     langfuse_receiver.fail_next.append(503)
     groups = await groups_for(model, QUESTIONS[:1], per_group=1)
-    await model.log(groups, langfuse=exporter)
+    model.observers = [LangfuseObserver(exporter)]
+    await model.log(groups)
     assert exporter.flush(timeout=30)
     assert [r.status for r in langfuse_receiver.requests][:2] == [503, 200]
     assert exporter.stats()["exported_traces"] == 1 and len(langfuse_receiver.traces()) == 1
@@ -219,14 +223,16 @@ async def test_exporting_the_same_trajectories_again_writes_the_same_ids(
     model: art.TrainableModel, exporter: art.LangfuseExporter, langfuse_receiver: LangfuseReceiver
 ):
     groups = await groups_for(model, QUESTIONS[:1], per_group=2)
-    await model.log(groups, langfuse=exporter)
+    model.observers = [LangfuseObserver(exporter)]
+    await model.log(groups)
     assert exporter.flush(timeout=30)
     first = (
         sorted((s.trace_id, s.span_id) for s in langfuse_receiver.spans),
         sorted(s["id"] for s in langfuse_receiver.scores),
     )
     langfuse_receiver.reset()
-    await model.log(groups, langfuse=exporter)
+    model.observers = [LangfuseObserver(exporter)]
+    await model.log(groups)
     assert exporter.flush(timeout=30)
     again = (
         sorted((s.trace_id, s.span_id) for s in langfuse_receiver.spans),
@@ -263,7 +269,7 @@ async def test_langfuse_true_without_keys_is_a_named_error(model: art.TrainableM
     ):
         monkeypatch.delenv(name, raising=False)
     with pytest.raises(art.LangfuseConfigError, match="LANGFUSE_PUBLIC_KEY"):
-        await model.log([], langfuse=True)
+        LangfuseObserver(requested=True)
     with pytest.raises(art.LangfuseConfigError, match="LANGFUSE_HOST"):
         art.LangfuseExporter(public_key="pk", secret_key="sk")
 

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 import art_core as art
 from art_core.trajectories import group_payload
+from art_core.wire import TurnRef
 
 
 def choice(text: str, completion_id: str = "chatcmpl-1") -> Choice:
@@ -152,12 +153,11 @@ def test_a_litellm_choices_with_our_completion_id_trains_like_an_openai_choice()
     trajectory = art.Trajectory(
         messages_and_choices=[{"role": "user", "content": "2+2?"}, litellm_choice]
     )
-    stats: dict[str, int] = {}
-    payload = group_payload(art.TrajectoryGroup([trajectory]), stats=stats)
-    [history] = payload["trajectories"][0]["histories"]
-    assert history["turns"] == [{"completion_id": "chatcmpl-litellm", "choice_index": 1}]
-    assert history["messages"][1] == {"role": "assistant", "content": "4"}
-    assert stats["context_assistant_messages"] == 0
+    payload = group_payload(art.TrajectoryGroup([trajectory]))
+    [history] = payload.trajectories[0].histories
+    assert history.turns == [TurnRef(completion_id="chatcmpl-litellm", choice_index=1)]
+    assert history.messages[1] == {"role": "assistant", "content": "4"}
+    assert payload.trajectories[0].context_assistant_messages == 0
     assert trajectory.for_logging()["messages"][1]["trainable"] is True
     assert trajectory.messages()[1] == {"role": "assistant", "content": "4"}
 
@@ -173,12 +173,10 @@ def test_assistant_turns_without_an_id_are_sent_to_match_by_their_place():
             choice("6"),
         ]
     )
-    stats: dict[str, int] = {}
-    payload = group_payload(art.TrajectoryGroup([trajectory]), stats=stats)
-    assert payload["trajectories"][0]["histories"][0]["turns"] == [
-        {"message_index": 1},
-        {"message_index": 3},
-        {"completion_id": "chatcmpl-1", "choice_index": 0},
+    payload = group_payload(art.TrajectoryGroup([trajectory]))
+    assert payload.trajectories[0].histories[0].turns == [
+        TurnRef(message_index=1),
+        TurnRef(message_index=3),
+        TurnRef(completion_id="chatcmpl-1", choice_index=0),
     ]  # in conversation order
-    assert stats["context_assistant_messages"] == 2
-    assert payload["trajectories"][0]["context_assistant_messages"] == 2
+    assert payload.trajectories[0].context_assistant_messages == 2

@@ -9,6 +9,7 @@ from langchain_core.tools import tool
 
 import art_core as art
 import art_langgraph
+from art_core.trackers.langfuse import LangfuseObserver
 from art_core.trackers.langfuse._trace import trace_id_for
 from tests.support.langfuse_receiver import (
     LangfuseReceiver,
@@ -39,7 +40,8 @@ async def test_a_react_agent_run_is_a_trace_of_generations_and_paired_tool_spans
         await agent.ainvoke({"messages": [("user", "hours in Paris?")]}, {"recursion_limit": 4})
         r.reward = 1.0
 
-    await model.log([art.TrajectoryGroup([r.trajectory])], langfuse=exporter)
+    model.observers = [LangfuseObserver(exporter)]
+    await model.log([art.TrajectoryGroup([r.trajectory])])
     assert exporter.flush(timeout=30)
 
     root, *children = langfuse_receiver.traces()[trace_id_for(r.trajectory.id)]

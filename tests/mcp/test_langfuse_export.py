@@ -10,6 +10,7 @@ import pytest
 
 import art_core as art
 import art_mcp
+from art_core.trackers.langfuse import LangfuseObserver
 from art_core.trackers.langfuse._trace import trace_id_for
 from examples.mcp_servers.inventory_server import create_server
 from tests.support.langfuse_receiver import (
@@ -39,7 +40,8 @@ async def test_mcp_tool_calls_and_ruler_scores_reach_langfuse(
     scored = await art.ruler_score_group(art.TrajectoryGroup(runs), judge_model, cache=False)
     assert scored is not None
 
-    await tiny_model.log([scored], split="val", langfuse=exporter)
+    tiny_model.observers = [LangfuseObserver(exporter)]
+    await tiny_model.log([scored], split="val")
     assert exporter.flush(timeout=30)
 
     searched = scored.trajectories[0]

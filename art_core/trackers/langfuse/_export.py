@@ -1,8 +1,9 @@
 """Langfuse export: trajectories become traces, sent in the background, never in training's way.
 
-Enabled when LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST (or LANGFUSE_BASE_URL)
-are set, or per call with `model.train(..., langfuse=True)` / `model.log(..., langfuse=True)`
-(`langfuse=False` turns it off for a call; an `art.LangfuseExporter` sends to that instance).
+A tracker (`TrainableModel(report_metrics=["langfuse"])`, and one of the defaults): on when
+LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST (or LANGFUSE_BASE_URL) are set, required
+when named, off with `report_metrics=[]`; `report_metrics=[LangfuseObserver(exporter)]` sends to
+that `art.LangfuseExporter`. (The per-call `langfuse=` of `train`/`log` is deprecated.)
 
 The wire (`_wire.py`) is what the Langfuse v5 SDK sends: OTLP protobuf spans to
 `<host>/api/public/otel/v1/traces` and a JSON list of scores to `/api/public/scores`, with
@@ -77,7 +78,8 @@ def _require_langfuse() -> None:
     if not langfuse_installed():
         raise LangfuseNotInstalledError(
             "Langfuse export needs the langfuse SDK: pip install 'art-trainer[langfuse]' "
-            "(or pass langfuse=False / unset LANGFUSE_PUBLIC_KEY to train without it)."
+            "(or leave 'langfuse' out of report_metrics / unset LANGFUSE_PUBLIC_KEY to train "
+            "without it)."
         )
 
 
@@ -459,9 +461,22 @@ class LangfuseObserver:
 
     A train step's traces are queued when it starts and sent when it is over, with each
     trajectory's advantage (a failed step's without); a log call's at once. Which exporter is
-    used is the call's `langfuse=` option (see `resolve_exporter`). Traces sent or dropped since
+    used is the model's `export` (a call's deprecated `langfuse=` overrides it; see
+    `resolve_exporter`). Traces sent or dropped since
     the model's last step are that step's `langfuse/...` metrics.
+
+    `export` is the model's choice, as `langfuse=` took it: None exports when the LANGFUSE_*
+    variables are set, True requires export (a named error now, without the extra or the
+    settings), an `art.LangfuseExporter` sends to that one. `TrainableModel(report_metrics=
+    ["langfuse"])` builds it with `requested=True`; the default (`report_metrics=None`), without.
     """
+
+    def __init__(
+        self, export: bool | LangfuseExporter | None = None, *, requested: bool = False
+    ) -> None:
+        self.export = True if requested and export is None else export
+        if self.export is True:
+            resolve_exporter(True)  # a missing extra or setting fails here, not at step 1
 
     def step_metrics(self, model: ObservedModel) -> Counter[str]:
         """This model's traces exported or dropped since its last step."""
@@ -477,7 +492,7 @@ class LangfuseObserver:
         options: Mapping[str, Any],
     ) -> StepFinished | None:
         """Queue the groups (a bad `langfuse=` raises here, before any work)."""
-        exporter = resolve_exporter(options.get("langfuse"))
+        exporter = resolve_exporter(options.get("langfuse", self.export))
         if exporter is None:
             return None
         try:

@@ -24,10 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-# A seed is a signed 64-bit integer: OpenAI's range for `seed` (its OpenAPI description), and
-# what a training request's seed may be.
-SEED_RANGE = (-(2**63), 2**63 - 1)
-
 
 @dataclass
 class SamplingParams:

@@ -25,7 +25,6 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from art_backend.engines._engine import SEED_RANGE
 from art_backend.serving._schemas import (
     BodySized,
     check_logit_bias,
@@ -34,6 +33,7 @@ from art_backend.serving._schemas import (
     check_stop_sequences,
     check_tool_name,
 )
+from art_core.wire import SEED_RANGE
 
 FORMAT_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

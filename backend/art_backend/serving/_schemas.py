@@ -16,7 +16,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from art_backend.engines._engine import SEED_RANGE
+from art_core.wire import SEED_RANGE
 
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

@@ -28,7 +28,7 @@ from art_backend.training._rows import (
     build_sequences,
     turns_from_record,
 )
-from art_backend.training._schemas import GroupPayload, TrainRequest, TrajectoryPayload
+from art_core.wire import GroupPayload, TrainRequest, TrajectoryPayload
 
 # Counted in every train step: what reviewers' decisions (review page) left out or changed.
 REVIEW_METRICS = ("review/flagged_trajectories", "review/flagged_groups", "review/reward_overrides")

@@ -25,12 +25,12 @@ from art_backend.engines._adapter_files import unmatched_target_modules
 from art_backend.engines._engine import Engine, TrainableEngine
 from art_backend.store._checkpoints import ModelStore
 from art_backend.store._review_decisions import remove_all_pending
-from art_backend.training._schemas import DeleteCheckpointsRequest, RegisterRequest
 from art_backend.training._trainer import (
     TRAINER_STATE,
     LoraTrainer,
     read_trainer_state,
 )
+from art_core.wire import DeleteCheckpointsRequest, RegisterRequest
 
 logger = logging.getLogger("art_backend.training")
 

@@ -23,7 +23,8 @@ from art_backend.store._review_decisions import (
     remove_pending,
     write_pending,
 )
-from art_backend.training._schemas import TrainRequest, trajectory_rows
+from art_backend.training._step_log import trajectory_rows
+from art_core.wire import TrainRequest
 
 POLL_SECONDS = 0.25
 

@@ -17,14 +17,14 @@ from fastapi.responses import StreamingResponse
 
 from art_backend._limits import CheckedJsonRoute
 from art_backend.training._review_hold import held_for_review
-from art_backend.training._schemas import (
+from art_backend.training._service import TrainingService
+from art_core.wire import (
     DeleteCheckpointsRequest,
     LogRequest,
     RegisterRequest,
     SFTRequest,
     TrainRequest,
 )
-from art_backend.training._service import TrainingService
 
 
 def training_router(training: TrainingService) -> APIRouter:

@@ -47,18 +47,14 @@ from art_backend.training._rows import (
     pack_rows,
     sft_sequence,
 )
-from art_backend.training._schemas import (
-    SFTRequest,
-    TrainRequest,
-    TrainSettings,
-    trajectory_rows,
-)
-from art_backend.training._step_log import StepLog
+from art_backend.training._step_log import StepLog, trajectory_rows
 from art_backend.training._trainer import (
     TRAINER_STATE,
     OptimizerSettings,
 )
 from art_backend.training._trainer_thread import TrainerThread
+from art_core.types import TrainConfig
+from art_core.wire import SFTRequest, TrainRequest
 
 
 class TrainingService(ModelRegistry, StepLog):
@@ -226,7 +222,7 @@ class TrainingService(ModelRegistry, StepLog):
         )
         return step.answer(model.step, str(model.store.checkpoint_dir(model.step)))
 
-    def _pack(self, step: PreparedStep, config: TrainSettings) -> Rows:
+    def _pack(self, step: PreparedStep, config: TrainConfig) -> Rows:
         """The trainable trajectories as padded token rows; what does not fit is counted."""
         max_length = config.max_length or self.engine.context_length
         rows, drops = pack_rows(
@@ -386,7 +382,7 @@ class TrainingService(ModelRegistry, StepLog):
         return {"step": model.step, "metrics": metrics, "warnings": []}
 
 
-def loss_config_for(config: TrainSettings) -> LossConfig:
+def loss_config_for(config: TrainConfig) -> LossConfig:
     """The preset `config.loss` names, with the config's fields over it (None keeps the preset's)."""
     overrides: dict[str, Any] = {
         "advantage_balance": config.advantage_balance,

@@ -12,7 +12,7 @@ from art_backend._errors import InvalidRequestError
 from art_backend.store._checkpoints import ModelStore, read_trajectories
 from art_backend.training._prepared_step import finite_metrics, mean_and_std, reward_metrics
 from art_backend.training._registry import RegisteredModel
-from art_backend.training._schemas import GroupPayload, LogRequest, trajectory_rows
+from art_core.wire import GroupPayload, LogRequest
 
 
 class StepLog:
@@ -111,3 +111,21 @@ def _logged_ids(store: ModelStore, split: str, step: int) -> set[str]:
         if path is not None and path.is_file():
             ids.update(str(row["id"]) for row in read_trajectories(path) if "id" in row)
     return ids
+
+
+def trajectory_rows(
+    groups: list[GroupPayload], annotations: dict[tuple[int, str], dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The rows of `trajectories/<split>/<step>.jsonl.gz`: one per trajectory and per exception.
+
+    `annotations[(group index, trajectory id)]` adds what the trainer did with a trajectory
+    (its advantage, a reviewer's decision it applied).
+    """
+    rows = []
+    for group_index, group in enumerate(groups):
+        for trajectory in group.trajectories:
+            extra = (annotations or {}).get((group_index, trajectory.id), {})
+            rows.append({"group": group_index, **trajectory.model_dump(), **extra})
+        for exception in group.exceptions:
+            rows.append({"group": group_index, "exception": exception})
+    return rows

@@ -1,9 +1,10 @@
-"""Request bodies of the training API (`/v1/training/...`): what `art_core` sends, validated here.
+"""The training API's wire: one definition of every request, for both sides.
 
-The settings models (LoRA, train, SFT) are art_core's, imported (art_core has no torch).
-
-Unknown fields are rejected (a misspelt option must not be silently ignored) and every number
-has its range, so a bad config is a 400 that names the field before anything trains.
+`art_core` builds these (`RemoteBackend`), the server validates the same classes
+(`/v1/training/...`); pure pydantic, no torch. The settings are `art_core.types`' own
+(`TrainConfig`, `LoRAConfig`, `TrainSFTConfig`): one definition of every field, range and
+default. Unknown fields are refused (a misspelt option must not be silently ignored) and every
+number has its range, so a bad request is an error that names the field before anything trains.
 """
 
 from __future__ import annotations
@@ -13,14 +14,36 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# torch.manual_seed takes 64 bits: the registration seed has the chat API's range.
-from art_backend.engines._engine import SEED_RANGE
 from art_core.names import check_name, check_split
+from art_core.types import LoRAConfig, TrainConfig, TrainSFTConfig
 
-# The settings are the client's own models: one definition of every field, range and default.
-from art_core.types import LoRAConfig as LoraSettings
-from art_core.types import TrainConfig as TrainSettings
-from art_core.types import TrainSFTConfig as SFTSettings
+__all__ = [
+    "SEED_RANGE",
+    "DeleteCheckpointsRequest",
+    "ForkFrom",
+    "GroupPayload",
+    "HistoryPayload",
+    "LogRequest",
+    "RegisterRequest",
+    "SFTExample",
+    "SFTRequest",
+    "TrainRequest",
+    "TrajectoryPayload",
+    "TurnRef",
+    "finite_reward",
+]
+
+# A seed is a signed 64-bit integer: OpenAI's range for `seed` (its OpenAPI description), and
+# what a training request's seed may be (torch.manual_seed takes 64 bits).
+SEED_RANGE = (-(2**63), 2**63 - 1)
+
+
+def finite_reward(value: float) -> float:
+    """The one reward rule, of a `Trajectory` and of the wire: a finite number."""
+    if not math.isfinite(value):
+        raise ValueError(f"reward must be a finite number, got {value}")
+    return value
+
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # Content parts an SFT message may hold, as serving reads them: part type -> key of its text.
@@ -33,10 +56,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _check_name(value: str, what: str) -> str:
-    return check_name(value, what)
-
-
 class _ModelName(_Strict):
     """A model of this server's --path, by project and name: both pass the one name rule
     (they become folders, so a `..` or a slash must never reach the filesystem)."""
@@ -47,12 +66,12 @@ class _ModelName(_Strict):
     @field_validator("project")
     @classmethod
     def _project(cls, value: str) -> str:
-        return _check_name(value, "project name")
+        return check_name(value, "project name")
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        return _check_name(value, "model name")
+        return check_name(value, "model name")
 
 
 class ForkFrom(_ModelName):
@@ -61,7 +80,7 @@ class ForkFrom(_ModelName):
 
 class RegisterRequest(_ModelName):
     base_model: str
-    lora: LoraSettings = LoraSettings()
+    lora: LoRAConfig = LoRAConfig()
     fork_from: ForkFrom | None = None
     seed: int = Field(0, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     # How many of its newest steps the engine keeps loaded (`name@step`): rollouts that started
@@ -114,9 +133,7 @@ class TrajectoryPayload(_Strict):
     @field_validator("reward")
     @classmethod
     def _finite_reward(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError(f"reward must be a finite number, got {value}")
-        return value
+        return finite_reward(value)
 
 
 class GroupPayload(_Strict):
@@ -127,7 +144,7 @@ class GroupPayload(_Strict):
 
 class TrainRequest(_Strict):
     groups: list[GroupPayload]
-    config: TrainSettings = TrainSettings()
+    config: TrainConfig = TrainConfig()
     # Counted by the client before sending (e.g. groups an `after_each` judge dropped).
     client_metrics: dict[str, float] = Field(default_factory=dict)
 
@@ -201,7 +218,7 @@ class SFTRequest(_Strict):
     length must be the number of batches (checked by the service, which resolves "auto")."""
 
     trajectories: list[SFTExample]
-    config: SFTSettings = SFTSettings()
+    config: TrainSFTConfig = TrainSFTConfig()
 
 
 class LogRequest(_Strict):
@@ -235,21 +252,3 @@ class DeleteCheckpointsRequest(_Strict):
                 "(keep the latest and the best), not both"
             )
         return self
-
-
-def trajectory_rows(
-    groups: list[GroupPayload], annotations: dict[tuple[int, str], dict[str, Any]] | None = None
-) -> list[dict[str, Any]]:
-    """The rows of `trajectories/<split>/<step>.jsonl.gz`: one per trajectory and per exception.
-
-    `annotations[(group index, trajectory id)]` adds what the trainer did with a trajectory
-    (its advantage, a reviewer's decision it applied).
-    """
-    rows = []
-    for group_index, group in enumerate(groups):
-        for trajectory in group.trajectories:
-            extra = (annotations or {}).get((group_index, trajectory.id), {})
-            rows.append({"group": group_index, **trajectory.model_dump(), **extra})
-        for exception in group.exceptions:
-            rows.append({"group": group_index, "exception": exception})
-    return rows

@@ -1,0 +1,211 @@
+"""Every Python example in README.md and the manual (docs/) runs, or says why it cannot; every
+relative link in them points at a file that exists.
+
+A ```python block runs as a program of its own: a fresh interpreter in a temporary folder (with
+`examples/` linked in), top-level `await` allowed, against the tiny test model. The session's
+server on 127.0.0.1 stands in for `http://127.0.0.1:8000` and the tiny model's folder for
+`"smollm2-135m-instruct"` (`substituted`). An HTML comment on the line right before the fence
+changes that, and any other comment there is an error:
+
+    <!-- not run: REASON -->            not run; the reason is required
+    <!-- run with: model, backend -->   runs with these names bound: `model`, a freshly
+                                        registered `art.TrainableModel` on the tiny model, and
+                                        `backend`, its `RemoteBackend`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import RunningServer, running_server
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+FENCE = re.compile(r"^(?P<indent> *)```(?P<language>\S*)\s*$")
+COMMENT = re.compile(r"^\s*<!--(?P<text>.*)-->\s*$")
+MARK = re.compile(r"^\s*(?P<kind>not run|run with):(?P<value>.*)$", re.DOTALL)
+BOUND_NAMES = {"model", "backend"}
+SECONDS_PER_BLOCK = 150
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced code block: where it opens (1-based line of the fence), its language and code,
+    and the HTML comment on the line before it (without `<!--` and `-->`), if any."""
+
+    page: Path
+    line: int
+    language: str
+    code: str
+    comment: str | None
+
+    def __str__(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+    @property
+    def mark(self) -> tuple[str, str] | None:
+        match = MARK.match(self.comment or "")
+        return (match["kind"], match["value"].strip()) if match else None
+
+
+def fenced_blocks(page: Path) -> Iterator[Block]:
+    lines = page.read_text(encoding="utf-8").splitlines()
+    start = 0
+    while start < len(lines):
+        opening = FENCE.match(lines[start])
+        if opening is None:
+            start += 1
+            continue
+        indent, end = len(opening["indent"]), start + 1
+        while end < len(lines) and lines[end].strip() != "```":
+            end += 1
+        comment = COMMENT.match(lines[start - 1]) if start else None
+        yield Block(
+            page=page,
+            line=start + 1,
+            language=opening["language"],
+            code="\n".join(line[indent:] for line in lines[start + 1 : end]),
+            comment=comment["text"].strip() if comment else None,
+        )
+        start = end + 1
+
+
+BLOCKS = [block for page in PAGES for block in fenced_blocks(page)]
+PYTHON = [block for block in BLOCKS if block.language == "python"]
+NOT_RUN = [block for block in PYTHON if block.mark and block.mark[0] == "not run"]
+RUNNABLE = [block for block in PYTHON if block not in NOT_RUN]
+
+
+def test_python_blocks_are_found_and_fenced_as_python():
+    assert len(PYTHON) >= 10
+    others = [str(b) for b in BLOCKS if b.language.lower() in {"py", "python3", "pycon", "py3"}]
+    assert others == [], "write ```python, so that the block is collected and run"
+
+
+@pytest.mark.parametrize("block", [b for b in PYTHON if b.comment is not None], ids=str)
+def test_a_comment_before_a_python_block_is_a_known_mark(block: Block):
+    assert block.mark is not None, f"unknown mark <!-- {block.comment} -->"
+    kind, value = block.mark
+    if kind == "run with":
+        names = {name.strip() for name in value.split(",")}
+        assert names and names <= BOUND_NAMES, f"run with: only {sorted(BOUND_NAMES)}"
+
+
+@pytest.mark.parametrize("block", NOT_RUN, ids=str)
+def test_a_block_not_run_says_why(block: Block):
+    assert block.mark is not None
+    assert len(block.mark[1]) >= 10, "<!-- not run: REASON --> needs the reason"
+
+
+# ------------------------------------------------------------------------ running the examples
+
+
+@pytest.fixture(scope="module")
+def docs_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, engine_options: dict
+) -> Iterator[RunningServer]:
+    """The tiny model served as `smollm2`, the name the examples use."""
+    path = tmp_path_factory.mktemp("art-docs")
+    with running_server(tiny_model_dir, path, name="smollm2", **engine_options) as running:
+        yield running
+
+
+def substituted(code: str, server: RunningServer, tiny_model_dir: Path) -> str:
+    """The example as it runs here: the tiny model and the test server in place of SmolLM2 and
+    a server on port 8000."""
+    code = code.replace('"smollm2-135m-instruct"', json.dumps(str(tiny_model_dir)))
+    return code.replace("http://127.0.0.1:8000", server.url)
+
+
+# Runs one block (argv: the page, the code file, the names to bind). The code is compiled under
+# the page's name, padded to its line there, so a traceback points at the page's own line.
+RUNNER = """
+import ast, asyncio, inspect, os, sys
+
+page, code_file, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+with open(code_file, encoding="utf-8") as file:
+    code = compile(file.read(), page, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+namespace = {"__name__": "__main__"}
+
+
+async def main():
+    backend = None
+    if names:
+        import art_core as art
+
+        backend = art.RemoteBackend(os.environ["ART_DOCS_URL"])
+        model = art.TrainableModel(
+            name=os.environ["ART_DOCS_MODEL_NAME"], project="docs",
+            base_model=os.environ["ART_DOCS_BASE_MODEL"],
+        )
+        await model.register(backend)
+        bound = {"model": model, "backend": backend}
+        namespace.update({name: bound[name] for name in names})
+    result = eval(code, namespace)
+    if inspect.iscoroutine(result):
+        await result
+    if backend is not None:
+        await backend.close()
+
+
+if names or code.co_flags & inspect.CO_COROUTINE:
+    asyncio.run(main())
+else:
+    exec(code, namespace)
+"""
+
+
+@pytest.mark.timeout(SECONDS_PER_BLOCK + 30)
+@pytest.mark.parametrize("block", RUNNABLE, ids=str)
+def test_the_example_runs(
+    block: Block, docs_server: RunningServer, tiny_model_dir: Path, tmp_path: Path
+):
+    code_file = tmp_path / "example.py"
+    code = substituted(block.code, docs_server, tiny_model_dir)
+    code_file.write_text("\n" * block.line + code, encoding="utf-8")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    names = [n.strip() for n in block.mark[1].split(",")] if block.mark else []
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LANGFUSE_")}
+    env |= {
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        "ART_DOCS_URL": docs_server.url,
+        "ART_DOCS_BASE_MODEL": str(tiny_model_dir),
+        "ART_DOCS_MODEL_NAME": f"docs-{block.page.stem}-{block.line}",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(block.page), str(code_file), *names],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SECONDS_PER_BLOCK,
+    )
+    assert done.returncode == 0, f"{block} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+
+
+# ---------------------------------------------------------------------------------------- links
+
+LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)[^)]*\)")
+
+
+def relative_links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+    text = re.sub(r"`[^`\n]*`", "", text)  # inline code is not a link
+    targets = (match["target"] for match in LINK.finditer(text))
+    return [t for t in targets if not re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:|#", t)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_relative_links_point_at_files_that_exist(page: Path):
+    links = relative_links(page)
+    missing = [link for link in links if not (page.parent / link.split("#")[0]).exists()]
+    assert missing == []
