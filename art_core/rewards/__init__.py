@@ -8,6 +8,14 @@ from art_core.rewards._autorl import AutoRLResult, autorl
 from art_core.rewards._cache import ResponseCache
 from art_core.rewards._preflight import PreflightError, PreflightResult, preflight
 from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
+from art_core.rewards._run import (
+    Rollout,
+    RunOutcome,
+    TrainingRun,
+    WarmStart,
+    group_scorer,
+    judge_answer,
+)
 from art_core.rewards._scenarios import (
     Scenario,
     generate_scenarios,
@@ -25,10 +33,16 @@ __all__ = [
     "PreflightError",
     "PreflightResult",
     "ResponseCache",
+    "Rollout",
     "RulerScore",
+    "RunOutcome",
     "Scenario",
+    "TrainingRun",
+    "WarmStart",
     "autorl",
     "generate_scenarios",
+    "group_scorer",
+    "judge_answer",
     "judge_or_base_model",
     "load_scenarios",
     "preflight",

@@ -14,26 +14,21 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from art_core._strict import check_names
-from art_core.gather import gather_trajectory_groups
 from art_core.model import Model, TrainableModel
-from art_core.report import Evaluation, summarize, write_report
+from art_core.report import Evaluation, write_report
 from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
+from art_core.rewards._run import Rollout, TrainingRun, group_scorer, judge_answer
 from art_core.rewards._scenarios import Scenario, generate_scenarios, split_scenarios
 from art_core.rewards._structured import JudgeUsage, resolve_model
-from art_core.rewards.ruler import RULER_OPTIONS, ruler, ruler_score_group
-from art_core.trajectories import Trajectory, TrajectoryGroup
+from art_core.rewards.ruler import RULER_OPTIONS, ruler
+from art_core.trajectories import Trajectory
 from art_core.types import TrainConfig, TrainResult
-from art_core.utils._loops import iterate_dataset
-
-Rollout = Callable[[Scenario, float], Awaitable[Trajectory]]  # (scenario, temperature)
 
 
 @dataclass
@@ -102,25 +97,30 @@ async def autorl(
         )
     train, val = _split(scenarios, val_fraction)
     config = config or TrainConfig()
-    run = _AutoRLRun(
-        model=model,
-        judge=judge_model,
-        rubric=rubric,
-        usage=usage,
-        judge_options=judge_options,
-        rollout=rollout or one_answer_agent(model, system_prompt or task_description, max_tokens),
+    run = TrainingRun(
+        model,
+        rollout or one_answer_agent(model, system_prompt or task_description, max_tokens),
+        score_group=group_scorer(
+            train, judge=judge_model, usage=usage, rubric=rubric, **judge_options
+        ),
+        score_answer=judge_answer(judge_model, rubric, usage, **judge_options),
         show_progress=show_progress,
     )
-
-    _say(show_progress, f"Held-out evaluation at step {model.step} ({len(val)} scenarios) ...")
-    before, first_answers = await run.evaluate(val)
-    results = await run.train(train, steps, groups_per_step, rollouts_per_group, config)
+    outcome = await run.run(
+        train,
+        val,
+        steps=steps,
+        groups_per_step=groups_per_step,
+        rollouts_per_group=rollouts_per_group,
+        config=config,
+    )
+    before, after, results = outcome.before, outcome.after, outcome.steps
     warnings = _judge_warnings(results, judge_model)
     for warning in warnings:
-        _say(show_progress, f"Warning: {warning}")
-    _say(show_progress, f"Held-out evaluation at step {model.step} ...")
-    after, last_answers = await run.evaluate(val)
-    win_rate = await run.win_rate(first_answers, last_answers)
+        run.say(f"Warning: {warning}")
+    win_rate = await _win_rate(
+        judge_model, rubric, usage, judge_options, outcome.first_answers, outcome.last_answers
+    )
     after.metrics["win_rate_vs_start"] = win_rate
     before.metrics["win_rate_vs_start"] = 0.5
     settings = {
@@ -193,130 +193,28 @@ def one_answer_agent(model: TrainableModel, system: str, max_tokens: int) -> Rol
     return answer
 
 
-@dataclass
-class _AutoRLRun:
-    """What the steps of one AutoRL run share: the model, its agent, the judge and its bill."""
-
-    model: TrainableModel
-    judge: Model
-    rubric: str
-    usage: JudgeUsage
-    judge_options: dict[str, Any]
-    rollout: Rollout
-    show_progress: bool
-
-    async def evaluate(self, val: list[Scenario]) -> tuple[Evaluation, list[Trajectory]]:
-        """Answer each held-out scenario greedily, judge each answer alone, log them as `val`."""
-        outcomes = await asyncio.gather(
-            *(self.rollout(s, 0.0) for s in val), return_exceptions=True
+async def _win_rate(
+    judge: Model,
+    rubric: str,
+    usage: JudgeUsage,
+    judge_options: dict[str, Any],
+    first: list[Trajectory],
+    last: list[Trajectory],
+) -> float:
+    """How often the judge prefers the last answer to the first (both orders; a tie is half)."""
+    options = {**judge_options, "reverse_order_check": True}
+    both_ran = [(a, b) for a, b in zip(first, last, strict=True) if a.messages() and b.messages()]
+    pairs = await asyncio.gather(
+        *(
+            ruler([a.messages(), b.messages()], judge, rubric, a.tools, usage=usage, **options)
+            for a, b in both_ran
         )
-        # A held-out run that raised (its environment failed) scores 0 and is counted.
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if len(failed) == len(outcomes):
-            raise failed[0]
-        answers = [
-            Trajectory(messages_and_choices=[], logs=[f"{type(o).__name__}: {o}"])
-            if isinstance(o, BaseException)
-            else o
-            for o in outcomes
-        ]
-        ran = [t for t in answers if t.messages_and_choices]
-        scored = await asyncio.gather(
-            *(
-                ruler(
-                    [t.messages()],
-                    self.judge,
-                    self.rubric,
-                    t.tools,
-                    usage=self.usage,
-                    **self.judge_options,
-                )
-                for t in ran
-            )
-        )
-        for trajectory, [score] in zip(ran, scored, strict=True):
-            trajectory.reward = score.score
-            trajectory.logs.append(f"RULER: {score.explanation}")
-        await self.model.log([TrajectoryGroup(ran)], split="val")
-        evaluation = summarize(self.model.step, [t.reward for t in answers])
-        evaluation.metrics["failed_rollouts"] = float(len(failed))
-        evaluation.examples = [
-            {"prompt": s.task, "answer": _final_text(t), "reward": t.reward}
-            for s, t in list(zip(val, answers, strict=True))[:12]
-        ]
-        return evaluation, answers
-
-    async def train(
-        self,
-        train: list[Scenario],
-        steps: int,
-        groups_per_step: int,
-        rollouts_per_group: int,
-        config: TrainConfig,
-    ) -> list[TrainResult]:
-        """`steps` GRPO steps: groups of rollouts per scenario, each judged as it finishes."""
-        score_group = functools.partial(
-            ruler_score_group,
-            judge=self.judge,
-            rubric=self.rubric,
-            swallow_exceptions=True,
-            usage=self.usage,
-            **self.judge_options,
-        )
-        results: list[TrainResult] = []
-        batches = iterate_dataset(
-            train, groups_per_step, num_epochs=1_000, initial_step=self.model.step, use_tqdm=False
-        )
-        for batch in batches:
-            if len(results) >= steps:
-                break
-            groups = await gather_trajectory_groups(
-                (
-                    TrajectoryGroup(
-                        (self.rollout(s, 1.0) for _ in range(rollouts_per_group)),
-                        metadata={"scenario": s.task},
-                    )
-                    for s in batch.items
-                ),
-                pbar_desc=f"step {len(results) + 1}/{steps}" if self.show_progress else None,
-                max_exceptions=0.1,
-                after_each=score_group,
-            )
-            result = await self.model.train(groups, config=config)
-            results.append(result)
-            _say(
-                self.show_progress,
-                f"  step {result.step}: judged reward {result.metrics.get('reward', 0):.3f}, "
-                f"trainable groups {result.metrics.get('groups/trainable', 0):.0f}, "
-                f"dropped by the judge "
-                f"{result.metrics.get('groups/dropped_before_training', 0):.0f}",
-            )
-        return results
-
-    async def win_rate(self, first: list[Trajectory], last: list[Trajectory]) -> float:
-        """How often the judge prefers the last answer to the first (both orders; a tie is half)."""
-        options = {**self.judge_options, "reverse_order_check": True}
-        both_ran = [
-            (a, b) for a, b in zip(first, last, strict=True) if a.messages() and b.messages()
-        ]
-        pairs = await asyncio.gather(
-            *(
-                ruler(
-                    [a.messages(), b.messages()],
-                    self.judge,
-                    self.rubric,
-                    a.tools,
-                    usage=self.usage,
-                    **options,
-                )
-                for a, b in both_ran
-            )
-        )
-        wins = [
-            1.0 if after.score > before.score else 0.5 if after.score == before.score else 0.0
-            for before, after in pairs
-        ]
-        return sum(wins) / len(wins) if wins else 0.5
+    )
+    wins = [
+        1.0 if after.score > before.score else 0.5 if after.score == before.score else 0.0
+        for before, after in pairs
+    ]
+    return sum(wins) / len(wins) if wins else 0.5
 
 
 def _judge_warnings(results: list[TrainResult], judge: Model) -> list[str]:
@@ -334,19 +232,6 @@ def _judge_warnings(results: list[TrainResult], judge: Model) -> list[str]:
     if dropped:
         warnings.append(f"{dropped:.0f} groups were dropped: the judge failed to score them.")
     return warnings
-
-
-def _final_text(trajectory: Trajectory) -> str:
-    """What a run ended with: the last message's text, its tool calls, or the failure."""
-    messages = trajectory.messages()
-    if not messages:
-        return "; ".join(trajectory.logs) or "(no messages)"
-    last = messages[-1]
-    calls = [
-        f"{c['function']['name']}({c['function']['arguments']})"
-        for c in last.get("tool_calls") or []
-    ]
-    return " ".join([last.get("content") or "", *calls]).strip()
 
 
 def _say(show: bool, text: str) -> None:

@@ -11,18 +11,18 @@ Both add the MCP failure counts to each step's metrics.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import art_core as art
-from art_core.report import Evaluation, summarize, write_report
+from art_core.report import write_report
+from art_core.rewards import Rollout, TrainingRun, WarmStart, group_scorer
 from art_core.utils.sft import create_lr_schedule, iterate_file
 from art_mcp._agent import COMPLETE_TASK, DEFAULT_SYSTEM_PROMPT, rollout
 from art_mcp._checked import (
@@ -200,27 +200,31 @@ async def train(
             "config, "
             "report_dir, show_progress, judge, judge_options"
         )
-    run = _CheckedRun(
-        model=model,
-        server=server,
-        agent=agent,
+    return await _checked_run(
+        model,
+        server,
+        agent,
+        scenarios,
+        reward=reward,
         check=check,
         judge=art.resolve_model(judge) if judge is not None else None,
         judge_options={"sampling": {"temperature": 0.0}, **autorl_options.get("judge_options", {})},
-        show_progress=show_progress,
-    )
-    return await run.run(
-        scenarios,
-        reward=reward,
         steps=steps,
         groups_per_step=groups_per_step,
         rollouts_per_group=rollouts_per_group,
         val_fraction=val_fraction,
         max_minutes=max_minutes,
-        config=config or art.TrainConfig(),
-        sft=(demos, sft_epochs, sft_learning_rate, sft_batch_size),
+        config=config,
+        warm_start=(
+            functools.partial(
+                _warm_start, model, demos, sft_epochs, sft_learning_rate, sft_batch_size
+            )
+            if demos is not None
+            else None
+        ),
         report_dir=report_dir,
         title=title,
+        show_progress=show_progress,
     )
 
 
@@ -275,201 +279,98 @@ async def demonstrations(
     return completed
 
 
-@dataclass
-class _CheckedRun:
-    """A training run scored by code (or code and RULER): the same loop and report as AutoRL."""
-
-    model: art.TrainableModel
-    server: McpServer
-    agent: Callable[[art.Scenario, float], Awaitable[art.Trajectory]]
-    check: Check | None
-    judge: art.Model | None
-    judge_options: dict[str, Any]
-    show_progress: bool
-    usage: art.JudgeUsage = field(default_factory=art.JudgeUsage)
-    started: float = field(default_factory=time.monotonic)
-    eval_seconds: float = 0.0
-
-    async def run(
-        self,
-        scenarios: list[art.Scenario],
-        *,
-        reward: RewardKind,
-        steps: int,
-        groups_per_step: int,
-        rollouts_per_group: int,
-        val_fraction: float,
-        max_minutes: float | None,
-        config: art.TrainConfig,
-        sft: tuple[Any, int, float, int],
-        report_dir: str | Path | None,
-        title: str,
-    ) -> art.AutoRLResult:
-        """Evaluate, warm-start, evaluate, train `steps` steps, evaluate, report."""
-        started = time.monotonic()
-        train_set, val = art.split_scenarios(scenarios, val_fraction)
-        if not train_set or not val:
-            raise McpConfigError(
-                f"{len(scenarios)} scenarios split into {len(train_set)} train / {len(val)} "
-                "held-out: give more scenarios or change val_fraction so both sides have some."
-            )
-        self._say(f"Held-out evaluation at step {self.model.step} ({len(val)} scenarios) ...")
-        before = await self.evaluate(val)
-        self.eval_seconds = time.monotonic() - started
-        self._say(f"  held-out reward {before.metrics['reward']:.3f}")
-        settings: dict[str, Any] = {}
-        if sft[0] is not None:
-            self._say("Warm start: supervised steps on the demonstrations ...")
-            settings.update(await _warm_start(self.model, *sft))
-            warm = await self.evaluate(val)
-            settings["held_out_after_sft"] = round(warm.metrics["reward"], 3)
-            self._say(
-                f"  SFT loss {settings['sft_loss']}, held-out reward after SFT "
-                f"{warm.metrics['reward']:.3f} ({settings['sft_seconds']} s)"
-            )
-        deadline = started + max_minutes * 60 if max_minutes is not None else None
-        results = await self.train(
-            train_set, reward, steps, groups_per_step, rollouts_per_group, config, deadline
+async def _checked_run(
+    model: art.TrainableModel,
+    server: McpServer,
+    agent: Rollout,
+    scenarios: list[art.Scenario],
+    *,
+    reward: RewardKind,
+    check: Check | None,
+    judge: art.Model | None,
+    judge_options: dict[str, Any],
+    steps: int,
+    groups_per_step: int,
+    rollouts_per_group: int,
+    val_fraction: float,
+    max_minutes: float | None,
+    config: art.TrainConfig | None,
+    warm_start: WarmStart | None,
+    report_dir: str | Path | None,
+    title: str,
+    show_progress: bool,
+) -> art.AutoRLResult:
+    """The run loop scored by code (or code and RULER), held-out runs checked by code."""
+    train_set, val = art.split_scenarios(scenarios, val_fraction)
+    if not train_set or not val:
+        raise McpConfigError(
+            f"{len(scenarios)} scenarios split into {len(train_set)} train / {len(val)} "
+            "held-out: give more scenarios or change val_fraction so both sides have some."
         )
-        self._say(f"Held-out evaluation at step {self.model.step} ...")
-        after = await self.evaluate(val)
-        minutes = (time.monotonic() - started) / 60
-        settings = {
-            "base_model": self.model.base_model,
-            "reward": reward,
-            "judge": self.judge.get_inference_name() if self.judge else "none",
-            "steps": steps,
-            "groups_per_step": groups_per_step,
-            "rollouts_per_group": rollouts_per_group,
-            "scenarios": f"{len(train_set)} train / {len(val)} held-out",
-            "learning_rate": config.learning_rate,
-            **settings,
-            # A step with no group to learn from leaves the model as it was.
-            "trained_steps": sum(1 for r in results if r.metrics.get("groups/trainable", 0) > 0),
-            "minutes": round(minutes, 1),
-        }
-        report = None
-        if report_dir is not None:
-            report = write_report(
-                Path(report_dir),
-                title=title,
-                description=(
-                    f"A tool-using agent on the MCP server {self.server.label}, rewarded by "
-                    f"{'code checks' if reward == 'code' else 'code checks and RULER'}"
-                    f"{', after a supervised warm start' if sft[0] is not None else ''}. "
-                    "Held-out reward: the share of a scenario's checks one greedy run passes."
-                ),
-                before=before,
-                after=after,
-                history=await self.model.backend.history(self.model),
-                settings=settings,
-            )
-        return art.AutoRLResult(
-            before, after, results, train_set, val, self.usage, None, report, settings, []
+    usage = art.JudgeUsage()
+
+    async def by_code(scenario: art.Scenario, trajectory: art.Trajectory) -> None:
+        await code_reward(scenario, trajectory, check)
+
+    run = TrainingRun(
+        model,
+        agent,
+        score_group=group_scorer(
+            train_set,
+            code=by_code,
+            judge=judge if reward == "both" else None,
+            usage=usage,
+            **judge_options,
+        ),
+        score_answer=by_code,
+        show_progress=show_progress,
+        columns=("answer_correct", "tools_correct", "tool_calls"),
+        describe=_transcript,
+    )
+    outcome = await run.run(
+        train_set,
+        val,
+        steps=steps,
+        groups_per_step=groups_per_step,
+        rollouts_per_group=rollouts_per_group,
+        config=config,
+        warm_start=warm_start,
+        max_minutes=max_minutes,
+    )
+    settings = {
+        "base_model": model.base_model,
+        "reward": reward,
+        "judge": judge.get_inference_name() if judge else "none",
+        "steps": steps,
+        "groups_per_step": groups_per_step,
+        "rollouts_per_group": rollouts_per_group,
+        "scenarios": f"{len(train_set)} train / {len(val)} held-out",
+        "learning_rate": (config or art.TrainConfig()).learning_rate,
+        **outcome.settings,
+        # A step with no group to learn from leaves the model as it was.
+        "trained_steps": sum(1 for r in outcome.steps if r.metrics.get("groups/trainable", 0) > 0),
+        "minutes": round(outcome.minutes, 1),
+    }
+    report = None
+    if report_dir is not None:
+        report = write_report(
+            Path(report_dir),
+            title=title,
+            description=(
+                f"A tool-using agent on the MCP server {server.label}, rewarded by "
+                f"{'code checks' if reward == 'code' else 'code checks and RULER'}"
+                f"{', after a supervised warm start' if warm_start is not None else ''}. "
+                "Held-out reward: the share of a scenario's checks one greedy run passes."
+            ),
+            before=outcome.before,
+            after=outcome.after,
+            history=await model.backend.history(model),
+            settings=settings,
         )
-
-    async def evaluate(self, val: list[art.Scenario]) -> Evaluation:
-        """Each held-out scenario run greedily and checked by code; logged as `val`."""
-        outcomes = await asyncio.gather(*(self.agent(s, 0.0) for s in val), return_exceptions=True)
-        failed = [o for o in outcomes if isinstance(o, BaseException)]
-        if len(failed) == len(outcomes):
-            raise failed[0]
-        runs = []
-        for scenario, outcome in zip(val, outcomes, strict=True):
-            if isinstance(outcome, BaseException):
-                # A run whose server failed scores 0 and is counted.
-                outcome = art.Trajectory(messages_and_choices=[], logs=[f"{outcome!r}"])
-            else:
-                await code_reward(scenario, outcome, self.check)
-            runs.append((scenario, outcome))
-        ran = [t for _, t in runs if t.messages_and_choices]
-        await self.model.log([art.TrajectoryGroup(ran)], split="val")
-        evaluation = summarize(
-            self.model.step,
-            [t.reward for _, t in runs],
-            **{
-                name: [float(t.metrics.get(name, 0.0)) for _, t in runs]
-                for name in ("answer_correct", "tools_correct", "tool_calls")
-            },
-        )
-        evaluation.metrics["failed_rollouts"] = float(len(failed))
-        evaluation.examples = [
-            {"prompt": s.task, "answer": _transcript(t), "reward": t.reward} for s, t in runs[:12]
-        ]
-        return evaluation
-
-    async def train(
-        self,
-        train_set: list[art.Scenario],
-        reward: RewardKind,
-        steps: int,
-        groups_per_step: int,
-        rollouts_per_group: int,
-        config: art.TrainConfig,
-        deadline: float | None = None,
-    ) -> list[art.TrainResult]:
-        """`steps` GRPO steps, fewer when the next one (as long as the last) and the final
-        evaluation would end past `deadline`; a group is scored as soon as its rollouts finish."""
-        by_task = {s.task: s for s in train_set}
-
-        async def score_group(group: art.TrajectoryGroup) -> art.TrajectoryGroup | None:
-            scenario = by_task[str(group.metadata["scenario"])]
-            for trajectory in group.trajectories:
-                await code_reward(scenario, trajectory, self.check)
-            if reward == "code":
-                return group
-            assert self.judge is not None
-            judged = await art.ruler_score_group(
-                group, self.judge, swallow_exceptions=True, usage=self.usage, **self.judge_options
-            )
-            if judged is not None:
-                for trajectory in judged.trajectories:
-                    code = float(trajectory.metrics.get("independent_reward", 0.0))
-                    trajectory.metrics["code_reward"] = code
-                    trajectory.reward = (code + trajectory.reward) / 2
-            return judged
-
-        results: list[art.TrainResult] = []
-        step_seconds = 0.0
-        batches = art.iterate_dataset(
-            train_set, groups_per_step, num_epochs=1_000, initial_step=0, use_tqdm=False
-        )
-        for batch in batches:
-            if len(results) >= steps:
-                break
-            if deadline is not None and results:
-                needed = step_seconds + self.eval_seconds
-                if time.monotonic() + needed > deadline:
-                    self._say(f"Time is up after {len(results)} steps (max_minutes).")
-                    break
-            step_started = time.monotonic()
-            groups = await art.gather_trajectory_groups(
-                (
-                    art.TrajectoryGroup(
-                        (self.agent(s, 1.0) for _ in range(rollouts_per_group)),
-                        metadata={"scenario": s.task},
-                    )
-                    for s in batch.items
-                ),
-                pbar_desc=f"step {len(results) + 1}/{steps}" if self.show_progress else None,
-                max_exceptions=0.1,
-                after_each=score_group,
-            )
-            result = await self.model.train(groups, config=config)
-            results.append(result)
-            step_seconds = time.monotonic() - step_started
-            metrics = result.metrics
-            self._say(
-                f"  step {result.step}: train reward {metrics.get('reward', 0):.3f}, trainable "
-                f"groups {metrics.get('groups/trainable', 0):.0f}/"
-                f"{metrics.get('groups/submitted', 0):.0f}"
-            )
-        return results
-
-    def _say(self, text: str) -> None:
-        if self.show_progress:
-            elapsed = int(time.monotonic() - self.started)
-            print(f"[{elapsed // 60}:{elapsed % 60:02d}] {text}", flush=True)
+    return art.AutoRLResult(
+        outcome.before, outcome.after, outcome.steps, train_set, val, usage, None, report,
+        settings, [],
+    )  # fmt: skip
 
 
 def _transcript(trajectory: art.Trajectory) -> str:
