@@ -38,7 +38,7 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -74,17 +74,6 @@ CHANGES = {
 }
 
 _TIE = 1e-9
-_OPTIONS = [
-    "groups",
-    "rollouts_per_group",
-    "judge",
-    "rubric",
-    "judge_options",
-    "steps",
-    "groups_per_step",
-    "train_seconds_per_step",
-    "show_progress",
-]
 
 
 class PreflightError(ArtError, ValueError):
@@ -192,29 +181,60 @@ async def preflight(
     model: Model,
     rollout: PreflightRollout,
     scenarios: Sequence[Any],
-    **options: Any,
+    *,
+    groups: int = 2,
+    rollouts_per_group: int = 4,
+    judge: Model | str | None = None,
+    rubric: str = DEFAULT_RUBRIC,
+    judge_options: Mapping[str, Any] | None = None,
+    steps: int = 10,
+    groups_per_step: int | None = None,
+    train_seconds_per_step: float | None = None,
+    show_progress: bool = False,
 ) -> PreflightResult:
     """Run `groups` groups of `rollout(model, scenario)` without training; measure and judge.
 
-    Options: `groups` (2), `rollouts_per_group` (4, the configured run's group size),
-    `judge` (an `art.Model` or `"<provider>/<model>"`: RULER scores each group in both orders),
-    `rubric`, `judge_options` (passed to `art.ruler`; the cache is off unless given, so the
-    cost and time are real), `steps` (10) and `groups_per_step` (default `groups`) of the
-    configured run, `train_seconds_per_step` (a measured training step, added to the estimate),
-    `show_progress` (False). Unknown options raise `UnknownFieldError`; impossible ones
-    `PreflightError`. The scenarios used are the first `groups` (repeated when fewer).
+    `rollouts_per_group` is the configured run's group size; `judge` (an `art.Model` or
+    `"<provider>/<model>"`) has RULER score each group in both orders, by `rubric`;
+    `judge_options` go to `art.ruler` (the cache is off unless given, so the cost and time are
+    real). `steps` and `groups_per_step` (default `groups`) describe the configured run;
+    `train_seconds_per_step` (a measured training step) is added to the estimate. Impossible
+    values raise `PreflightError`; an unknown judge option `UnknownFieldError`. The scenarios
+    used are the first `groups` (repeated when fewer).
     """
-    check_names("preflight()", options, _OPTIONS)
-    groups = options.get("groups", 2)
-    size = options.get("rollouts_per_group", 4)
-    judge = options.get("judge")
-    steps = options.get("steps", 10)
-    groups_per_step = options.get("groups_per_step") or groups
-    train_seconds = options.get("train_seconds_per_step")
-    judge_options = dict(options.get("judge_options") or {})
-    check_names("preflight(judge_options=...)", judge_options, [*RULER_OPTIONS])
-    judge_options.pop("usage", None)
-    judge_options.setdefault("cache", False)
+    groups_per_step = groups_per_step or groups
+    options = dict(judge_options or {})
+    check_names("preflight(judge_options=...)", options, [*RULER_OPTIONS])
+    options.pop("usage", None)
+    options.setdefault("cache", False)
+    _check_inputs(rollout, scenarios, rollouts_per_group, groups, steps, groups_per_step)
+    judge_model = resolve_model(judge) if judge is not None else None
+    chosen = [scenarios[k % len(scenarios)] for k in range(groups)]
+
+    started = time.monotonic()
+    gathered = await gather_trajectory_groups(
+        (TrajectoryGroup(rollout(model, s) for _ in range(rollouts_per_group)) for s in chosen),
+        pbar_desc="preflight",
+        max_exceptions=groups * rollouts_per_group,
+        show_progress=show_progress,
+    )
+    rollout_seconds = time.monotonic() - started
+    judged = await _Judged.of(gathered, judge_model, rubric, options)
+    return _result(
+        gathered,
+        judged,
+        groups=groups,
+        size=rollouts_per_group,
+        steps=steps,
+        groups_per_step=groups_per_step,
+        rollout_seconds=rollout_seconds,
+        train_seconds=train_seconds_per_step,
+    )
+
+
+def _check_inputs(
+    rollout: Any, scenarios: Sequence[Any], size: Any, groups: Any, steps: Any, per_step: Any
+) -> None:
     if not scenarios:
         raise PreflightError("preflight() needs at least one scenario; got none.")
     if not callable(rollout):
@@ -225,108 +245,123 @@ async def preflight(
         ("rollouts_per_group", size, 2),
         ("groups", groups, 1),
         ("steps", steps, 1),
-        ("groups_per_step", groups_per_step, 1),
+        ("groups_per_step", per_step, 1),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             why = " (GRPO compares the runs of a group)" if name == "rollouts_per_group" else ""
             raise PreflightError(
                 f"preflight(): {name} must be an integer >= {low}{why}; got {value!r}"
             )
-    judge_model = resolve_model(judge) if judge is not None else None
-    chosen = [scenarios[k % len(scenarios)] for k in range(groups)]
 
-    started = time.monotonic()
-    gathered = await gather_trajectory_groups(
-        (TrajectoryGroup(rollout(model, s) for _ in range(size)) for s in chosen),
-        pbar_desc="preflight",
-        max_exceptions=groups * size,
-        show_progress=bool(options.get("show_progress", False)),
-    )
-    rollout_seconds = time.monotonic() - started
-    failed = sum(len(g.exceptions) for g in gathered)
-    first_error = next((f"{e.type}: {e.message}" for g in gathered for e in g.exceptions), None)
 
-    usage = JudgeUsage()  # the forward order only: what a training step would pay
-    judge_seconds = 0.0
-    rewards: list[list[float]] = []
-    texts: list[list[str]] = []
-    metrics: list[list[dict[str, float]]] = []
-    ties = pairs = 0
-    gaps: list[float] = []
-    judge_failures = 0
-    for group in gathered:
-        runs = list(group.trajectories)
-        if not runs:
-            continue
-        texts.append([json.dumps(judged_messages(t), sort_keys=True, default=str) for t in runs])
-        metrics.append([_numbers(t.metrics) for t in runs])
-        if judge_model is None:
-            rewards.append([float(t.reward) for t in runs])
-            continue
-        distinct = list(dict.fromkeys(texts[-1]))
-        lists = [judged_messages(runs[texts[-1].index(key)]) for key in distinct]
-        tools = next((t.tools for t in runs if t.tools), None)
-        t0 = time.monotonic()
-        try:
-            forward = await ruler(
-                lists,
-                judge_model,
-                options.get("rubric", DEFAULT_RUBRIC),
-                tools,
-                usage=usage,
-                **judge_options,
+@dataclass
+class _Judged:
+    """Each group's rewards (the judge's mean of both orders, or the rollouts' own), its runs'
+    texts and metrics, and what the judge's two orders said about the judge."""
+
+    judge: Model | None
+    usage: JudgeUsage = field(default_factory=JudgeUsage)  # the forward order: a step's bill
+    seconds: float = 0.0
+    rewards: list[list[float]] = field(default_factory=list)
+    texts: list[list[str]] = field(default_factory=list)
+    metrics: list[list[dict[str, float]]] = field(default_factory=list)
+    ties: int = 0
+    pairs: int = 0
+    gaps: list[float] = field(default_factory=list)
+    failures: int = 0
+
+    @classmethod
+    async def of(
+        cls,
+        gathered: list[TrajectoryGroup],
+        judge: Model | None,
+        rubric: str,
+        options: dict[str, Any],
+    ) -> _Judged:
+        judged = cls(judge)
+        for group in gathered:
+            runs = list(group.trajectories)
+            if not runs:
+                continue
+            judged.texts.append(
+                [json.dumps(judged_messages(t), sort_keys=True, default=str) for t in runs]
             )
-            judge_seconds += time.monotonic() - t0
+            judged.metrics.append([_numbers(t.metrics) for t in runs])
+            if judge is None:
+                judged.rewards.append([float(t.reward) for t in runs])
+            else:
+                await judged._judge(runs, judge, rubric, options)
+        return judged
+
+    async def _judge(
+        self, runs: list[Trajectory], judge: Model, rubric: str, options: dict[str, Any]
+    ) -> None:
+        """One group, in both orders: its rewards, the ties and the position gaps."""
+        texts = self.texts[-1]
+        distinct = list(dict.fromkeys(texts))
+        lists = [judged_messages(runs[texts.index(key)]) for key in distinct]
+        tools = next((t.tools for t in runs if t.tools), None)
+        started = time.monotonic()
+        try:
+            forward = await ruler(lists, judge, rubric, tools, usage=self.usage, **options)
+            self.seconds += time.monotonic() - started
             backward = (
-                list(
-                    reversed(
-                        await ruler(
-                            lists[::-1],
-                            judge_model,
-                            options.get("rubric", DEFAULT_RUBRIC),
-                            tools,
-                            **judge_options,
-                        )
-                    )
-                )
+                list(reversed(await ruler(lists[::-1], judge, rubric, tools, **options)))
                 if len(lists) > 1
                 else forward
             )
         except JudgeError:
-            judge_failures += 1
-            judge_seconds += time.monotonic() - t0
-            continue
+            self.failures += 1
+            self.seconds += time.monotonic() - started
+            return
         for order in (forward, backward):
             for i in range(len(order)):
                 for j in range(i + 1, len(order)):
-                    pairs += 1
-                    ties += abs(order[i].score - order[j].score) < _TIE
+                    self.pairs += 1
+                    self.ties += abs(order[i].score - order[j].score) < _TIE
         if len(lists) > 1:
-            gaps += [abs(f.score - b.score) for f, b in zip(forward, backward, strict=True)]
+            self.gaps += [abs(f.score - b.score) for f, b in zip(forward, backward, strict=True)]
         mean = {
             key: (f.score + b.score) / 2
             for key, f, b in zip(distinct, forward, backward, strict=True)
         }
-        rewards.append([mean[key] for key in texts[-1]])
+        self.rewards.append([mean[key] for key in texts])
 
+
+def _result(
+    gathered: list[TrajectoryGroup],
+    judged: _Judged,
+    *,
+    groups: int,
+    size: int,
+    steps: int,
+    groups_per_step: int,
+    rollout_seconds: float,
+    train_seconds: float | None,
+) -> PreflightResult:
+    """The measurements scaled to a configured step, the verdict and the change to make."""
+    failed = sum(len(g.exceptions) for g in gathered)
+    first_error = next((f"{e.type}: {e.message}" for g in gathered for e in g.exceptions), None)
+    rewards, texts, usage, gaps = judged.rewards, judged.texts, judged.usage, judged.gaps
+    is_judged = judged.judge is not None
     scale = groups_per_step / groups
     rollout_per_step = rollout_seconds * scale
-    judge_per_step = judge_seconds * scale
+    judge_per_step = judged.seconds * scale
     per_step = rollout_per_step + judge_per_step + (train_seconds or 0.0)
     flat = [_flat(r) for r in rewards]
     everything = [x for r in rewards for x in r]
-    numbers = {
+    numbers: dict[str, Any] = {
         "failed_share": failed / (groups * size),
         "zero_variance_share": sum(flat) / len(rewards) if rewards else 1.0,
         "identical_run_share": (
             sum(len(set(t)) == 1 for t in texts) / len(texts) if texts else 0.0
         ),
         "spread": statistics.fmean(statistics.pstdev(r) for r in rewards) if rewards else 0.0,
-        "tie_rate": (ties / pairs if pairs else None) if judge_model is not None else None,
-        "position_gap": (statistics.fmean(gaps) if gaps else 0.0) if judge_model else None,
+        "tie_rate": judged.ties / judged.pairs if is_judged and judged.pairs else None,
+        "position_gap": (statistics.fmean(gaps) if gaps else 0.0) if is_judged else None,
     }
     verdict, change, reasons = _verdict(
-        numbers, rewards, texts, metrics, judge_model is not None, judge_failures, len(gathered)
+        numbers, rewards, texts, judged.metrics, is_judged, judged.failures, len(gathered)
     )
     return PreflightResult(
         groups=groups,
@@ -339,10 +374,10 @@ async def preflight(
         reward_max=max(everything, default=0.0),
         reward_spread=numbers["spread"],
         identical_run_share=numbers["identical_run_share"],
-        judged=judge_model is not None,
+        judged=is_judged,
         judge_tie_rate=numbers["tie_rate"],
         judge_position_gap=numbers["position_gap"],
-        judge_failures=judge_failures,
+        judge_failures=judged.failures,
         rollout_seconds_per_step=rollout_per_step,
         judge_seconds_per_step=judge_per_step,
         train_seconds_per_step=train_seconds,

@@ -41,6 +41,7 @@ from art_core.errors import (
 from art_core.model import Model
 from art_core.rewards._cache import ResponseCache, resolve_cache
 from art_core.rewards._structured import JudgeUsage, resolve_model, structured_completion
+from art_core.utils._jsonl import jsonl_lines
 
 MIN_TASK_CHARS = 12
 MAX_TASK_CHARS = 400
@@ -396,14 +397,12 @@ def save_scenarios(path: str | Path, scenarios: list[Scenario]) -> None:
 def load_scenarios(path: str | Path) -> list[Scenario]:
     """Scenarios saved by `save_scenarios` (a bad line names its number)."""
     scenarios = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, _, data in jsonl_lines(path, lambda message, _: ValueError(message)):
         try:
-            scenarios.append(Scenario.model_validate_json(line))
+            scenarios.append(Scenario.model_validate(data))
         except ValidationError as error:
             raise ValueError(
-                f"{path}:{number}: not a scenario: {error.errors()[0]['msg']}"
+                f"{path}, line {number}: not a scenario: {error.errors()[0]['msg']}"
             ) from error
     return scenarios
 

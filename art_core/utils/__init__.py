@@ -3,6 +3,7 @@
 The supervised fine-tuning helpers are in `art_core.utils.sft`, as ART's are in `art.utils.sft`.
 """
 
+from art_core.utils._jsonl import jsonl_lines
 from art_core.utils._loops import DatasetBatch, iterate_dataset, limit_concurrency, retry
 
-__all__ = ["DatasetBatch", "iterate_dataset", "limit_concurrency", "retry"]
+__all__ = ["DatasetBatch", "iterate_dataset", "jsonl_lines", "limit_concurrency", "retry"]

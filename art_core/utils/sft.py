@@ -14,11 +14,9 @@ naming its file and line.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import random
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
@@ -26,6 +24,7 @@ from pydantic import ValidationError
 from art_core.errors import ArtError, UnsupportedOptionError
 from art_core.trajectories import Trajectory
 from art_core.types import SFT_AUTO_BATCH_SIZE, TrainResult, TrainSFTConfig
+from art_core.utils._jsonl import jsonl_lines
 
 if TYPE_CHECKING:
     from art_core.model import TrainableModel
@@ -205,32 +204,18 @@ def _read_file(file_path: str) -> Iterator[Trajectory]:
             f"Got: {file_path}",
             path=str(file_path),
         )
-    path = Path(file_path)
-    if not path.is_file():
-        raise InvalidSFTFileError(f"No file at {file_path}", path=str(file_path))
-    # Read as bytes and decode line by line, so a bad byte is reported with its line number.
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise InvalidSFTFileError(
-                    f"{file_path}, line {number}: not UTF-8 text ({error.reason})",
-                    path=str(file_path),
-                    line=number,
-                ) from None
-            if text.strip():
-                yield _trajectory_from_line(text, str(file_path), number)
+
+    def fail(message: str, line: int | None) -> InvalidSFTFileError:
+        return InvalidSFTFileError(message, path=str(file_path), line=line)
+
+    for number, text, data in jsonl_lines(file_path, fail):
+        yield _trajectory_from_line(data, text, str(file_path), number)
 
 
-def _trajectory_from_line(text: str, path: str, number: int) -> Trajectory:
+def _trajectory_from_line(data: Any, text: str, path: str, number: int) -> Trajectory:
     def bad(problem: str) -> InvalidSFTFileError:
         return InvalidSFTFileError(f"{path}, line {number}: {problem}", path=path, line=number)
 
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise bad(f"not JSON ({error.msg} at column {error.colno})") from None
     if not isinstance(data, dict):
         raise bad(f'expected an object {{"messages": [...], "tools": [...]}}, got {text[:80]!r}')
     if unknown := sorted(set(data) - set(LINE_KEYS)):

@@ -127,7 +127,7 @@ def test_jsonl_round_trip_and_a_bad_line_named(tmp_path: Path):
     art.save_scenarios(path, scenarios)
     assert art.load_scenarios(path) == scenarios
     path.write_text(path.read_text() + '{"task": "x"}\n')
-    with pytest.raises(ValueError, match=r"scenarios.jsonl:3: not a scenario"):
+    with pytest.raises(ValueError, match=r"scenarios.jsonl, line 3: not a scenario"):
         art.load_scenarios(path)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import Field
 
 import art_core as art
+from art_core.utils import jsonl_lines
 from art_mcp._errors import McpConfigError, McpScenarioFileError
 
 Check = Callable[[art.Scenario, art.Trajectory], "float | Awaitable[float]"]
@@ -60,19 +61,13 @@ def load_scenarios(path: str | Path) -> list[CheckedScenario]:
     path = Path(path)
     if not path.is_file():
         raise McpScenarioFileError(f"No scenario file at {path}", path=str(path))
-    scenarios = []
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise McpScenarioFileError(
-                    f"{path}, line {number}: not UTF-8 text ({error.reason})",
-                    path=str(path),
-                    line=number,
-                ) from None
-            if text.strip():
-                scenarios.append(parse_scenario(text, str(path), number))
+
+    def fail(message: str, line: int | None) -> McpScenarioFileError:
+        return McpScenarioFileError(message, path=str(path), line=line)
+
+    scenarios = [
+        scenario_of(data, text, str(path), number) for number, text, data in jsonl_lines(path, fail)
+    ]
     if not scenarios:
         raise McpScenarioFileError(f"{path} has no scenarios (no non-blank line)", path=str(path))
     return scenarios
@@ -80,15 +75,24 @@ def load_scenarios(path: str | Path) -> list[CheckedScenario]:
 
 def parse_scenario(text: str, path: str = "<scenario>", line: int = 1) -> CheckedScenario:
     """One line of a scenario file as a `CheckedScenario`; `McpScenarioFileError` if bad."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise McpScenarioFileError(
+            f"{path}, line {line}: not JSON ({error.msg} at column {error.colno})",
+            path=path,
+            line=line,
+        ) from None
+    return scenario_of(data, text, path, line)
+
+
+def scenario_of(data: Any, text: str, path: str, line: int) -> CheckedScenario:
+    """A parsed line of a scenario file as a `CheckedScenario`; `McpScenarioFileError` if bad."""
 
     def bad(problem: str, field: str | None = None) -> McpScenarioFileError:
         where = f"{path}, line {line}" + (f", field {field!r}" if field else "")
         return McpScenarioFileError(f"{where}: {problem}", path=path, line=line, field=field)
 
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise bad(f"not JSON ({error.msg} at column {error.colno})") from None
     if not isinstance(data, dict):
         raise bad(f'expected an object like {{"task": "...", "answer": "..."}}, got {text[:60]!r}')
     if unknown := sorted(set(data) - set(SCENARIO_KEYS)):
