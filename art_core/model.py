@@ -136,15 +136,7 @@ class Model:
         client = shared_client(base_url, api_key)
         return client.with_options(**kwargs) if kwargs else client
 
-    async def log(
-        self,
-        trajectories: Iterable[TrajectoryGroup] | Iterable[Trajectory] | None = None,
-        split: str = "val",
-        *,
-        metrics: Mapping[str, float] | None = None,
-        step: int | None = None,
-        langfuse: Any = None,
-    ) -> dict[str, Any]:
+    async def log(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Record groups (e.g. an evaluation) in the backend's history at the current step."""
         raise NotTrainableError(
             f"{self!r} is a prompted Model: only a TrainableModel has a history to log into."

@@ -37,7 +37,7 @@ class LoRAConfig(_Config):
     r: int = Field(16, ge=1, le=1024)
     # The adapter's output is scaled by alpha/r in float32: bounded so that the scale stays a
     # finite, non-zero float32 (1e308 registered, then every answer was a 500).
-    alpha: float = Field(32, gt=0, le=MAX_LORA_ALPHA)
+    alpha: float = Field(32.0, gt=0, le=MAX_LORA_ALPHA)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=lambda: list(DEFAULT_TARGET_MODULES), min_length=1

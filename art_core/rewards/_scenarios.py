@@ -24,7 +24,7 @@ import json
 import math
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -129,72 +129,142 @@ async def generate_scenarios(
         raise ValueError(f"n must be >= 1, got {n}")
     if not description.strip():
         raise ValueError("description is empty: describe the agent's job in a sentence or more")
-    model = resolve_model(generator)
-    usage = usage if usage is not None else JudgeUsage()
-    scenarios: list[Scenario] = []
-    seen: set[str] = set()
-    rejected: dict[str, int] = {"duplicate": 0, "invalid": 0, "unusable answer": 0}
-    examples_of_invalid: list[str] = []
-    levels = high - low + 1
-    requests_made = 0
-    room = _ContextRoom()
-    fitted_batch_size = batch_size  # lowered when the generator's context holds fewer
+    run = _Generation(
+        model=resolve_model(generator),
+        description=description,
+        tools=tools,
+        low=low,
+        high=high,
+        custom_instructions=custom_instructions,
+        cache=cache,
+        sampling=sampling,
+        timeout=timeout,
+        usage=usage if usage is not None else JudgeUsage(),
+        fitted_batch_size=batch_size,
+    )
+    return await run.until(n, concurrency, max_requests)
 
-    def prompt_for(count: int, focus: int, shown: int) -> str:
-        existing = scenarios[-shown:] if shown else []
-        prompt = _prompt(description, count, tools, low, high, custom_instructions, existing)
-        if levels > 1 and count < levels:
+
+@dataclass
+class _Generation:
+    """One `generate_scenarios` call: the scenarios so far, what was rejected, what fits the
+    generator's context (learnt from its refusals), and the requests made."""
+
+    model: Model
+    description: str
+    tools: list[dict[str, Any]] | None
+    low: int
+    high: int
+    custom_instructions: str | None
+    cache: bool | str | Path | ResponseCache | None
+    sampling: dict[str, Any] | None
+    timeout: float
+    usage: JudgeUsage
+    fitted_batch_size: int  # lowered when the generator's context holds fewer
+    scenarios: list[Scenario] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    rejected: dict[str, int] = field(
+        default_factory=lambda: {"duplicate": 0, "invalid": 0, "unusable answer": 0}
+    )
+    examples_of_invalid: list[str] = field(default_factory=list)
+    requests_made: int = 0
+    room: _ContextRoom = field(default_factory=lambda: _ContextRoom())
+
+    async def until(self, n: int, concurrency: int, max_requests: int | None) -> list[Scenario]:
+        """Ask in rounds of up to `concurrency` batches until `n` scenarios or the limit."""
+        levels = self.high - self.low + 1
+        while len(self.scenarios) < n:
+            # Default: enough requests for three tries per batch (of the size that fits).
+            limit = max_requests or 3 * math.ceil(n / self.fitted_batch_size) + 2
+            if self.requests_made >= limit:
+                break
+            # Up to `concurrency` batches at once (a local backend answers them in one batch).
+            missing = n - len(self.scenarios)
+            batches = min(
+                concurrency, math.ceil(missing / self.fitted_batch_size), limit - self.requests_made
+            )
+            asked = min(missing, batches * self.fitted_batch_size)  # never more than a batch each
+            counts = [asked // batches + (k < asked % batches) for k in range(batches)]
+            answers = await asyncio.gather(
+                *(
+                    self.one_batch(count, self.low + (self.requests_made + k) % levels)
+                    for k, count in enumerate(counts)
+                ),
+                return_exceptions=True,  # let every batch finish before a failure ends the call
+            )
+            self.requests_made += batches
+            for answer in answers:
+                if isinstance(answer, BaseException):
+                    raise answer
+            for item in (item for batch in answers if batch for item in batch):  # type: ignore[union-attr]
+                if self.accept(item) and len(self.scenarios) == n:
+                    return self.scenarios
+        details = ", ".join(f"{count} {reason}" for reason, count in self.rejected.items() if count)
+        invalid = self.examples_of_invalid
+        raise ScenarioGenerationError(
+            f"Got {len(self.scenarios)} of {n} scenarios from {self.model.get_inference_name()} "
+            f"in {self.requests_made} requests (rejected: {details or 'none'}). "
+            + (f"Invalid ones: {'; '.join(invalid)}. " if invalid else "")
+            + "Use a stronger generator, a more specific description, or raise max_requests."
+        )
+
+    def accept(self, item: Any) -> bool:
+        """Keep one generated item if it is a valid scenario not seen before."""
+        try:
+            scenario = Scenario.model_validate(item)
+            problem = _problem(scenario, self.low, self.high)
+        except ValidationError as error:
+            scenario, problem = None, error.errors()[0]["msg"]
+        if problem or scenario is None:
+            self.rejected["invalid"] += 1
+            if len(self.examples_of_invalid) < 3:
+                self.examples_of_invalid.append(f"{str(item)[:80]!r}: {problem}")
+            return False
+        key = normalize_task(scenario.task)
+        if key in self.seen:
+            self.rejected["duplicate"] += 1
+            return False
+        self.seen.add(key)
+        self.scenarios.append(scenario)
+        return True
+
+    def prompt_for(self, count: int, focus: int, shown: int) -> str:
+        existing = self.scenarios[-shown:] if shown else []
+        prompt = _prompt(
+            self.description, count, self.tools, self.low, self.high,
+            self.custom_instructions, existing,
+        )  # fmt: skip
+        if self.high > self.low and count < self.high - self.low + 1:
             prompt += f"\n\nThis time, make most of them difficulty {focus}."
         return prompt
 
-    async def one_batch(count: int, focus: int) -> list[Any] | None:
-        nonlocal fitted_batch_size
+    async def one_batch(self, count: int, focus: int) -> list[Any] | None:
+        """One request for `count` scenarios leaning to difficulty `focus`, made to fit the
+        generator's context; None when its answer could not be used."""
         shown = SHOWN_EXISTING
         for _ in range(8):  # each pass learns the room or shows fewer tasks: a few suffice
-            prompt = prompt_for(count, focus, shown)
-            room_for = room.scenarios_after(prompt)
+            prompt = self.prompt_for(count, focus, shown)
+            room_for = self.room.scenarios_after(prompt)
             if room_for is not None and room_for < 1:
-                if shown and scenarios:
+                if shown and self.scenarios:
                     shown //= 2  # a shorter prompt: fewer of the written tasks shown
                     continue
-                raise _context_error(model, room, prompt, tools)
+                raise _context_error(self.model, self.room, prompt, self.tools)
             fitted = count if room_for is None else min(count, room_for)
-            fitted_batch_size = min(fitted_batch_size, fitted)
-            prompt = prompt_for(fitted, focus, shown)
+            self.fitted_batch_size = min(self.fitted_batch_size, fitted)
+            prompt = self.prompt_for(fitted, focus, shown)
             call_usage = JudgeUsage()
             try:
-                return await structured_completion(
-                    model,
-                    [{"role": "user", "content": prompt}],
-                    schema_name="scenarios",
-                    schema=scenario_schema(fitted, low, high),
-                    validate=_as_list,
-                    correction=lambda problems: (
-                        f"Your answer cannot be used: {'; '.join(problems)}. "
-                        'Answer again with only the JSON object {"scenarios": [...]}.'
-                    ),
-                    usage=call_usage,
-                    cache=resolve_cache(cache),
-                    max_tokens=fitted * TOKENS_PER_SCENARIO + ANSWER_OVERHEAD_TOKENS,
-                    sampling=sampling,
-                    timeout=timeout,
-                )
+                return await self.ask(prompt, fitted, call_usage)
             except JudgeResponseError:
-                rejected["unusable answer"] += 1
+                self.rejected["unusable answer"] += 1
                 return None
             except JudgeContextError as error:
                 if call_usage.reasks:
                     # The first answer fitted; the re-ask (it plus a correction) did not.
-                    rejected["unusable answer"] += 1
+                    self.rejected["unusable answer"] += 1
                     return None
-                sizes = context_sizes(str(error))
-                if sizes is None:
-                    raise GeneratorContextError(
-                        f"The scenario generator {model.get_inference_name()} refused the prompt "
-                        f"as too long for its context, without saying the sizes: {error}. Use a "
-                        "generator with a longer context, a shorter description, or fewer tools."
-                    ) from error
-                room.learn(*sizes, len(prompt))
+                self.learn_room(error, prompt)
             except JudgeError as error:
                 raise GeneratorError(
                     f"The scenario generator failed: {error}. Check the generator model "
@@ -202,56 +272,37 @@ async def generate_scenarios(
                     "--generator on the command line)."
                 ) from error
             finally:
-                usage.add(call_usage)
-        raise _context_error(model, room, prompt, tools)
+                self.usage.add(call_usage)
+        raise _context_error(self.model, self.room, prompt, self.tools)
 
-    while len(scenarios) < n:
-        # Default: enough requests for three tries per batch (of the size that fits).
-        limit = max_requests or 3 * math.ceil(n / fitted_batch_size) + 2
-        if requests_made >= limit:
-            break
-        # Up to `concurrency` batches at once (a local backend answers them in one batch).
-        missing = n - len(scenarios)
-        batches = min(concurrency, math.ceil(missing / fitted_batch_size), limit - requests_made)
-        asked = min(missing, batches * fitted_batch_size)  # never more than a batch each
-        counts = [asked // batches + (k < asked % batches) for k in range(batches)]
-        answers = await asyncio.gather(
-            *(
-                one_batch(count, low + (requests_made + k) % levels)
-                for k, count in enumerate(counts)
+    async def ask(self, prompt: str, count: int, usage: JudgeUsage) -> list[Any]:
+        return await structured_completion(
+            self.model,
+            [{"role": "user", "content": prompt}],
+            schema_name="scenarios",
+            schema=scenario_schema(count, self.low, self.high),
+            validate=_as_list,
+            correction=lambda problems: (
+                f"Your answer cannot be used: {'; '.join(problems)}. "
+                'Answer again with only the JSON object {"scenarios": [...]}.'
             ),
-            return_exceptions=True,  # let every batch finish before a failure ends the call
+            usage=usage,
+            cache=resolve_cache(self.cache),
+            max_tokens=count * TOKENS_PER_SCENARIO + ANSWER_OVERHEAD_TOKENS,
+            sampling=self.sampling,
+            timeout=self.timeout,
         )
-        requests_made += batches
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise answer
-        for item in (item for batch in answers if batch for item in batch):  # type: ignore[union-attr]
-            try:
-                scenario = Scenario.model_validate(item)
-                problem = _problem(scenario, low, high)
-            except ValidationError as error:
-                scenario, problem = None, error.errors()[0]["msg"]
-            if problem or scenario is None:
-                rejected["invalid"] += 1
-                if len(examples_of_invalid) < 3:
-                    examples_of_invalid.append(f"{str(item)[:80]!r}: {problem}")
-                continue
-            key = normalize_task(scenario.task)
-            if key in seen:
-                rejected["duplicate"] += 1
-                continue
-            seen.add(key)
-            scenarios.append(scenario)
-            if len(scenarios) == n:
-                return scenarios
-    details = ", ".join(f"{count} {reason}" for reason, count in rejected.items() if count)
-    raise ScenarioGenerationError(
-        f"Got {len(scenarios)} of {n} scenarios from {model.get_inference_name()} in "
-        f"{requests_made} requests (rejected: {details or 'none'}). "
-        + (f"Invalid ones: {'; '.join(examples_of_invalid)}. " if examples_of_invalid else "")
-        + "Use a stronger generator, a more specific description, or raise max_requests."
-    )
+
+    def learn_room(self, error: JudgeContextError, prompt: str) -> None:
+        """What the generator's refusal says of its context, for the next prompt's size."""
+        sizes = context_sizes(str(error))
+        if sizes is None:
+            raise GeneratorContextError(
+                f"The scenario generator {self.model.get_inference_name()} refused the prompt "
+                f"as too long for its context, without saying the sizes: {error}. Use a "
+                "generator with a longer context, a shorter description, or fewer tools."
+            ) from error
+        self.room.learn(*sizes, len(prompt))
 
 
 def context_sizes(message: str) -> tuple[int, int] | None:

@@ -41,21 +41,22 @@ class InvalidGrammarError(InvalidRequestError):
     """A response_format schema or tool schema cannot be compiled into a grammar (HTTP 400)."""
 
 
-class ModelNotServedError(BackendError):
-    """The requested model name is not served by this backend (HTTP 404)."""
+class NotFoundError(BackendError):
+    """What the request names is not here (HTTP 404); each subclass says what."""
 
     status_code = 404
     error_type = "not_found_error"
+
+
+class ModelNotServedError(NotFoundError):
+    """The requested model name is not served by this backend (HTTP 404)."""
 
     def __init__(self, message: str):
         super().__init__(message, param="model", code="model_not_found")
 
 
-class CompletionNotFoundError(BackendError):
+class CompletionNotFoundError(NotFoundError):
     """No stored record of that completion: never served here, or evicted (HTTP 404)."""
-
-    status_code = 404
-    error_type = "not_found_error"
 
 
 class AuthenticationError(BackendError):
@@ -80,11 +81,8 @@ class EngineStoppedError(BackendError):
     error_type = "server_error"
 
 
-class ModelNotRegisteredError(BackendError):
+class ModelNotRegisteredError(NotFoundError):
     """Training or logging for a model this backend has not registered (HTTP 404)."""
-
-    status_code = 404
-    error_type = "not_found_error"
 
 
 class UnslothUnavailableError(BackendError):
@@ -102,11 +100,8 @@ class TrainerStateError(CheckpointLoadError):
     """A checkpoint's trainer state that cannot be read safely or does not fit (HTTP 409)."""
 
 
-class ReviewNotFoundError(BackendError):
+class ReviewNotFoundError(NotFoundError):
     """A project, model, step, group or trajectory that is not in the store (HTTP 404)."""
-
-    status_code = 404
-    error_type = "not_found_error"
 
 
 class CrossSiteRequestError(BackendError):
@@ -116,8 +111,5 @@ class CrossSiteRequestError(BackendError):
     error_type = "permission_error"
 
 
-class ResponseNotFoundError(BackendError):
+class ResponseNotFoundError(NotFoundError):
     """No stored response has this id (HTTP 404)."""
-
-    status_code = 404
-    error_type = "not_found_error"
