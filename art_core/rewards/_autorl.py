@@ -15,36 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from art_core._strict import check_names
 from art_core.model import Model, TrainableModel
-from art_core.report import Evaluation, write_report
 from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
-from art_core.rewards._run import Rollout, TrainingRun, group_scorer, judge_answer
+from art_core.rewards._run import AutoRLResult, Rollout, TrainingRun, group_scorer, judge_answer
 from art_core.rewards._scenarios import Scenario, generate_scenarios, split_scenarios
 from art_core.rewards._structured import JudgeUsage, resolve_model
 from art_core.rewards.ruler import RULER_OPTIONS, ruler
 from art_core.trajectories import Trajectory
 from art_core.types import TrainConfig, TrainResult
 
-
-@dataclass
-class AutoRLResult:
-    """What an AutoRL run did: the held-out evaluations, the steps, the judge's bill, the report."""
-
-    before: Evaluation
-    after: Evaluation
-    steps: list[TrainResult]
-    train_scenarios: list[Scenario]
-    val_scenarios: list[Scenario]
-    judge_usage: JudgeUsage
-    win_rate: float | None = None
-    report: Path | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
+_DESCRIPTION = (
+    "Trained from generated scenarios with RULER rewards ({judge} as judge). Held-out reward is "
+    "the judge's absolute score of one greedy answer; win_rate_vs_start compares the last and "
+    "first answers side by side. A stronger judge gives better rewards."
+)
 
 
 async def autorl(
@@ -88,15 +76,12 @@ async def autorl(
     judge_options = {"sampling": {"temperature": 0.0}, **(judge_options or {})}
     if scenarios is None:
         _say(show_progress, f"Generating {num_scenarios} scenarios ...")
+        options = {"cache": judge_options.get("cache", True), **(generation_options or {})}
+        generating = generator or judge_model
         scenarios = await generate_scenarios(
-            task_description,
-            num_scenarios,
-            generator or judge_model,
-            usage=usage,
-            **{"cache": judge_options.get("cache", True), **(generation_options or {})},
+            task_description, num_scenarios, generating, usage=usage, **options
         )
     train, val = _split(scenarios, val_fraction)
-    config = config or TrainConfig()
     run = TrainingRun(
         model,
         rollout or one_answer_agent(model, system_prompt or task_description, max_tokens),
@@ -105,58 +90,39 @@ async def autorl(
         ),
         score_answer=judge_answer(judge_model, rubric, usage, **judge_options),
         show_progress=show_progress,
+        started=started,
     )
     outcome = await run.run(
-        train,
-        val,
-        steps=steps,
-        groups_per_step=groups_per_step,
-        rollouts_per_group=rollouts_per_group,
-        config=config,
-    )
-    before, after, results = outcome.before, outcome.after, outcome.steps
-    warnings = _judge_warnings(results, judge_model)
+        train, val, steps=steps, groups_per_step=groups_per_step,
+        rollouts_per_group=rollouts_per_group, config=config,
+    )  # fmt: skip
+    warnings = _judge_warnings(outcome.steps, judge_model)
     for warning in warnings:
         run.say(f"Warning: {warning}")
     win_rate = await _win_rate(
         judge_model, rubric, usage, judge_options, outcome.first_answers, outcome.last_answers
     )
-    after.metrics["win_rate_vs_start"] = win_rate
-    before.metrics["win_rate_vs_start"] = 0.5
-    settings = {
-        "task_description": task_description,
-        "base_model": model.base_model,
-        "judge": judge_model.get_inference_name(),
-        "steps": steps,
-        "groups_per_step": groups_per_step,
-        "rollouts_per_group": rollouts_per_group,
-        "scenarios": f"{len(train)} train / {len(val)} held-out",
-        "learning_rate": config.learning_rate,
-        "judge_requests": usage.requests,
-        "judge_tokens": usage.prompt_tokens + usage.completion_tokens,
-        "judge_cost_usd": round(usage.cost_usd, 4),
-        "minutes": round((time.monotonic() - started) / 60, 1),
-        "trained_steps": sum(1 for r in results if r.metrics.get("groups/trainable", 0) > 0),
-        "warnings": " ".join(warnings) or "none",
-    }
-    report = None
-    if report_dir is not None:
-        report = write_report(
-            Path(report_dir),
-            title=title or f"AutoRL: {model.name}",
-            description=(
-                f"{task_description.strip()} | Trained from generated scenarios with RULER "
-                f"rewards ({judge_model.get_inference_name()} as judge). Held-out reward is "
-                "the judge's absolute score of one greedy answer; win_rate_vs_start compares "
-                "the last and first answers side by side. A stronger judge gives better rewards."
-            ),
-            before=before,
-            after=after,
-            history=await model.backend.history(model),
-            settings=settings,
-        )
-    return AutoRLResult(
-        before, after, results, train, val, usage, win_rate, report, settings, warnings
+    outcome.after.metrics["win_rate_vs_start"] = win_rate
+    outcome.before.metrics["win_rate_vs_start"] = 0.5
+    judge_name = judge_model.get_inference_name()
+    return await run.result(
+        outcome,
+        train,
+        val,
+        usage=usage,
+        settings={
+            "task_description": task_description,
+            "judge": judge_name,
+            "judge_requests": usage.requests,
+            "judge_tokens": usage.prompt_tokens + usage.completion_tokens,
+            "judge_cost_usd": round(usage.cost_usd, 4),
+            "warnings": " ".join(warnings) or "none",
+        },
+        report_dir=report_dir,
+        title=title or f"AutoRL: {model.name}",
+        description=f"{task_description.strip()} | {_DESCRIPTION.format(judge=judge_name)}",
+        win_rate=win_rate,
+        warnings=warnings,
     )
 
 

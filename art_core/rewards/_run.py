@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from art_core.gather import gather_trajectory_groups
 from art_core.model import Model, TrainableModel
-from art_core.report import Evaluation, summarize
+from art_core.report import Evaluation, summarize, write_report
 from art_core.rewards._scenarios import Scenario
 from art_core.rewards._structured import JudgeUsage
 from art_core.rewards.ruler import ruler, ruler_score_group
@@ -88,6 +89,22 @@ def judge_answer(
 
 
 @dataclass
+class AutoRLResult:
+    """What an AutoRL run did: the held-out evaluations, the steps, the judge's bill, the report."""
+
+    before: Evaluation
+    after: Evaluation
+    steps: list[TrainResult]
+    train_scenarios: list[Scenario]
+    val_scenarios: list[Scenario]
+    judge_usage: JudgeUsage
+    win_rate: float | None = None
+    report: Path | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
 class RunOutcome:
     """What `TrainingRun.run` did: the evaluations and answers around the steps."""
 
@@ -133,7 +150,14 @@ class TrainingRun:
         before, first_answers = await self.evaluate(val)
         eval_seconds = time.monotonic() - started
         self.say(f"  held-out reward {before.metrics['reward']:.3f}")
-        settings: dict[str, Any] = {}
+        config = config or TrainConfig()
+        settings: dict[str, Any] = {
+            "steps": steps,
+            "groups_per_step": groups_per_step,
+            "rollouts_per_group": rollouts_per_group,
+            "scenarios": f"{len(train)} train / {len(val)} held-out",
+            "learning_rate": config.learning_rate,
+        }
         if warm_start is not None:
             self.say("Warm start: supervised steps on the demonstrations ...")
             settings.update(await warm_start())
@@ -146,7 +170,7 @@ class TrainingRun:
             steps=steps,
             groups_per_step=groups_per_step,
             rollouts_per_group=rollouts_per_group,
-            config=config or TrainConfig(),
+            config=config,
             deadline=deadline,
             eval_seconds=eval_seconds,
         )
@@ -232,6 +256,47 @@ class TrainingRun:
                 f", dropped by the scorer {metrics.get('groups/dropped_before_training', 0):.0f}"
             )
         return results
+
+    async def result(
+        self,
+        outcome: RunOutcome,
+        train: list[Scenario],
+        val: list[Scenario],
+        *,
+        usage: JudgeUsage,
+        settings: Mapping[str, Any],
+        report_dir: str | Path | None,
+        title: str,
+        description: str,
+        win_rate: float | None = None,
+        warnings: Sequence[str] = (),
+    ) -> AutoRLResult:
+        """The run's result, its settings (the caller's, the run's, the time) and its report
+        (the demo's, when `report_dir` is given)."""
+        trained = sum(1 for r in outcome.steps if r.metrics.get("groups/trainable", 0) > 0)
+        settings = {
+            "base_model": self.model.base_model,
+            **settings,
+            **outcome.settings,
+            # A step with no group to learn from leaves the model as it was.
+            "trained_steps": trained,
+            "minutes": round((time.monotonic() - self.started) / 60, 1),
+        }
+        report = None
+        if report_dir is not None:
+            report = write_report(
+                Path(report_dir),
+                title=title,
+                description=description,
+                before=outcome.before,
+                after=outcome.after,
+                history=await self.model.backend.history(self.model),
+                settings=settings,
+            )
+        return AutoRLResult(
+            outcome.before, outcome.after, outcome.steps, train, val, usage, win_rate, report,
+            settings, list(warnings),
+        )  # fmt: skip
 
     def say(self, text: str) -> None:
         """A progress line, stamped with the minutes since the run began."""

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import art_core as art
-from art_core.report import write_report
 from art_core.rewards import Rollout, TrainingRun, WarmStart, group_scorer
 from art_core.utils.sft import create_lr_schedule, iterate_file
 from art_mcp._agent import COMPLETE_TASK, DEFAULT_SYSTEM_PROMPT, rollout
@@ -119,10 +118,81 @@ async def train(
     room to answer (see `check_context`); `McpScenarioFileError` for a bad scenario file;
     `McpConfigError` for a reward that cannot be computed."""
     await check_context(model, server, max_tokens=max_tokens)
-    if isinstance(scenarios, str | Path):
-        scenarios = list(load_scenarios(scenarios))
-    elif scenarios is not None:
-        scenarios = list(scenarios)
+    if scenarios is not None:
+        scenarios = list(
+            load_scenarios(scenarios) if isinstance(scenarios, str | Path) else scenarios
+        )
+    reward = _chosen_reward(reward, scenarios, check, judge, max_minutes)
+    # Read now: a bad demonstration fails before any rollout is paid for.
+    demos = await demonstrations(server, sft) if sft is not None else None
+    if scenarios is None:
+        scenarios = await _generated(
+            server, num_scenarios, generator or judge, show_progress, autorl_options
+        )
+
+    agent = _counted_agent(model, server, max_turns=max_turns, max_tokens=max_tokens)
+    # What both loops take alike (AutoRL's with RULER, the checked one with code).
+    common: dict[str, Any] = dict(
+        steps=steps, groups_per_step=groups_per_step, rollouts_per_group=rollouts_per_group,
+        val_fraction=val_fraction, config=config, report_dir=report_dir,
+        show_progress=show_progress, title=f"{model.name} on the MCP server {server.label}",
+    )  # fmt: skip
+    warm_start = functools.partial(
+        _warm_start, model, demos, sft_epochs, sft_learning_rate, sft_batch_size
+    )
+    if reward == "ruler":
+        assert judge is not None
+        warm = await warm_start()
+        result = await art.autorl(
+            await describe_server(server),
+            model,
+            judge=judge,
+            scenarios=scenarios,
+            rollout=agent,
+            **common,
+            **autorl_options,
+        )
+        result.settings.update(warm)
+        return result
+    _check_options(autorl_options, reward)
+    return await _checked_run(
+        model,
+        server,
+        agent,
+        scenarios,
+        reward=reward,
+        check=check,
+        judge=art.resolve_model(judge) if judge is not None else None,
+        judge_options={"sampling": {"temperature": 0.0}, **autorl_options.get("judge_options", {})},
+        max_minutes=max_minutes,
+        warm_start=warm_start if demos is not None else None,
+        **common,
+    )
+
+
+async def _generated(
+    server: McpServer,
+    n: int,
+    generator: art.Model | str | None,
+    show_progress: bool,
+    autorl_options: dict[str, Any],
+) -> list[art.Scenario]:
+    """`n` scenarios written for the server (its `generation_options` taken from the options)."""
+    assert generator is not None  # a judge is required for ruler, the only path here
+    if show_progress:
+        print(f"Generating {n} scenarios for {server.label} ...", flush=True)
+    options = autorl_options.pop("generation_options", {})
+    return await generate_scenarios(server, n, generator, **options)
+
+
+def _chosen_reward(
+    reward: RewardKind | None,
+    scenarios: list[art.Scenario] | None,
+    check: Check | None,
+    judge: art.Model | str | None,
+    max_minutes: float | None,
+) -> RewardKind:
+    """The reward asked for, or the default: "code" when there is something to check."""
     checkable = check is not None or (
         bool(scenarios)
         and all(isinstance(s, CheckedScenario) and s.checkable for s in scenarios or [])
@@ -139,19 +209,14 @@ async def train(
         raise McpConfigError("max_minutes works with reward 'code' or 'both', not 'ruler'")
     if reward in ("ruler", "both") and judge is None:
         raise McpConfigError(f"reward={reward!r} needs a judge (judge=...); or use reward='code'")
-    # Read now: a bad demonstration fails before any rollout is paid for.
-    demos = await demonstrations(server, sft) if sft is not None else None
-    if scenarios is None:
-        generator = generator or judge
-        assert generator is not None  # a judge is required for ruler, the only path here
-        if show_progress:
-            print(f"Generating {num_scenarios} scenarios for {server.label} ...", flush=True)
-        scenarios = await generate_scenarios(
-            server,
-            num_scenarios,
-            generator,
-            **autorl_options.pop("generation_options", {}),
-        )
+    return reward
+
+
+def _counted_agent(
+    model: art.TrainableModel, server: McpServer, *, max_turns: int, max_tokens: int
+) -> Rollout:
+    """The tool-using agent of `rollout`, its runs and server failures counted in the next
+    step's metrics (mcp/rollouts, mcp/failed_rollouts)."""
 
     async def agent(scenario: art.Scenario, temperature: float) -> art.Trajectory:
         # Counted in the next step's metrics: mcp/failed_rollouts of mcp/rollouts.
@@ -170,28 +235,10 @@ async def train(
             model.pending_metrics["mcp/failed_rollouts"] += 1
             raise
 
-    title = f"{model.name} on the MCP server {server.label}"
-    if reward == "ruler":
-        assert judge is not None
-        warm = await _warm_start(model, demos, sft_epochs, sft_learning_rate, sft_batch_size)
-        result = await art.autorl(
-            await describe_server(server),
-            model,
-            judge=judge,
-            steps=steps,
-            groups_per_step=groups_per_step,
-            rollouts_per_group=rollouts_per_group,
-            scenarios=scenarios,
-            val_fraction=val_fraction,
-            config=config,
-            report_dir=report_dir,
-            show_progress=show_progress,
-            rollout=agent,
-            title=title,
-            **autorl_options,
-        )
-        result.settings.update(warm)
-        return result
+    return agent
+
+
+def _check_options(autorl_options: dict[str, Any], reward: RewardKind) -> None:
     if unknown := sorted(set(autorl_options) - {"judge_options"}):
         raise McpConfigError(
             f"train(): unknown option(s) {unknown} with reward={reward!r}; known: steps, "
@@ -200,32 +247,6 @@ async def train(
             "config, "
             "report_dir, show_progress, judge, judge_options"
         )
-    return await _checked_run(
-        model,
-        server,
-        agent,
-        scenarios,
-        reward=reward,
-        check=check,
-        judge=art.resolve_model(judge) if judge is not None else None,
-        judge_options={"sampling": {"temperature": 0.0}, **autorl_options.get("judge_options", {})},
-        steps=steps,
-        groups_per_step=groups_per_step,
-        rollouts_per_group=rollouts_per_group,
-        val_fraction=val_fraction,
-        max_minutes=max_minutes,
-        config=config,
-        warm_start=(
-            functools.partial(
-                _warm_start, model, demos, sft_epochs, sft_learning_rate, sft_batch_size
-            )
-            if demos is not None
-            else None
-        ),
-        report_dir=report_dir,
-        title=title,
-        show_progress=show_progress,
-    )
 
 
 async def _warm_start(
@@ -337,40 +358,21 @@ async def _checked_run(
         warm_start=warm_start,
         max_minutes=max_minutes,
     )
-    settings = {
-        "base_model": model.base_model,
-        "reward": reward,
-        "judge": judge.get_inference_name() if judge else "none",
-        "steps": steps,
-        "groups_per_step": groups_per_step,
-        "rollouts_per_group": rollouts_per_group,
-        "scenarios": f"{len(train_set)} train / {len(val)} held-out",
-        "learning_rate": (config or art.TrainConfig()).learning_rate,
-        **outcome.settings,
-        # A step with no group to learn from leaves the model as it was.
-        "trained_steps": sum(1 for r in outcome.steps if r.metrics.get("groups/trainable", 0) > 0),
-        "minutes": round(outcome.minutes, 1),
-    }
-    report = None
-    if report_dir is not None:
-        report = write_report(
-            Path(report_dir),
-            title=title,
-            description=(
-                f"A tool-using agent on the MCP server {server.label}, rewarded by "
-                f"{'code checks' if reward == 'code' else 'code checks and RULER'}"
-                f"{', after a supervised warm start' if warm_start is not None else ''}. "
-                "Held-out reward: the share of a scenario's checks one greedy run passes."
-            ),
-            before=outcome.before,
-            after=outcome.after,
-            history=await model.backend.history(model),
-            settings=settings,
-        )
-    return art.AutoRLResult(
-        outcome.before, outcome.after, outcome.steps, train_set, val, usage, None, report,
-        settings, [],
-    )  # fmt: skip
+    warmed = ", after a supervised warm start" if warm_start is not None else ""
+    return await run.result(
+        outcome,
+        train_set,
+        val,
+        usage=usage,
+        settings={"reward": reward, "judge": judge.get_inference_name() if judge else "none"},
+        report_dir=report_dir,
+        title=title,
+        description=(
+            f"A tool-using agent on the MCP server {server.label}, rewarded by "
+            f"{'code checks' if reward == 'code' else 'code checks and RULER'}{warmed}. "
+            "Held-out reward: the share of a scenario's checks one greedy run passes."
+        ),
+    )
 
 
 def _transcript(trajectory: art.Trajectory) -> str:
