@@ -122,27 +122,44 @@ def prepare_step(
     overridden reward replaces the submitted one (each counted under `review/...` and noted
     in the annotations, keyed by (group index, trajectory id)).
     """
-    counts: Counter[str] = Counter()
-    evicted: Counter[str] = Counter()  # why records a turn names were evicted
-    used: list[str] = []  # completion ids whose turns are trained
-    warnings: list[str] = []
-    rewards: list[float] = []
-    kept: list[RecordedTrajectory] = []
-    annotations: dict[tuple[int, str], dict[str, Any]] = {}
     # Assistant turns without a completion id match recorded completions by text
     # (`RecordedAnswers`): the records are indexed once a step, only when such a turn comes.
-    answers = (
-        RecordedAnswers(records.snapshot())
-        if any(
-            ref.message_index is not None
-            for group in request.groups
-            for trajectory in group.trajectories
-            for history in trajectory.histories
-            for ref in history.turns
-        )
-        else None
+    by_text = any(
+        ref.message_index is not None
+        for group in request.groups
+        for trajectory in group.trajectories
+        for history in trajectory.histories
+        for ref in history.turns
     )
+    step = _Preparation(records, RecordedAnswers(records.snapshot()) if by_text else None)
     for group_id, group in enumerate(request.groups):
+        step.add_group(group_id, group, review, model_name)
+    records.release(step.used)  # trained now: under the record budget, these go first
+    metrics = step.metrics()
+    for name, value in request.client_metrics.items():
+        if math.isfinite(value):
+            metrics[name] = metrics.get(name, 0.0) + value
+    # Sums of huge group metrics overflow to inf: those are dropped and counted.
+    return PreparedStep(step.kept, finite_metrics(metrics), step.warnings(), step.annotations)
+
+
+@dataclass
+class _Preparation:
+    """What `prepare_step` gathers group by group: the kept trajectories and the counts."""
+
+    records: CompletionRecords
+    answers: RecordedAnswers | None
+    counts: Counter[str] = field(default_factory=Counter)
+    evicted: Counter[str] = field(default_factory=Counter)  # why records a turn names went
+    used: list[str] = field(default_factory=list)  # completion ids whose turns are trained
+    rewards: list[float] = field(default_factory=list)
+    kept: list[RecordedTrajectory] = field(default_factory=list)
+    annotations: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
+
+    def add_group(
+        self, group_id: int, group: GroupPayload, review: ReviewState, model_name: str | None
+    ) -> None:
+        counts = self.counts
         counts["groups/submitted"] += 1
         counts["exceptions"] += len(group.exceptions)
         for name, value in group.metrics.items():
@@ -155,91 +172,101 @@ def prepare_step(
                     counts[name] += value  # type: ignore[assignment]
         members, applied = _apply_review(group, review)
         for trajectory_id, note in applied.items():
-            annotations[(group_id, trajectory_id)] = note
+            self.annotations[(group_id, trajectory_id)] = note
         if members is None:
             counts["review/flagged_groups"] += 1
-            continue
+            return
         for note in applied.values():
             counts[f"review/{note['review']['applied']}"] += 1
-        rewards += [reward for _, reward in members]
+        self.rewards += [reward for _, reward in members]
         if len(members) < 2:
             counts["groups/too_small"] += 1
-            continue
+            return
         for trajectory, reward in members:
             counts["trajectories"] += 1
             counts["context_assistant_messages"] += trajectory.context_assistant_messages
-            turns = []
-            rollout_id = trajectory.metadata.get("rollout_id")
-            for history in trajectory.histories:
-                for ref in history.turns:
-                    if ref.completion_id is None:
-                        # Matched by text: TurnRef then names the message (message_index).
-                        index = ref.message_index or 0
-                        assert answers is not None
-                        matched = answers.find(
-                            history.messages[:index],
-                            history.messages[index],
-                            rollout_id=rollout_id if isinstance(rollout_id, str) else None,
-                            model_name=model_name,
-                        )
-                        if matched is None:
-                            counts["dropped/unmatched_assistant_messages"] += 1
-                            continue
-                        counts["matched_assistant_messages"] += 1
-                        turns.append(matched)
-                        continue
-                    record = records.get(ref.completion_id)
-                    if record is None and (why := records.eviction_reason(ref.completion_id)):
-                        counts["dropped/evicted_completion"] += 1
-                        evicted[why] += 1
-                        continue
-                    choices = turns_from_record(record) if record else []
-                    if ref.choice_index >= len(choices):
-                        counts["dropped/unknown_completion"] += 1
-                        continue
-                    used.append(ref.completion_id)
-                    turns.append(choices[ref.choice_index])
+            turns = self.turns_of(trajectory, model_name)
             if not turns:
                 counts["dropped/no_trainable_turns"] += 1
-            kept.append(RecordedTrajectory(trajectory.id, group_id, reward, turns))
-    records.release(used)  # trained now: under the record budget, these go first
-    if evicted:
-        reasons = "; ".join(f"{count} {why}" for why, count in evicted.items())
-        warnings.append(
-            f"{counts['dropped/evicted_completion']} turn(s) reference completions this backend "
-            f"evicted before this step ({reasons}): not trained. Train a group soon after its "
-            "rollouts, or keep fewer untrained rollouts in flight."
-        )
-    if counts["dropped/unknown_completion"]:
-        warnings.append(
-            f"{counts['dropped/unknown_completion']} turn(s) reference completions this "
-            "backend has no record of (served elsewhere, or evicted after an hour): not trained."
-        )
-    if counts["dropped/unmatched_assistant_messages"]:
-        warnings.append(
-            f"{counts['dropped/unmatched_assistant_messages']} assistant message(s) without a "
-            "completion id (plain dicts, or choices served elsewhere) match no completion this "
-            "backend recorded (the same conversation before it, the same text and tool calls): "
-            "context, not trained. Append the choice itself (`response.choices[0]`), or keep "
-            "the answer exactly as sampled."
-        )
-    metrics = {name: float(value) for name, value in counts.items()}
-    for name in (
-        "dropped/unknown_completion",
-        "dropped/no_trainable_turns",
-        "dropped/unmatched_assistant_messages",
-        "dropped/evicted_completion",
-        "matched_assistant_messages",
-        "groups/too_small",
-        *REVIEW_METRICS,
-    ):
-        metrics.setdefault(name, 0.0)
-    metrics.update(reward_metrics(rewards))
-    for name, value in request.client_metrics.items():
-        if math.isfinite(value):
-            metrics[name] = metrics.get(name, 0.0) + value
-    # Sums of huge group metrics overflow to inf: those are dropped and counted.
-    return PreparedStep(kept, finite_metrics(metrics), warnings, annotations)
+            self.kept.append(RecordedTrajectory(trajectory.id, group_id, reward, turns))
+
+    def turns_of(self, trajectory: TrajectoryPayload, model_name: str | None) -> list[Any]:
+        """The recorded turns a trajectory's references name; what is not found is counted."""
+        counts = self.counts
+        turns = []
+        rollout_id = trajectory.metadata.get("rollout_id")
+        for history in trajectory.histories:
+            for ref in history.turns:
+                if ref.completion_id is None:
+                    # Matched by text: TurnRef then names the message (message_index).
+                    index = ref.message_index or 0
+                    assert self.answers is not None
+                    matched = self.answers.find(
+                        history.messages[:index],
+                        history.messages[index],
+                        rollout_id=rollout_id if isinstance(rollout_id, str) else None,
+                        model_name=model_name,
+                    )
+                    if matched is None:
+                        counts["dropped/unmatched_assistant_messages"] += 1
+                        continue
+                    counts["matched_assistant_messages"] += 1
+                    turns.append(matched)
+                    continue
+                record = self.records.get(ref.completion_id)
+                if record is None and (why := self.records.eviction_reason(ref.completion_id)):
+                    counts["dropped/evicted_completion"] += 1
+                    self.evicted[why] += 1
+                    continue
+                choices = turns_from_record(record) if record else []
+                if ref.choice_index >= len(choices):
+                    counts["dropped/unknown_completion"] += 1
+                    continue
+                self.used.append(ref.completion_id)
+                turns.append(choices[ref.choice_index])
+        return turns
+
+    def warnings(self) -> list[str]:
+        """What was not trained and why, in words the user can act on."""
+        counts, warnings = self.counts, []
+        if self.evicted:
+            reasons = "; ".join(f"{count} {why}" for why, count in self.evicted.items())
+            warnings.append(
+                f"{counts['dropped/evicted_completion']} turn(s) reference completions this "
+                f"backend evicted before this step ({reasons}): not trained. Train a group soon "
+                "after its rollouts, or keep fewer untrained rollouts in flight."
+            )
+        if counts["dropped/unknown_completion"]:
+            warnings.append(
+                f"{counts['dropped/unknown_completion']} turn(s) reference completions this "
+                "backend has no record of (served elsewhere, or evicted after an hour): not "
+                "trained."
+            )
+        if counts["dropped/unmatched_assistant_messages"]:
+            warnings.append(
+                f"{counts['dropped/unmatched_assistant_messages']} assistant message(s) without a "
+                "completion id (plain dicts, or choices served elsewhere) match no completion this "
+                "backend recorded (the same conversation before it, the same text and tool "
+                "calls): context, not trained. Append the choice itself (`response.choices[0]`), "
+                "or keep the answer exactly as sampled."
+            )
+        return warnings
+
+    def metrics(self) -> dict[str, float]:
+        """The counts (every drop counter present, 0 when nothing was dropped) and rewards."""
+        metrics = {name: float(value) for name, value in self.counts.items()}
+        for name in (
+            "dropped/unknown_completion",
+            "dropped/no_trainable_turns",
+            "dropped/unmatched_assistant_messages",
+            "dropped/evicted_completion",
+            "matched_assistant_messages",
+            "groups/too_small",
+            *REVIEW_METRICS,
+        ):
+            metrics.setdefault(name, 0.0)
+        metrics.update(reward_metrics(self.rewards))
+        return metrics
 
 
 def reward_metrics(rewards: list[float]) -> dict[str, float]:
