@@ -11,6 +11,7 @@ TORCH_VERSION := 2.13.0
 LOCK := requirements/constraints.txt
 LOCK_VLLM := requirements/constraints-vllm.txt
 LOCK_MCP1 := requirements/constraints-mcp1.txt
+LOCK_DOCS := requirements/constraints-docs.txt
 ifdef UNLOCKED
 pinned =
 locked_by =
@@ -19,7 +20,7 @@ pinned = -c $(1)
 locked_by = $(1)
 endif
 
-.PHONY: demo test test-busy test-slow test-vllm vllm-env bench lint format clean chromium lock
+.PHONY: demo test test-busy test-slow test-vllm vllm-env bench lint format clean chromium lock docs
 
 # torch goes in first, pinned, so that no later install resolves a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml $(call locked_by,$(LOCK))
@@ -112,15 +113,33 @@ vllm-env: $(VLLM_VENV)/.installed
 test-vllm: $(VENV)/.installed $(VLLM_VENV)/.installed
 	ART_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest --engine vllm -m "not slow" -q $(VLLM_TESTS)
 
+# The manual (mkdocs.yml, docs/): MkDocs Material with API pages from the docstrings, read
+# statically (nothing of ours is imported), so its tools live in an environment of their own and
+# leave .venv and its lock alone. `.venv-docs/bin/mkdocs serve` serves it while you edit.
+DOCS_VENV := .venv-docs
+DOCS_PACKAGES := "mkdocs>=1.6,<2" "mkdocs-material>=9.6,<10" "mkdocstrings[python]>=1,<2" \
+	"mkdocstrings-python>=2,<3"
+$(DOCS_VENV)/.installed: $(call locked_by,$(LOCK_DOCS))
+	test -x $(DOCS_VENV)/bin/python || $(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/python -m pip install -q --upgrade $(call pinned,$(LOCK_DOCS)) pip
+	$(DOCS_VENV)/bin/python -m pip install -q $(call pinned,$(LOCK_DOCS)) $(DOCS_PACKAGES)
+	touch $@
+
+# --strict: a broken link or anchor, or an API reference that does not resolve, fails the build.
+docs: $(DOCS_VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
+
 # Refresh the lock: fresh environments from the pyproject ranges alone (no lock), the whole suite
-# (`make test`, `make test-vllm`), and only when both pass, the new pins are written. Run it to
-# move to newer releases; commit requirements/ with the fixes the new set needed.
+# (`make test`, `make test-vllm`) and the manual (`make docs`), and only when all pass, the new
+# pins are written. Run it to move to newer releases; commit requirements/ with the fixes the new
+# set needed.
 LOCK_BUILD := .lock
 lock:
 	rm -rf $(LOCK_BUILD)
 	$(MAKE) UNLOCKED=1 VENV=$(LOCK_BUILD)/venv VLLM_VENV=$(LOCK_BUILD)/venv-vllm \
-		$(LOCK_BUILD)/venv/.installed-bench test test-vllm
+		DOCS_VENV=$(LOCK_BUILD)/venv-docs $(LOCK_BUILD)/venv/.installed-bench test test-vllm docs
 	requirements/freeze.sh $(LOCK_BUILD)/venv/bin/python $(LOCK)
 	requirements/freeze.sh $(LOCK_BUILD)/venv-vllm/bin/python $(LOCK_VLLM) $(LOCK_BUILD)/venv-vllm/.removed
 	requirements/freeze.sh $(LOCK_BUILD)/venv/mcp1/bin/python $(LOCK_MCP1)
+	requirements/freeze.sh $(LOCK_BUILD)/venv-docs/bin/python $(LOCK_DOCS)
 	rm -rf $(LOCK_BUILD)

@@ -34,6 +34,7 @@ from art_core.names import base_model_aliases, is_served_name
 
 if TYPE_CHECKING:
     from art_backend.engines._engine import Engine
+    from art_backend.engines._loading import LoadedModel
 
 __all__ = ["build_app", "main"]
 
@@ -68,36 +69,15 @@ def build_app(
     from art_backend.training._service import TrainingService
 
     served_name = name or default_served_name(base_model)
-    if not is_served_name(served_name):
-        raise InvalidNameError(
-            f"Invalid served name {served_name!r}: use letters, digits, '.', '_', '-' or '/', "
-            "no '..' and no '@' (reserved for adapter steps)."
-        )
+    _check_choices(served_name, engine, trainer)
     vllm = vllm or VllmOptions()
-    if engine not in ENGINE_CHOICES:
-        raise InvalidRequestError(f"--engine must be one of {', '.join(ENGINE_CHOICES)}")
-    if trainer not in TRAINER_CHOICES:
-        raise InvalidRequestError(f"--trainer must be one of {', '.join(TRAINER_CHOICES)}")
-    if trainer == "unsloth":
-        from art_backend.training._unsloth import check_unsloth_available
-
-        check_unsloth_available()  # before loading anything: CUDA and the package
     fixed_threads = parse_threads(threads)
     vllm_python = vllm.url or find_vllm_python(vllm.python)
     loaded = load_model(base_model, dtype=dtype, device=device)
     picked, why = pick_engine(engine, loaded.device.type, vllm_python)
     logger.info("engine: %s (%s)", picked, why)
     if trainer == "unsloth":
-        if picked != "vllm":
-            raise InvalidRequestError(
-                "--trainer unsloth needs --engine vllm: Unsloth replaces the model classes' "
-                "forward for the whole process, and the torch engine cannot decode on it."
-            )
-        from art_backend.training._unsloth import load_unsloth_model
-
-        loaded.model, _ = load_unsloth_model(
-            loaded.source, dtype=loaded.dtype, max_seq_length=loaded.context_length
-        )
+        _load_through_unsloth(loaded, picked)
     # The torch engine serves and trains on one copy of the weights; with vLLM serving, this
     # copy is the trainer's alone.
     torch_engine = TorchEngine(
@@ -142,6 +122,37 @@ def build_app(
 
 
 TRAINER_CHOICES = ("torch", "unsloth")
+
+
+def _check_choices(served_name: str, engine: str, trainer: str) -> None:
+    """What can be refused before anything loads: the name, the engine, the trainer."""
+    if not is_served_name(served_name):
+        raise InvalidNameError(
+            f"Invalid served name {served_name!r}: use letters, digits, '.', '_', '-' or '/', "
+            "no '..' and no '@' (reserved for adapter steps)."
+        )
+    if engine not in ENGINE_CHOICES:
+        raise InvalidRequestError(f"--engine must be one of {', '.join(ENGINE_CHOICES)}")
+    if trainer not in TRAINER_CHOICES:
+        raise InvalidRequestError(f"--trainer must be one of {', '.join(TRAINER_CHOICES)}")
+    if trainer == "unsloth":
+        from art_backend.training._unsloth import check_unsloth_available
+
+        check_unsloth_available()  # before loading anything: CUDA and the package
+
+
+def _load_through_unsloth(loaded: LoadedModel, picked: str) -> None:
+    """The trainer's model replaced by Unsloth's (CUDA; vLLM serves, so torch never decodes)."""
+    if picked != "vllm":
+        raise InvalidRequestError(
+            "--trainer unsloth needs --engine vllm: Unsloth replaces the model classes' "
+            "forward for the whole process, and the torch engine cannot decode on it."
+        )
+    from art_backend.training._unsloth import load_unsloth_model
+
+    loaded.model, _ = load_unsloth_model(
+        loaded.source, dtype=loaded.dtype, max_seq_length=loaded.context_length
+    )
 
 
 def positive_int(text: str) -> int:
@@ -282,8 +293,8 @@ def _exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse arguments and run uvicorn until SIGTERM/SIGINT (in-flight requests are drained)."""
+def _parser() -> argparse.ArgumentParser:
+    """`art-server`'s arguments."""
     parser = argparse.ArgumentParser(prog="art-server", description=__doc__)
     parser.add_argument(
         "--model", required=True, help="local folder, hub id, or smollm2-135m-instruct"
@@ -363,6 +374,12 @@ def main(argv: list[str] | None = None) -> None:
         metavar="PID",
         help="shut down gracefully when process PID exits (LocalBackend passes its own pid)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments and run uvicorn until SIGTERM/SIGINT (in-flight requests are drained)."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if "torch" not in sys.modules:
         wait_passively_beside_vllm(args.engine, args.device)
