@@ -70,7 +70,7 @@ Tools = list[ChatCompletionToolParam]
 # `messages=` was the field's name in ART's first releases, and tutorials still write
 # `art.Trajectory(messages=[..., {"role": "assistant", "content": answer}])`: it is taken as
 # `messages_and_choices=` (with a DeprecationWarning naming the current field). Its plain-dict
-# assistant turns train when they match a completion the server recorded (see the README).
+# assistant turns train when they match a completion the server recorded (docs/training.md).
 _MESSAGES_HINT = (
     "Pass the conversation as messages_and_choices=[...]: message dicts for context and the "
     "`Choice` objects of your completions (`response.choices[0]`) for the turns to train; "

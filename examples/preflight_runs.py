@@ -13,7 +13,7 @@ to help; `--json-dir DIR` also writes each result as JSON. The examples:
   untrained: no SFT warm start);
 - `react-sft`: the same after the example's own SFT step on its scripted demonstrations.
 
-Measured results are in the README, section "Will this learn? (`art preflight`)".
+Measured results are in docs/preflight.md, section "Measured".
 """
 
 from __future__ import annotations

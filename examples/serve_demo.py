@@ -130,7 +130,7 @@ def main() -> None:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
-    print("\nThe training demo arrives with the training issue; see README.md.")
+    print("\nTraining on what was served: make demo (docs/getting-started.md).")
 
 
 if __name__ == "__main__":

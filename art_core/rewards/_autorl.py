@@ -97,6 +97,11 @@ async def autorl(
         rollouts_per_group=rollouts_per_group, config=config,
     )  # fmt: skip
     warnings = _judge_warnings(outcome.steps, judge_model)
+    if run.skipped_steps:
+        warnings.append(
+            f"{run.skipped_steps} of {steps} steps trained nothing: the judge failed to score "
+            "every group of those steps. Check the judge (its URL, key, model) or its context."
+        )
     for warning in warnings:
         run.say(f"Warning: {warning}")
     win_rate = await _win_rate(

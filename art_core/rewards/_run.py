@@ -130,6 +130,8 @@ class TrainingRun:
     columns: tuple[str, ...] = ()
     describe: Callable[[Trajectory], str] = field(default_factory=lambda: final_text)
     started: float = field(default_factory=time.monotonic)
+    # Steps with nothing left to train (the scorer dropped every group): counted, not sent.
+    skipped_steps: int = 0
 
     async def run(
         self,
@@ -174,6 +176,7 @@ class TrainingRun:
             deadline=deadline,
             eval_seconds=eval_seconds,
         )
+        settings["skipped_steps"] = self.skipped_steps
         self.say(f"Held-out evaluation at step {self.model.step} ...")
         after, last_answers = await self.evaluate(val)
         minutes = (time.monotonic() - started) / 60
@@ -220,18 +223,19 @@ class TrainingRun:
         eval_seconds: float = 0.0,
     ) -> list[TrainResult]:
         """`steps` GRPO steps (fewer when the next, as long as the last, and the final
-        evaluation would end past `deadline`); a group is scored as soon as it finishes."""
+        evaluation would end past `deadline`); a group is scored as soon as it finishes. A step
+        whose groups the scorer all dropped trains nothing: it is counted in `skipped_steps`."""
         results: list[TrainResult] = []
         step_seconds = 0.0
         batches = iterate_dataset(
             train, groups_per_step, num_epochs=1_000, initial_step=self.model.step, use_tqdm=False
         )
-        for batch in batches:
-            if len(results) >= steps:
+        for attempt, batch in enumerate(batches):
+            if attempt >= steps:
                 break
             needed = step_seconds + eval_seconds  # the next step, as long as the last, and the end
-            if deadline is not None and results and time.monotonic() + needed > deadline:
-                self.say(f"Time is up after {len(results)} steps (max_minutes).")
+            if deadline is not None and attempt and time.monotonic() + needed > deadline:
+                self.say(f"Time is up after {attempt} steps (max_minutes).")
                 break
             step_started = time.monotonic()
             groups = await gather_trajectory_groups(
@@ -242,10 +246,18 @@ class TrainingRun:
                     )
                     for s in batch.items
                 ),
-                pbar_desc=f"step {len(results) + 1}/{steps}" if self.show_progress else None,
+                pbar_desc=f"step {attempt + 1}/{steps}" if self.show_progress else None,
                 max_exceptions=0.1,
                 after_each=self.score_group,
             )
+            step_seconds = time.monotonic() - step_started
+            if not groups:
+                self.skipped_steps += 1
+                self.say(
+                    f"  step {attempt + 1}/{steps} skipped: the scorer dropped all "
+                    f"{len(batch.items)} groups (nothing to train on)"
+                )
+                continue
             result = await self.model.backend.train(self.model, groups, config=config)
             results.append(result)
             step_seconds = time.monotonic() - step_started

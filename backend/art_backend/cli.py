@@ -334,7 +334,7 @@ def _parser() -> argparse.ArgumentParser:
         "--engine",
         default="auto",
         choices=ENGINE_CHOICES,
-        help="auto: vLLM on CUDA when installed, else torch (the rule: README, 'Engines')",
+        help="auto: vLLM on CUDA when installed, else torch (the rule: docs/serving.md, 'Engines')",
     )
     parser.add_argument(
         "--trainer",

@@ -18,9 +18,9 @@ Then (from the repository root):
         --sft examples/mcp_servers/inventory_demos.jsonl
 
 Measured (2 cores, SmolLM2-135M-Instruct, load average 1.5-1.8; the full command in the
-README's MCP section, `--max-minutes 13.5`): held-out reward 0.023 at the start, 0.659 after
+docs/mcp.md, `--max-minutes 13.5`): held-out reward 0.023 at the start, 0.659 after
 the warm start (36 demonstrations x 2 epochs, 243 s), 0.659 after 4 RL steps; 13 min 50 s in
-all, over stdio. Over HTTP the same path ran as a shorter check (see the README).
+all, over stdio. Over HTTP the same path ran as a shorter check (see docs/mcp.md).
 """
 
 from __future__ import annotations

@@ -95,3 +95,32 @@ async def test_autorl_says_when_the_judge_cannot_tell_runs_apart(
     assert result.steps[0].metrics["groups/zero_variance"] == 2
     assert result.settings["trained_steps"] == 0
     assert "same score in 2 of 2 groups" in result.warnings[0]
+
+
+async def test_a_step_whose_groups_the_judge_all_drops_is_skipped_and_counted(
+    scripted_judge: ScriptedJudge,
+    judge_model: art.Model,
+    model: art.TrainableModel,
+):
+    def failing_on_groups(body: dict[str, Any]) -> Reply:
+        if body["response_format"]["json_schema"]["name"] == "scenarios":
+            return responder(body)
+        runs = len(body["response_format"]["json_schema"]["schema"]["required"])
+        return Reply(scores_json(0.5) if runs == 1 else "no JSON here")  # held-out: scored
+
+    scripted_judge.default = failing_on_groups
+    result = await art.autorl(
+        TASK,
+        model,
+        judge=judge_model,
+        steps=2,
+        groups_per_step=2,
+        rollouts_per_group=2,
+        num_scenarios=4,
+        max_tokens=4,
+        judge_options={"cache": False},
+        show_progress=False,
+    )
+    assert result.steps == [] and await model.get_step() == 0  # nothing was sent to train
+    assert result.settings["skipped_steps"] == 2 and result.settings["trained_steps"] == 0
+    assert any("trained nothing" in warning for warning in result.warnings)

@@ -2,7 +2,7 @@
 
 Groups of two answers to a small sum, one right and one plainly wrong, shown in both orders.
 The test checks that every judgement is a valid answer (constrained decoding) and prints how
-often the right answer scores higher; README.md records the number.
+often the right answer scores higher; docs/rewards.md records the number.
 
     make test-slow   # or: pytest -m slow tests/core/test_ruler_slow.py -s
 """

@@ -66,7 +66,7 @@ def _crumbs(store: ModelStore | None = None, *more: tuple[str, str | None]):
 
 def index_page(root: Path, models: list[ModelSummary]) -> str:
     if not models:
-        body = f'<p class="box">No models under <code>{e(root)}</code> yet: train one (see the README).</p>'
+        body = f'<p class="box">No models under <code>{e(root)}</code> yet: train one (docs/getting-started.md).</p>'
         return page("Models", _crumbs(), body)
     rows = "".join(
         f'<tr><td><a href="{e(Urls(m.project, m.name).model)}">{e(m.project)}/{e(m.name)}</a>'

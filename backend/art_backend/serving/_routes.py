@@ -72,7 +72,8 @@ def serving_router(service: ChatService, art_path: Path) -> APIRouter:
         if record is None:
             raise CompletionNotFoundError(
                 f"No completion {completion_id!r}: it was never served here, or it was evicted "
-                "(see the eviction rule in the README; evictions are counted on /metrics)."
+                "(the eviction rule: docs/serving.md, 'Exact-token capture'; evictions are "
+                "counted on /metrics)."
             )
         return await _encoded_off_loop(record)
 
