@@ -5,8 +5,8 @@ Layout under the server's `--path` (default `.art`):
     <project>/models/<name>/
         model.json                      base model and LoRA settings, written at registration
         checkpoints/<step:04d>/         adapter_model.safetensors, adapter_config.json, step.json;
-                                        the newest also trainer_state.pt (optimizer, scheduler,
-                                        RNG) and trajectories.jsonl.gz (what it trained on)
+                                        the newest also trainer_state.pt (optimizer, RNG)
+                                        and trajectories.jsonl.gz (what it trained on)
         history.jsonl                   one JSON row per train step and per log call
         trajectories/<split>/<step:04d>.jsonl.gz
 

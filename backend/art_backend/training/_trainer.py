@@ -135,9 +135,8 @@ class LoraTrainer:
             )
         for param in self.params:
             param.requires_grad_(True)
+        # No scheduler: each step sets its own learning rate, from its TrainConfig.
         self.optimizer = torch.optim.AdamW(self.params, lr=1e-5, betas=(0.9, 0.99), eps=1e-8)
-        # Constant schedule; the learning rate of each step is set from its TrainConfig.
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda _: 1.0)
         self.optimizer_steps = 0
 
     # ------------------------------------------------------------------------------------ steps
@@ -226,7 +225,6 @@ class LoraTrainer:
             group["weight_decay"] = settings.weight_decay
         with self.engine.exclusive():
             self.optimizer.step()
-            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.optimizer_steps += 1
         return grad_norm
@@ -296,7 +294,7 @@ class LoraTrainer:
     # ------------------------------------------------------------------------------------ state
 
     def save(self, folder: Path) -> None:
-        """Write the adapter (PEFT format, servable) and the optimizer/scheduler/RNG state."""
+        """Write the adapter (PEFT format, servable) and the optimizer and RNG state."""
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
@@ -310,7 +308,6 @@ class LoraTrainer:
         torch.save(
             {
                 "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
                 "optimizer_steps": self.optimizer_steps,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
             },
@@ -318,7 +315,7 @@ class LoraTrainer:
         )
 
     def load(self, folder: Path) -> None:
-        """Restore adapter weights and, when present, optimizer/scheduler/RNG state.
+        """Restore adapter weights and, when present, the optimizer and RNG state.
 
         Nothing is unpickled: the weights are safetensors and the state loads with
         `weights_only=True`; a state file that holds anything else raises TrainerStateError.
@@ -350,7 +347,6 @@ class LoraTrainer:
         state = read_trainer_state(state_path)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
             random.setstate(state["rng"]["python"])
             torch.set_rng_state(state["rng"]["torch"])
         except (KeyError, TypeError, ValueError, RuntimeError) as error:
@@ -363,7 +359,10 @@ class LoraTrainer:
 
 
 def read_trainer_state(path: Path) -> dict[str, Any]:
-    """The optimizer/scheduler/RNG state of `path`, loaded without running any pickled code."""
+    """The optimizer and RNG state of `path`, loaded without running any pickled code.
+
+    A state written before the constant learning-rate scheduler went (it never changed a rate:
+    each step sets its own) also holds a "scheduler" entry; it is read and ignored."""
     try:
         # weights_only: tensors, numbers and plain containers; any other object is refused
         # before it is built, so a planted pickle never runs.
@@ -380,7 +379,7 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
     shape_ok = (
         isinstance(state, dict)
         and isinstance(state.get("optimizer"), dict)
-        and isinstance(state.get("scheduler"), dict)
+        and isinstance(state.get("scheduler", {}), dict)
         and isinstance(state.get("optimizer_steps"), int)
         and isinstance(state.get("rng"), dict)
         and isinstance(state["rng"].get("torch"), torch.Tensor)

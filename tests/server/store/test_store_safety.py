@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import art_core as art
-from art_backend._errors import ModelLoadError
+from art_backend._errors import ModelLoadError, TrainerStateError
 from tests.support.servers import RunningServer, running_server, start_server
 
 MODELS = "/v1/training/models"
@@ -184,7 +184,28 @@ def test_the_trainer_state_is_saved_without_pickled_objects(source: Path):
     import torch
 
     state = torch.load(source / "checkpoints/0000/trainer_state.pt", weights_only=True)
-    assert set(state) == {"optimizer", "scheduler", "optimizer_steps", "rng"}
+    assert set(state) == {"optimizer", "optimizer_steps", "rng"}
+
+
+def test_a_trainer_state_written_with_the_old_scheduler_entry_still_reads(
+    source: Path, tmp_path: Path
+):
+    import torch
+
+    from art_backend.training._trainer import read_trainer_state
+
+    state = torch.load(source / "checkpoints/0000/trainer_state.pt", weights_only=True)
+    # What a LambdaLR's state_dict held before the no-op scheduler went.
+    state["scheduler"] = {"base_lrs": [1e-5], "last_epoch": 3, "lr_lambdas": [None]}
+    torch.save(state, tmp_path / "trainer_state.pt")
+    assert (
+        read_trainer_state(tmp_path / "trainer_state.pt")["optimizer_steps"]
+        == (state["optimizer_steps"])
+    )
+    state["scheduler"] = "not a state"
+    torch.save(state, tmp_path / "trainer_state.pt")
+    with pytest.raises(TrainerStateError, match="unexpected contents"):
+        read_trainer_state(tmp_path / "trainer_state.pt")
 
 
 # ------------------------------------------------------------------ another base model at start
