@@ -5,6 +5,22 @@ Names follow OpenPipe ART, so ART code ports by changing the import:
     import art_core as art
     model = art.TrainableModel(name="agent-001", project="demo", base_model="smollm2-135m-instruct")
     await model.register(art.LocalBackend(path=".art"))
+
+The map (ART's module paths where ART has the concept: `from art.X import ...` ports as
+`from art_core.X import ...`):
+
+    model, trajectories, gather, batches, backend, types, errors   the core: models, runs and
+                          groups, rollouts gathered, the Backend protocol and RemoteBackend,
+                          settings and results, the error hierarchy
+    wire                  the training API's requests, one definition for client and server
+    names                 the name rules both sides share
+    local/                LocalBackend: the backend in a child process
+    capture/              capture scopes: completions made inside `art.trajectory()`
+    rewards/              RULER, generated scenarios, AutoRL, preflight, one run loop
+    pipeline_trainer/     asynchronous pipeline training
+    trackers/             step observers named by `report_metrics` (Langfuse in langfuse/)
+    utils/                dataset batches, retries, concurrency, one JSONL reader, SFT files
+    report, cli           the demo's report; the `art` command
 """
 
 from art_core import utils as utils  # `art.utils.iterate_dataset`, as ART has it

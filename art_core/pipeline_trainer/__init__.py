@@ -1,7 +1,8 @@
-"""ART's `art.pipeline_trainer` module: `from art_core.pipeline_trainer import PipelineTrainer`.
+"""ART's `art.pipeline_trainer`: rollout workers keep sampling while the trainer trains
+(`from art_core.pipeline_trainer import PipelineTrainer`).
 
-The implementation lives in `art_core.pipeline_trainer._trainer` (settings and state in `art_core.pipeline_trainer._state`,
-retention in `art_core.pipeline_trainer._retention`); this module only names its public parts.
+The trainer is `_trainer.py`, its settings and state `_state.py`, checkpoint retention
+`_retention.py`; this module names their public parts.
 """
 
 from art_core.pipeline_trainer._retention import (
