@@ -182,7 +182,7 @@ def python_loop_seconds(iterations: int = 5_000_000) -> float:
 
 def stop_process_group(process: subprocess.Popen) -> None:
     """SIGTERM the server's own process group (it was started in a new session), then SIGKILL."""
-    from art_backend.engines._vllm_process import stop_process_group as stop_group
+    from art_backend.testing import stop_process_group as stop_group
 
     stop_group(process, STOP_TIMEOUT)
 

@@ -14,7 +14,7 @@ VENV_BIN = Path(sys.executable).parent
 
 def _auto_dtype() -> str:
     """What `--dtype auto` gives on this machine's CPU: bf16 only with native bf16 instructions."""
-    from art_backend.engines._loading import cpu_supports_bf16
+    from art_backend.testing import cpu_supports_bf16
 
     return "bfloat16" if cpu_supports_bf16() else "float32"
 

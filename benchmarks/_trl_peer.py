@@ -369,7 +369,7 @@ def run_trl_in_subprocess(model_dir: str, *, timeout: float | None = 1800, **kwa
 
 
 def _default_model_dir() -> str:
-    from art_backend.engines._loading import ensure_default_model
+    from art_backend.testing import ensure_default_model
 
     return str(ensure_default_model())
 

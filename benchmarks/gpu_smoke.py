@@ -393,7 +393,7 @@ def main() -> None:
         print(f"   {model_info}", flush=True)
         server = asyncio.run(run_on_server(folder, args))
 
-    from art_backend.engines._loading import resolve_device, resolve_dtype
+    from art_backend.testing import resolve_device, resolve_dtype
 
     report = {
         "benchmark": "gpu_smoke",

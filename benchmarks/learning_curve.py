@@ -347,7 +347,7 @@ def run_seed(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
     """TRL, then ours on each engine, on `args.seed`'s split of the questions."""
     from _trl_learning_curve import run_trl_curve_in_subprocess
 
-    from art_backend.engines._loading import ensure_default_model
+    from art_backend.testing import ensure_default_model
 
     print(f"seed {args.seed}: TRL GRPOTrainer ...", flush=True)
     with OtherLoad() as load:

@@ -226,7 +226,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    from art_backend.engines._loading import ensure_default_model
+    from art_backend.testing import ensure_default_model
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_default_model())
     message_lists = [trajectory(i % 6) for i in range(8)]  # 6 distinct runs, 2 repeated

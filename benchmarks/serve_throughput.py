@@ -118,7 +118,7 @@ def vllm_version() -> str | None:
 
 
 async def run_all(args: argparse.Namespace) -> dict[str, Any]:
-    from art_backend.engines._loading import ensure_default_model
+    from art_backend.testing import ensure_default_model
 
     folder = Path(args.model) if args.model else ensure_default_model()
     print(f"model folder: {folder}", flush=True)

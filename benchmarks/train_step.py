@@ -220,7 +220,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
-    from art_backend.engines._loading import ensure_default_model
+    from art_backend.testing import ensure_default_model
 
     model_dir = str(ensure_default_model())
     engines = args.engines.split(",")

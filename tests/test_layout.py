@@ -241,6 +241,16 @@ PUBLIC_SURFACES = {
     ],
     "art_backend": [],
     "art_backend.cli": ["build_app", "main"],
+    "art_backend.testing": [
+        "BackendError", "CheckpointLoadError", "CompletionRecords", "GrammarCompiler",
+        "InvalidGrammarError", "InvalidNameError", "InvalidRequestError", "LoadedModel",
+        "LoraTrainer", "ModelLoadError", "ModelStore", "OptimizerSettings", "Rows", "Sequence",
+        "TorchEngine", "TrainerStateError", "VllmProcess", "VllmSettings",
+        "advantages_from_rewards", "cpu_supports_bf16", "ensure_default_model", "find_vllm_python",
+        "list_pending", "load_model", "loss_preset", "pack_rows", "policy_loss",
+        "read_trajectories", "read_trajectory_file", "resolve_device", "resolve_dtype",
+        "stop_process_group", "write_pending",
+    ],
     "art_langgraph": [
         "ModelNameMismatchError", "NoRolloutError", "TrainableChatModel", "current_rollout",
         "init_chat_model", "rollout", "wrap_rollout",

@@ -18,10 +18,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from art_backend._errors import InvalidGrammarError
 from art_backend.engines._constrained import GrammarCompiler, SequenceConstraint
 from art_backend.engines._kv_cache import cache_keyword
 from art_backend.engines._tool_calls import render_tools_system_prompt
+from art_backend.testing import InvalidGrammarError
 
 FRUIT = {
     "type": "object",

@@ -38,7 +38,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, test_engine: str) -
 def vllm_url(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One vLLM server for the session (about a minute to start), shared by every test server:
     each attaches with --vllm-url and prefixes its adapters' names."""
-    from art_backend.engines._vllm_process import VllmProcess, VllmSettings, find_vllm_python
+    from art_backend.testing import VllmProcess, VllmSettings, find_vllm_python
 
     python = find_vllm_python()
     if python is None:

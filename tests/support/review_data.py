@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from art_backend.store._checkpoints import ModelStore
+from art_backend.testing import ModelStore
 
 PROJECT, MODEL = "shop", "agent-1"
 

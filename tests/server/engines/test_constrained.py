@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from art_backend._errors import BackendError, InvalidGrammarError
 from art_backend.engines._constrained import GrammarCompiler, SequenceConstraint, apply_constraints
 from art_backend.engines._kv_cache import cache_keyword
+from art_backend.testing import BackendError, InvalidGrammarError
 
 MAX_NEW_TOKENS = 200
 

@@ -16,7 +16,7 @@ from art_backend.engines._engine import (
     SamplingParams,
     TrainableEngine,
 )
-from art_backend.engines._torch_engine import TorchEngine
+from art_backend.testing import TorchEngine
 from tests.support.adapters import load_model, make_random_adapter
 
 

@@ -16,7 +16,7 @@ import pytest
 from art_backend.engines._choice import pick_engine
 from art_backend.engines._constrained import GrammarCompiler, lark_text
 from art_backend.engines._vllm_engine import _top_list
-from art_backend.engines._vllm_process import VllmSettings, find_vllm_python
+from art_backend.testing import VllmSettings, find_vllm_python
 from tests.support.processes import art_server_refusal
 
 
@@ -142,8 +142,7 @@ def test_top_logprobs_come_back_best_first_without_the_sampled_extra():
 
 def test_a_vllm_child_that_died_is_named_with_its_error_and_log(tmp_path):
     """A real child that exits at once (no vLLM in this interpreter): its cause is read back."""
-    from art_backend._errors import ModelLoadError
-    from art_backend.engines._vllm_process import VllmProcess
+    from art_backend.testing import ModelLoadError, VllmProcess
 
     log = tmp_path / "logs" / "vllm.log"
     child = VllmProcess(VllmSettings(python=sys.executable, model="m", log_path=log))

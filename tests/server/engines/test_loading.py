@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from art_backend._errors import ModelLoadError
 from art_backend.engines import _loading
 from art_backend.engines._loading import (
     DEFAULT_MODEL,
@@ -23,6 +22,7 @@ from art_backend.engines._loading import (
     resolve_dtype,
     resolve_model_source,
 )
+from art_backend.testing import ModelLoadError
 
 # --- loading a local folder ----------------------------------------------------------------
 

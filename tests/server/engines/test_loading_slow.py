@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from art_backend.engines._loading import load_model
+from art_backend.testing import load_model
 
 pytestmark = pytest.mark.slow
 

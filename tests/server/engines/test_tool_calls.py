@@ -8,7 +8,6 @@ import re
 import jinja2
 import pytest
 
-from art_backend._errors import InvalidRequestError
 from art_backend.engines._tool_calls import (
     format_tool_call_text,
     parse_tool_calls,
@@ -16,6 +15,7 @@ from art_backend.engines._tool_calls import (
     render_tools_system_prompt,
     template_supports_tools,
 )
+from art_backend.testing import InvalidRequestError
 from tests.support.chat_messages import assistant_tool_calls, tool_result
 from tests.support.tiny_model import CHATML_TEMPLATE
 

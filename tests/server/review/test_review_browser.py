@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import art_core as art
-from art_backend.store._review_decisions import list_pending
+from art_backend.testing import list_pending
 from tests.support.models import fresh_model
 from tests.support.review_data import MODEL, PROJECT, start_review_server, write_review_store
 from tests.support.rollouts import groups_for, varied_group

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from art_backend._errors import InvalidGrammarError
 from art_backend._limits import MAX_JSON_DEPTH, MAX_SCHEMA_NODES, MAX_SCHEMA_PROPERTIES
+from art_backend.testing import InvalidGrammarError
 from tests.support.servers import RunningServer, running_server
 
 USER = [{"role": "user", "content": "hi"}]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from art_backend._errors import InvalidNameError
 from art_backend.store._checkpoints import ModelStore, UnsafePathError, read_trajectories
+from art_backend.testing import InvalidNameError
 
 
 def write_files(folder: Path) -> None:

@@ -17,13 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from art_backend._errors import ModelLoadError
 from art_backend.store._checkpoints import (
     FAULT_ENV,
     STEP_FILE,
     ModelStore,
     read_trajectory_file,
 )
+from art_backend.testing import ModelLoadError
 from tests.support.servers import RunningServer, running_server, start_server
 
 MODELS = "/v1/training/models"

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from art_backend._errors import InvalidNameError
 from art_backend.store._records import CompletionRecords, estimated_bytes, validate_rollout_id
+from art_backend.testing import InvalidNameError
 
 
 def record(completion_id: str, rollout_id: str | None = None, age: float = 0.0) -> dict:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import art_core as art
-from art_backend._errors import ModelLoadError, TrainerStateError
+from art_backend.testing import ModelLoadError, TrainerStateError
 from tests.support.servers import RunningServer, running_server, start_server
 
 MODELS = "/v1/training/models"

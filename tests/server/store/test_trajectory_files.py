@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from art_backend.store._checkpoints import ModelStore, read_trajectories, read_trajectory_file
+from art_backend.testing import ModelStore, read_trajectories, read_trajectory_file
 from tests.support.review_data import MODEL, PROJECT, start_review_server, tool_trajectory
 
 BATCHES = [

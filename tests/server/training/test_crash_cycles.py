@@ -25,7 +25,7 @@ import openai
 import pytest
 
 import art_core as art
-from art_backend.store._checkpoints import read_trajectory_file
+from art_backend.testing import read_trajectory_file
 from tests.support.rollouts import groups_for, varied_group
 
 CYCLES = 20

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import art_core as art
-from art_backend.store._checkpoints import read_trajectories
+from art_backend.testing import read_trajectories
 from tests.support.rollouts import groups_for, varied_group
 
 QUESTIONS = ["What is 1 + 1?", "What is 2 + 3?"]

@@ -257,9 +257,7 @@ def test_a_grpo_step_packed_equals_the_padded_step(tmp_path_factory: pytest.Temp
     norm and updated adapter, step after step (the second step with a KL term to the base)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from art_backend.engines._torch_engine import TorchEngine
-    from art_backend.training._grpo import loss_preset
-    from art_backend.training._trainer import LoraTrainer, OptimizerSettings
+    from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
 
     folder = build_tiny_model(tmp_path_factory.mktemp("packing-trainer"), vocab_size=128)
     tokenizer = AutoTokenizer.from_pretrained(folder)

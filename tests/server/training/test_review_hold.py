@@ -18,8 +18,8 @@ import pytest
 from pydantic import ValidationError
 
 import art_core as art
-from art_backend.store._checkpoints import read_trajectories
 from art_backend.store._review_decisions import PendingStep, list_pending, write_pending
+from art_backend.testing import read_trajectories
 from tests.support.models import fresh_model
 from tests.support.rollouts import groups_for, varied_group
 from tests.support.servers import RunningServer

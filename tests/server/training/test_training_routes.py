@@ -290,7 +290,7 @@ def test_log_keeps_statistics_finite_and_counts_what_it_drops(
 def test_history_holding_a_lone_surrogate_on_disk_is_read_back_as_json(server: RunningServer):
     """A row logged before lone surrogates were refused: answered as a `\\ud800` escape (valid
     JSON, nothing lost), not a 500."""
-    from art_backend.store._checkpoints import ModelStore
+    from art_backend.testing import ModelStore
 
     body = {"project": "routes", "name": "old-rows", "base_model": "tiny"}
     assert httpx.post(f"{server.url}{MODELS}", json=body, timeout=60).status_code == 200

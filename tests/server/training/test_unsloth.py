@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from art_backend._errors import BackendError, ModelLoadError
+from art_backend.testing import BackendError, ModelLoadError
 from art_backend.training import _unsloth
 from art_backend.training._unsloth import (
     UnslothUnavailableError,
@@ -197,10 +197,14 @@ def completion_logprobs(model: Any, pairs: list[tuple[list[int], list[int]]]) ->
 
 def one_unsloth_step(model_dir: str, checkpoint_dir: str) -> dict[str, Any]:
     """In a child process: load through Unsloth, take one GRPO step, save the checkpoint."""
-    from art_backend.engines._torch_engine import TorchEngine
-    from art_backend.training._grpo import loss_preset
-    from art_backend.training._rows import Sequence, pack_rows
-    from art_backend.training._trainer import LoraTrainer, OptimizerSettings
+    from art_backend.testing import (
+        LoraTrainer,
+        OptimizerSettings,
+        Sequence,
+        TorchEngine,
+        loss_preset,
+        pack_rows,
+    )
 
     model, tokenizer = load_unsloth_model(model_dir, dtype=torch.bfloat16, max_seq_length=2048)
     pairs = step_rows(tokenizer)
