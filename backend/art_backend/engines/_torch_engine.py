@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +27,6 @@ from transformers import DynamicCache
 from art_backend._errors import EngineStoppedError, InvalidRequestError
 from art_backend.engines._adapter_files import (
     adaptable_modules,
-    check_adapter_folder,
     linear_shapes,
 )
 from art_backend.engines._engine import (
@@ -45,6 +43,7 @@ from art_backend.engines._sampling import (
 )
 from art_backend.engines._text import decode_increment, find_stop, stop_prefix_length
 from art_backend.engines._threads import ThreadGovernor
+from art_backend.engines._torch_adapters import AdapterSlots
 
 logger = logging.getLogger("art_backend.engine")
 
@@ -71,7 +70,7 @@ class _Sequence:
     finished: bool = False
 
 
-class TorchEngine:
+class TorchEngine(AdapterSlots):
     """Owns the model on one thread; `submit` is safe to call from any thread or event loop.
 
     Implements the serving seam (`Engine`) and the colocated-training one (`TrainableEngine`).
@@ -154,38 +153,7 @@ class TorchEngine:
         """Size of the model's output vocabulary."""
         return int(self._config.vocab_size)
 
-    # ---------------------------------------------------------------------------------- adapters
-
-    def load_adapter(self, served_name: str, path: Path) -> None:
-        """Load a PEFT LoRA adapter from `path`, served as `served_name` (e.g. `agent@3`)."""
-        from peft import PeftModel
-
-        # A folder PEFT would fail on is a 400 before PEFT wraps any layer of the model.
-        check_adapter_folder(path, self.adaptable_modules, self._linear_shapes)
-        adapter_name = f"adapter_{next(self._adapter_counter)}"
-        with self._lock:
-            if isinstance(self.model, PeftModel):
-                self.model.load_adapter(str(path), adapter_name=adapter_name, is_trainable=False)
-            else:
-                self.model = PeftModel.from_pretrained(
-                    self.model, str(path), adapter_name=adapter_name, is_trainable=False
-                )
-            self.model.eval()
-            previous = self.adapters.get(served_name)
-            self.adapters[served_name] = adapter_name
-            if previous is not None:
-                self._delete_adapter(previous)
-
-    def add_trainable_adapter(self, adapter_name: str, peft_config: Any) -> None:
-        """Add a fresh LoRA adapter for a trainer; it is never served under its own name."""
-        from peft import PeftModel, get_peft_model
-
-        with self._lock:
-            if isinstance(self.model, PeftModel):
-                self.model.add_adapter(adapter_name, peft_config)
-            else:
-                self.model = get_peft_model(self.model, peft_config, adapter_name=adapter_name)
-            self.model.eval()
+    # ------------------------------------------- the model between two steps (adapters: AdapterSlots)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[Any]:
@@ -205,29 +173,6 @@ class TorchEngine:
             yield self.model
         finally:
             self._lock.release()
-
-    def remove_trainable_adapter(self, adapter_name: str) -> None:
-        """Remove a trainer's adapter (its trainer closed, or failed to start)."""
-        with self._lock:
-            self._delete_adapter(adapter_name)
-
-    def unload_adapter(self, served_name: str) -> None:
-        """Stop serving an adapter and free its weights."""
-        with self._lock:
-            adapter_name = self.adapters.pop(served_name)
-            self._delete_adapter(adapter_name)
-
-    def _delete_adapter(self, adapter_name: str) -> None:
-        """Delete one PEFT adapter; the plain model again once none is left (lock held).
-
-        PEFT keeps naming the last adapter as active after it is deleted, and its forward then
-        fails on every request (`KeyError`) until a restart; without adapters the wrapper has
-        nothing to add, so the engine unwraps the model instead.
-        """
-        self.model.delete_adapter(adapter_name)
-        if not self.model.peft_config:
-            self.model = self.model.unload()
-            self.model.eval()
 
     # ---------------------------------------------------------------------------------- requests
 
@@ -341,36 +286,6 @@ class TorchEngine:
                 **kwargs,
             )
         return output.logits[:, -1, :].float().cpu()
-
-    @contextlib.contextmanager
-    def _adapters_off(self) -> Iterator[None]:
-        """The base model for one forward: every LoRA layer bypassed, nothing else touched.
-
-        PEFT's `disable_adapter()` first inspects the status of every module (a quarter of a
-        SmolLM2 decode step) and resets requires_grad; a judge or a generator served from the
-        base model pays that on every token. Flipping the layers' own switch costs microseconds.
-        """
-        layers = self._lora_layers()
-        previous = [layer._disable_adapters for layer in layers]
-        for layer in layers:
-            layer._disable_adapters = True
-        try:
-            yield
-        finally:
-            for layer, value in zip(layers, previous, strict=True):
-                layer._disable_adapters = value
-
-    def _lora_layers(self) -> list[Any]:
-        """The model's adapter layers, found again only when the set of adapters changes."""
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        key = tuple(self.model.peft_config)
-        if self._lora_layers_key != key:
-            self._lora_layers_cache = [
-                m for m in self.model.modules() if isinstance(m, BaseTunerLayer)
-            ]
-            self._lora_layers_key = key
-        return self._lora_layers_cache
 
     def _admit(self, requests: list[GenerationRequest]) -> None:
         """Prefill new requests together, sample their first tokens, merge into the batch."""
