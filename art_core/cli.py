@@ -7,7 +7,7 @@
 Each subcommand is a declared entry point of the group `art_trainer.commands` (pyproject.toml),
 so art_core itself never imports MCP or the backend; a subcommand whose extra is not installed
 says which one to install. `art preflight` needs nothing more than art_core: it is dispatched
-here directly (`art_core.rewards._preflight.preflight_command`).
+here directly (`art_core.rewards._preflight_cli.preflight_command`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: art <command> [options]\n\ncommands:\n" + "\n".join(lines))
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     if argv[0] == "preflight":  # art_core's own command: no entry point, no extra
-        from art_core.rewards._preflight import preflight_command
+        from art_core.rewards._preflight_cli import preflight_command
 
         return preflight_command(argv[1:])
     extra, _ = SUBCOMMANDS[argv[0]]
