@@ -104,6 +104,22 @@ def make_group_rollout_fn(
     return group_rollout
 
 
+def _pipeline_sizes(
+    pipeline: PipelineRuntimeConfig | None, **direct_or_none: int | None
+) -> PipelineRuntimeConfig:
+    """The pipeline's sizes, given as `pipeline=` or as ART's keywords (not both)."""
+    direct = {key: value for key, value in direct_or_none.items() if value is not None}
+    if pipeline is not None and direct:
+        raise ValueError(
+            "Pass the pipeline sizes either as pipeline=PipelineRuntimeConfig(...) or as "
+            f"keywords, not both (got pipeline= and {', '.join(direct)})."
+        )
+    pipeline = pipeline or PipelineRuntimeConfig(**direct)
+    if pipeline.max_batch_size is not None and pipeline.max_batch_size < pipeline.min_batch_size:
+        raise ValueError("max_batch_size must be >= min_batch_size")
+    return pipeline
+
+
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     """Rollouts, training and evaluation at once: workers sample while the trainer trains.
 
@@ -140,36 +156,18 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         checkpoint_retention_interval: int = 1,
         **unsupported: Any,
     ) -> None:
-        check_names(
-            "PipelineTrainer()",
-            unsupported,
-            KNOWN_KEYWORDS,
-            hints={
-                name: UNSUPPORTED_HINTS.get(name, UNSUPPORTED_HINT.format(name=name))
-                for name in unsupported
-            },
-        )
-        direct = {
-            key: value
-            for key, value in {
-                "num_rollout_workers": num_rollout_workers,
-                "min_batch_size": min_batch_size,
-                "max_batch_size": max_batch_size,
-                "queue_maxsize": queue_maxsize,
-            }.items()
-            if value is not None
+        hints = {
+            name: UNSUPPORTED_HINTS.get(name, UNSUPPORTED_HINT.format(name=name))
+            for name in unsupported
         }
-        if pipeline is not None and direct:
-            raise ValueError(
-                "Pass the pipeline sizes either as pipeline=PipelineRuntimeConfig(...) or as "
-                f"keywords, not both (got pipeline= and {', '.join(direct)})."
-            )
-        pipeline = pipeline or PipelineRuntimeConfig(**direct)
-        if (
-            pipeline.max_batch_size is not None
-            and pipeline.max_batch_size < pipeline.min_batch_size
-        ):
-            raise ValueError("max_batch_size must be >= min_batch_size")
+        check_names("PipelineTrainer()", unsupported, KNOWN_KEYWORDS, hints=hints)
+        pipeline = _pipeline_sizes(
+            pipeline,
+            num_rollout_workers=num_rollout_workers,
+            min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size,
+            queue_maxsize=queue_maxsize,
+        )
         for name, value, low in (
             ("max_steps", max_steps, 0),
             ("max_steps_off_policy", max_steps_off_policy, 0),

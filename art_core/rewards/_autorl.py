@@ -68,18 +68,13 @@ async def autorl(
     its exceptions are kept on their groups (up to 10 percent of a step's rollouts).
     """
     started = time.monotonic()
-    # Checked now, not at the first judgement after generation and rollouts have been paid for.
-    known_judge_options = [name for name in RULER_OPTIONS if name != "usage"]
-    check_names("autorl(judge_options=...)", judge_options or {}, known_judge_options)
-    judge_model = resolve_model(judge)
-    usage = JudgeUsage()
-    judge_options = {"sampling": {"temperature": 0.0}, **(judge_options or {})}
+    judge_model, judge_options, usage = _judge(judge, judge_options)
     if scenarios is None:
         _say(show_progress, f"Generating {num_scenarios} scenarios ...")
         options = {"cache": judge_options.get("cache", True), **(generation_options or {})}
-        generating = generator or judge_model
+        writer = generator or judge_model
         scenarios = await generate_scenarios(
-            task_description, num_scenarios, generating, usage=usage, **options
+            task_description, num_scenarios, writer, usage=usage, **options
         )
     train, val = _split(scenarios, val_fraction)
     run = TrainingRun(
@@ -129,6 +124,18 @@ async def autorl(
         win_rate=win_rate,
         warnings=warnings,
     )
+
+
+def _judge(
+    judge: Model | str, options: dict[str, Any] | None
+) -> tuple[Model, dict[str, Any], JudgeUsage]:
+    """The judge, its options (checked now, not at the first judgement after generation and
+    rollouts have been paid for; it samples at temperature 0 unless told) and its bill."""
+    check_names(
+        "autorl(judge_options=...)", options or {}, [n for n in RULER_OPTIONS if n != "usage"]
+    )
+    options = {"sampling": {"temperature": 0.0}, **(options or {})}
+    return resolve_model(judge), options, JudgeUsage()
 
 
 def _split(scenarios: list[Scenario], val_fraction: float) -> tuple[list[Scenario], list[Scenario]]:
