@@ -293,6 +293,33 @@ def _exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+def _add_vllm_arguments(vllm_group: argparse._ArgumentGroup) -> None:
+    vllm_group.add_argument("--vllm-python", help="interpreter with vLLM (or ART_VLLM_PYTHON)")
+    vllm_group.add_argument(
+        "--vllm-url", help="use this running vLLM server (same file system) instead of starting one"
+    )
+    vllm_group.add_argument("--max-lora-rank", type=int, default=16)
+    vllm_group.add_argument(
+        "--vllm-kv-cache-gb", type=int, default=2, help="CPU only: vLLM's KV cache size"
+    )
+    vllm_group.add_argument(
+        "--vllm-sleep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CUDA: vLLM sleeps during training steps (default when it shares the GPU)",
+    )
+    vllm_group.add_argument(
+        "--vllm-devices", help="CUDA_VISIBLE_DEVICES for vLLM: a GPU of its own, e.g. 1"
+    )
+    vllm_group.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="passed to vLLM as it is, e.g. --vllm-arg=--tensor-parallel-size=2 (repeatable)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     """`art-server`'s arguments."""
     parser = argparse.ArgumentParser(prog="art-server", description=__doc__)
@@ -342,31 +369,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=TRAINER_CHOICES,
         help="unsloth: the trainer's model through Unsloth (CUDA, [unsloth] extra, --engine vllm)",
     )
-    vllm_group = parser.add_argument_group("vLLM engine")
-    vllm_group.add_argument("--vllm-python", help="interpreter with vLLM (or ART_VLLM_PYTHON)")
-    vllm_group.add_argument(
-        "--vllm-url", help="use this running vLLM server (same file system) instead of starting one"
-    )
-    vllm_group.add_argument("--max-lora-rank", type=int, default=16)
-    vllm_group.add_argument(
-        "--vllm-kv-cache-gb", type=int, default=2, help="CPU only: vLLM's KV cache size"
-    )
-    vllm_group.add_argument(
-        "--vllm-sleep",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="CUDA: vLLM sleeps during training steps (default when it shares the GPU)",
-    )
-    vllm_group.add_argument(
-        "--vllm-devices", help="CUDA_VISIBLE_DEVICES for vLLM: a GPU of its own, e.g. 1"
-    )
-    vllm_group.add_argument(
-        "--vllm-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="passed to vLLM as it is, e.g. --vllm-arg=--tensor-parallel-size=2 (repeatable)",
-    )
+    _add_vllm_arguments(parser.add_argument_group("vLLM engine"))
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     parser.add_argument(
         "--exit-with-parent",

@@ -252,17 +252,7 @@ def policy_loss(
         A = A + config.kl_penalty_coef * torch.where(trained, mean_kl - kl_per_token, 0.0)
         metrics["kl_policy_ref"] = mean_kl
 
-    if config.objective == "ppo_clip":
-        # PPO-clip as in GRPO (DeepSeekMath): -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
-        per_token = -torch.minimum(ratio * A, ratio.clamp(low, high) * A)
-        # Clipped = the min took the flat branch, so the token gives no gradient (TRL's clip_ratio).
-        clipped = ((raw_ratio < low) & (A < 0)) | ((raw_ratio > high) & (A > 0))
-    else:
-        # CISPO (MiniMax-M1): -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp_new, sg = stop-gradient.
-        # The weight is clipped, not the update: every token keeps a gradient.
-        weight = ratio.clamp(low, high).detach()
-        per_token = -weight * A * new_logprobs
-        clipped = (raw_ratio > high) | (raw_ratio < low)
+    per_token, clipped = _objective(config, ratio, raw_ratio, A, new_logprobs)
     if config.precalculate_logprobs and config.truncated_is_max is not None:
         # Truncated importance sampling: corrects for the sampler/trainer mismatch, capped.
         sampler_ratio = torch.where(trained, old_logprobs - sampler_logprobs, 0.0).exp()
@@ -292,6 +282,29 @@ def policy_loss(
         torch.where(trained, new_logprobs - sampler_logprobs, 0.0).abs(), trained
     )
     return loss, metrics
+
+
+def _objective(
+    config: LossConfig,
+    ratio: torch.Tensor,
+    raw_ratio: torch.Tensor,
+    A: torch.Tensor,
+    new_logprobs: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token objective to minimise, and which tokens the clip holds back."""
+    low, high = 1 - config.eps_low, 1 + config.eps_high
+    if config.objective == "ppo_clip":
+        # PPO-clip as in GRPO (DeepSeekMath): -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+        per_token = -torch.minimum(ratio * A, ratio.clamp(low, high) * A)
+        # Clipped = the min took the flat branch, so the token gives no gradient (TRL's clip_ratio).
+        clipped = ((raw_ratio < low) & (A < 0)) | ((raw_ratio > high) & (A > 0))
+    else:
+        # CISPO (MiniMax-M1): -sg(clip(r, 1 - eps_low, 1 + eps_high)) A logp_new, sg = stop-gradient.
+        # The weight is clipped, not the update: every token keeps a gradient.
+        weight = ratio.clamp(low, high).detach()
+        per_token = -weight * A * new_logprobs
+        clipped = (raw_ratio > high) | (raw_ratio < low)
+    return per_token, clipped
 
 
 def _masked_mean(values: torch.Tensor, trained: torch.Tensor) -> torch.Tensor:
