@@ -340,25 +340,7 @@ class ChatService:
             while len(finished) < generation.n:
                 event = await events.get()
                 if isinstance(event, TokenEvent):
-                    delta: dict[str, Any] = {}
-                    if event.text_delta and not use_tools:  # tool output is parsed at the end
-                        delta["content"] = event.text_delta
-                        streamed[event.choice_index] += event.text_delta
-                    choice: dict[str, Any] = {
-                        "index": event.choice_index,
-                        "delta": delta,
-                        "finish_reason": None,
-                        "token_ids": [event.token_id],
-                    }
-                    if request.logprobs:
-                        choice["logprobs"] = {
-                            "content": [
-                                self._logprob_entry(
-                                    event.token_id, event.logprob, event.top_logprobs
-                                )
-                            ]
-                        }
-                    yield chunk([choice])
+                    yield chunk([self._token_choice(event, request, use_tools, streamed)])
                     continue
                 finished[event.choice_index] = event
                 if event.finish_reason in ("error", "cancelled"):
@@ -372,17 +354,7 @@ class ChatService:
                     yield f"data: {json.dumps({'error': error})}\n\n"
                     continue
                 message = self._message(event, use_tools, request)
-                delta = {}
-                if use_tools and message.get("content"):
-                    delta["content"] = message["content"]
-                elif not use_tools:  # text an engine released only with the finish (vLLM may)
-                    sent = streamed[event.choice_index]
-                    if event.text.startswith(sent) and len(event.text) > len(sent):
-                        delta["content"] = event.text[len(sent) :]
-                if message.get("tool_calls"):
-                    delta["tool_calls"] = [
-                        {"index": i, **call} for i, call in enumerate(message["tool_calls"])
-                    ]
+                delta = _final_delta(event, message, use_tools, streamed[event.choice_index])
                 reason = _finish_reason(event, message)
                 yield chunk(
                     [{"index": event.choice_index, "delta": delta, "finish_reason": reason}]
@@ -401,6 +373,30 @@ class ChatService:
         finally:
             if len(finished) < generation.n:
                 generation.cancel()  # the client went away
+
+    def _token_choice(
+        self,
+        event: TokenEvent,
+        request: ChatCompletionRequest,
+        use_tools: bool,
+        streamed: dict[int, str],
+    ) -> dict[str, Any]:
+        """One sampled token as a chunk's choice (its text unless tool calls are parsed at the
+        end); `streamed` keeps the text sent so far per choice."""
+        delta: dict[str, Any] = {}
+        if event.text_delta and not use_tools:  # tool output is parsed at the end
+            delta["content"] = event.text_delta
+            streamed[event.choice_index] += event.text_delta
+        choice: dict[str, Any] = {
+            "index": event.choice_index,
+            "delta": delta,
+            "finish_reason": None,
+            "token_ids": [event.token_id],
+        }
+        if request.logprobs:
+            entry = self._logprob_entry(event.token_id, event.logprob, event.top_logprobs)
+            choice["logprobs"] = {"content": [entry]}
+        return choice
 
     def _message(
         self, event: FinishEvent, use_tools: bool, request: ChatCompletionRequest
@@ -531,6 +527,21 @@ def _text_characters(value: Any) -> int:
         elif isinstance(node, list | tuple):
             stack.extend(node)
     return total
+
+
+def _final_delta(
+    event: FinishEvent, message: dict[str, Any], use_tools: bool, sent: str
+) -> dict[str, Any]:
+    """The last chunk's delta of a choice: parsed content and tool calls, or the text an engine
+    released only with the finish (vLLM may) beyond what was `sent`."""
+    delta: dict[str, Any] = {}
+    if use_tools and message.get("content"):
+        delta["content"] = message["content"]
+    elif not use_tools and event.text.startswith(sent) and len(event.text) > len(sent):
+        delta["content"] = event.text[len(sent) :]
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+    return delta
 
 
 def _finish_reason(event: FinishEvent, message: dict[str, Any]) -> str:
