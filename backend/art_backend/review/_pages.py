@@ -98,6 +98,36 @@ def model_page(
     urls = Urls(store.project, store.name)
     parts = [_pending_boxes(urls, pending, approved, reviewer)]
 
+    parts.append(_metric_plots(urls, history, all_metrics=all_metrics))
+    parts.append("<h2>Steps</h2>")
+    if steps:
+        rows = "".join(
+            f'<tr><td>{e(s.split)}</td><td class="num"><a href="{e(urls.step(s.split, str(s.step)))}">'
+            f'step {s.step}</a></td><td class="num">{number(s.metrics.get("reward"))}</td>'
+            f'<td class="num">{number(s.metrics.get("groups/submitted"))}</td>'
+            f'<td class="num">{number(s.metrics.get("trajectories"))}</td>'
+            f'<td class="num">{number(s.metrics.get("review/flagged_trajectories"))}</td>'
+            f'<td class="num">{number(s.metrics.get("review/flagged_groups"))}</td>'
+            f'<td class="num">{number(s.metrics.get("review/reward_overrides"))}</td></tr>'
+            for s in reversed(steps)
+        )
+        parts.append(
+            "<table><tr><th>split</th><th>step (sampled at)</th><th>reward</th><th>groups</th>"
+            "<th>trajectories</th><th>flagged trajectories</th><th>flagged groups</th>"
+            f"<th>reward overrides</th></tr>{rows}</table>"
+        )
+    else:
+        parts.append('<p class="muted">No logged trajectories yet.</p>')
+
+    splits = sorted({s.split for s in steps})
+    parts.append("<h2>Search every step</h2>")
+    parts.append(filter_form(urls.search(), {}, with_split=True, splits=splits))
+    parts.append(_decision_log(urls, decisions, {p.id for p in pending}))
+    return page(f"{store.project}/{store.name}", _crumbs(store), "".join(parts))
+
+
+def _metric_plots(urls: Urls, history: list[dict[str, Any]], *, all_metrics: bool) -> str:
+    """The reward curve (train and each logged split) and the step metrics' charts."""
     train_rows = [row for row in history if row.get("type") == "train"]
     val_splits = sorted({row.get("split", "") for row in history if row.get("type") == "log"})
     reward = [
@@ -139,35 +169,7 @@ def model_page(
             f'<a href="{e(urls.model)}?metrics=all">all {len(names)} metrics</a>' if names else ""
         )
     )
-    parts.append(
-        f'<h2>Reward and step metrics <small>{toggle}</small></h2><div class="plots">{"".join(plots)}</div>'
-    )
-
-    parts.append("<h2>Steps</h2>")
-    if steps:
-        rows = "".join(
-            f'<tr><td>{e(s.split)}</td><td class="num"><a href="{e(urls.step(s.split, str(s.step)))}">'
-            f'step {s.step}</a></td><td class="num">{number(s.metrics.get("reward"))}</td>'
-            f'<td class="num">{number(s.metrics.get("groups/submitted"))}</td>'
-            f'<td class="num">{number(s.metrics.get("trajectories"))}</td>'
-            f'<td class="num">{number(s.metrics.get("review/flagged_trajectories"))}</td>'
-            f'<td class="num">{number(s.metrics.get("review/flagged_groups"))}</td>'
-            f'<td class="num">{number(s.metrics.get("review/reward_overrides"))}</td></tr>'
-            for s in reversed(steps)
-        )
-        parts.append(
-            "<table><tr><th>split</th><th>step (sampled at)</th><th>reward</th><th>groups</th>"
-            "<th>trajectories</th><th>flagged trajectories</th><th>flagged groups</th>"
-            f"<th>reward overrides</th></tr>{rows}</table>"
-        )
-    else:
-        parts.append('<p class="muted">No logged trajectories yet.</p>')
-
-    splits = sorted({s.split for s in steps})
-    parts.append("<h2>Search every step</h2>")
-    parts.append(filter_form(urls.search(), {}, with_split=True, splits=splits))
-    parts.append(_decision_log(urls, decisions, {p.id for p in pending}))
-    return page(f"{store.project}/{store.name}", _crumbs(store), "".join(parts))
+    return f'<h2>Reward and step metrics <small>{toggle}</small></h2><div class="plots">{"".join(plots)}</div>'
 
 
 def _pending_boxes(
