@@ -14,6 +14,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -27,11 +28,11 @@ from pydantic.json_schema import SkipJsonSchema
 
 from art_backend.serving._schemas import (
     BodySized,
-    check_logit_bias,
-    check_metadata,
+    LogitBias,
+    Metadata,
+    StopSequences,
+    ToolName,
     check_parameters_schema,
-    check_stop_sequences,
-    check_tool_name,
 )
 from art_core.wire import SEED_RANGE
 
@@ -194,24 +195,14 @@ class FunctionTool(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["function"]
-    name: str
+    name: ToolName
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: Annotated[dict[str, Any] | None, AfterValidator(check_parameters_schema)] = None
     strict: bool | None = None
     # Describes what the function returns; the model never sees it here.
     output_schema: dict[str, Any] | None = None
     defer_loading: bool | None = None
     allowed_callers: list[Literal["direct", "programmatic"]] | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, name: str) -> str:
-        return check_tool_name(name)
-
-    @field_validator("parameters")
-    @classmethod
-    def _object_schema(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
-        return check_parameters_schema(parameters)
 
     @field_validator("defer_loading")
     @classmethod
@@ -294,7 +285,7 @@ class ResponseCreateRequest(BodySized):
     stream_options: dict[str, Any] | None = None
     store: bool = True
     previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata = None
     truncation: Literal["disabled"] | None = None
     # Accepted and unused: they do not change what is generated (`max_tool_calls` counts
     # built-in tool calls, which this server has none of).
@@ -310,10 +301,10 @@ class ResponseCreateRequest(BodySized):
     # Extensions beyond OpenAI's Responses API, as in chat completions.
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     top_k: int | None = Field(default=None, ge=-1)
-    stop: str | list[str] | None = None
+    stop: StopSequences = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias = None
     # Declared only to be refused by name (see UNSUPPORTED_FIELDS); not in the API description.
     background: SkipJsonSchema[Any] = None
     reasoning: SkipJsonSchema[Any] = None
@@ -390,21 +381,6 @@ class ResponseCreateRequest(BodySized):
                     f"unknown include value {value!r}; known: {', '.join(sorted(KNOWN_INCLUDES))}"
                 )
         return include
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_limits(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
-        return check_metadata(metadata)
-
-    @field_validator("stop")
-    @classmethod
-    def _at_most_four_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        return check_stop_sequences(stop)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        return check_logit_bias(bias)
 
     @field_validator(*UNSUPPORTED_FIELDS, mode="before")
     @classmethod

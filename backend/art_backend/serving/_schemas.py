@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -92,6 +93,13 @@ def check_logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
     return bias
 
 
+# The checks as types: both protocols (Chat Completions, Responses) declare their fields with them.
+ToolName = Annotated[str, AfterValidator(check_tool_name)]
+StopSequences = Annotated[str | list[str] | None, AfterValidator(check_stop_sequences)]
+LogitBias = Annotated[dict[str, float] | None, AfterValidator(check_logit_bias)]
+Metadata = Annotated[dict[str, str] | None, AfterValidator(check_metadata)]
+
+
 class FunctionCall(BaseModel):
     name: str
     arguments: str
@@ -124,20 +132,12 @@ class Message(BaseModel):
 
 
 class FunctionDefinition(BaseModel):
-    name: str
+    name: ToolName
     description: str | None = None
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    parameters: Annotated[dict[str, Any], AfterValidator(check_parameters_schema)] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
     strict: bool | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, name: str) -> str:
-        return check_tool_name(name)
-
-    @field_validator("parameters")
-    @classmethod
-    def _object_schema(cls, parameters: dict[str, Any]) -> dict[str, Any] | None:
-        return check_parameters_schema(parameters)
 
 
 class Tool(BaseModel):
@@ -178,7 +178,7 @@ class ChatCompletionRequest(BodySized):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1, le=64)
-    stop: str | list[str] | None = None
+    stop: StopSequences = None
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -186,7 +186,7 @@ class ChatCompletionRequest(BodySized):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: LogitBias = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
@@ -194,7 +194,7 @@ class ChatCompletionRequest(BodySized):
     modalities: list[Literal["text"]] | None = None
     # Accepted and unused; see IGNORED_FIELDS.
     user: str | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata = None
     store: bool | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
@@ -214,21 +214,6 @@ class ChatCompletionRequest(BodySized):
         if value is not None:
             raise ValueError(f"unsupported parameter: {UNSUPPORTED_FIELDS[str(info.field_name)]}")
         return value
-
-    @field_validator("stop")
-    @classmethod
-    def _at_most_four_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        return check_stop_sequences(stop)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _bias_range(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        return check_logit_bias(bias)
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_limits(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
-        return check_metadata(metadata)
 
     @field_validator("response_format")
     @classmethod
