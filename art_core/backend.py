@@ -351,6 +351,11 @@ class RemoteBackend:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (for a rollout worker in another process) without its HTTP client, which
+        holds locks and sockets: the copy opens its own on its first request."""
+        return {**self.__dict__, "_http": None}
+
     @staticmethod
     def _groups_payload(groups: list[TrajectoryGroup]) -> list[GroupPayload]:
         if isinstance(groups, TrajectoryGroup):

@@ -207,6 +207,13 @@ class TrainableModel(Model):
         # Told of every train step and log call (`report_metrics`); add your own.
         self.observers: list[StepObserver] = observers_for(report_metrics)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A detached copy for a rollout worker in another process (Ray, multiprocessing): its
+        names, step, LoRA settings and backend (reached over HTTP), so `openai_client()`,
+        `get_inference_name()` and `model.rollout()` work there. Not its trackers (they run
+        where training runs) nor its pending counts (a worker's counts stay on the worker)."""
+        return {**self.__dict__, "observers": [], "pending_metrics": Counter(), "_open_rollouts": 0}
+
     @property
     def open_rollouts(self) -> int:
         """How many `model.rollout()` scopes are open right now."""

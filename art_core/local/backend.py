@@ -144,6 +144,11 @@ class LocalBackend(RemoteBackend):
             process.kill()
             process.wait()
 
+    def __reduce__(self) -> tuple[type[RemoteBackend], tuple[str, str | None]]:
+        """Pickled as a RemoteBackend on the running server: a rollout worker in another process
+        reaches the same server, and the child process stays this process's to stop."""
+        return RemoteBackend, (self.base_url, self._api_key)
+
     async def close(self) -> None:
         """Close the HTTP client and stop the child process (in-flight requests drain first)."""
         await super().close()
