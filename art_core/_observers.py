@@ -4,8 +4,8 @@ A `TrainableModel` tells each of its observers (`model.observers`) when a train 
 call starts, before any work (an observer may refuse its options then, with a named error), and
 calls back what the observer returns when the step is over, with the step's `TrainResult` (None
 for a log call or a step that failed). An observer may also add counts to the model's next
-step metrics. Langfuse export is one (`art_core.trackers.langfuse._export.LangfuseObserver`); a user's own
-observer (a progress notifier, a W&B logger) is another.
+step metrics. Langfuse export is one (`art_core.trackers.langfuse.LangfuseObserver`); a user's
+own observer (a progress notifier, a W&B logger) is another.
 """
 
 from __future__ import annotations

@@ -109,4 +109,9 @@ def load_function(spec: str) -> PreflightRollout:
 
 def load_jsonl(path: str) -> list[Any]:
     """One JSON value a line (blank lines skipped); a bad line is named."""
-    return [value for _, _, value in jsonl_lines(path, lambda message, _: PreflightError(message))]
+    return [
+        value
+        for _, _, value in jsonl_lines(
+            path, lambda message, _: PreflightError(message), what="scenarios file"
+        )
+    ]

@@ -16,12 +16,14 @@ from typing import Any
 Fail = Callable[[str, "int | None"], Exception]
 
 
-def jsonl_lines(path: str | Path, fail: Fail) -> Iterator[tuple[int, str, Any]]:
+def jsonl_lines(
+    path: str | Path, fail: Fail, *, what: str = "file"
+) -> Iterator[tuple[int, str, Any]]:
     """(line number, text, parsed value) of each non-blank line, in order; the first bad line
-    raises `fail(message, number)`, a missing file `fail(message, None)`."""
+    raises `fail(message, number)`, a missing file `fail("No <what> at <path>", None)`."""
     path = Path(path)
     if not path.is_file():
-        raise fail(f"No file at {path}", None)
+        raise fail(f"No {what} at {path}", None)
     # Read as bytes and decode line by line, so a bad byte is reported with its line number.
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):

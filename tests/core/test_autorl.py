@@ -5,6 +5,7 @@ real openai client), so every score is known; the policy is the tiny model on ou
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,25 +74,8 @@ async def test_autorl_says_when_the_judge_cannot_tell_runs_apart(
     judge_model: art.Model,
     model: art.TrainableModel,
 ):
-    def tying(body: dict[str, Any]) -> Reply:
-        if body["response_format"]["json_schema"]["name"] == "scenarios":
-            return responder(body)
-        runs = len(body["response_format"]["json_schema"]["schema"]["required"])
-        return Reply(scores_json(*[0.4] * runs))
-
-    scripted_judge.default = tying
-    result = await art.autorl(
-        TASK,
-        model,
-        judge=judge_model,
-        steps=1,
-        groups_per_step=2,
-        rollouts_per_group=2,
-        num_scenarios=4,
-        max_tokens=4,
-        judge_options={"cache": False},
-        show_progress=False,
-    )
+    scripted_judge.default = judging(lambda runs: Reply(scores_json(*[0.4] * runs)))
+    result = await small_autorl(model, judge_model, steps=1)
     assert result.steps[0].metrics["groups/zero_variance"] == 2
     assert result.settings["trained_steps"] == 0
     assert "same score in 2 of 2 groups" in result.warnings[0]
@@ -102,18 +86,37 @@ async def test_a_step_whose_groups_the_judge_all_drops_is_skipped_and_counted(
     judge_model: art.Model,
     model: art.TrainableModel,
 ):
-    def failing_on_groups(body: dict[str, Any]) -> Reply:
+    # Held-out answers (judged one at a time) are scored; no group is.
+    scripted_judge.default = judging(
+        lambda runs: Reply(scores_json(0.5) if runs == 1 else "no JSON here")
+    )
+    result = await small_autorl(model, judge_model, steps=2)
+    assert result.steps == [] and await model.get_step() == 0  # nothing was sent to train
+    assert result.settings["skipped_steps"] == 2 and result.settings["trained_steps"] == 0
+    assert any("trained nothing" in warning for warning in result.warnings)
+
+
+def judging(judge_runs: Callable[[int], Reply]) -> Callable[[dict[str, Any]], Reply]:
+    """A scripted judge that writes scenarios as usual and answers a judgement of N runs with
+    `judge_runs(N)`."""
+
+    def reply(body: dict[str, Any]) -> Reply:
         if body["response_format"]["json_schema"]["name"] == "scenarios":
             return responder(body)
-        runs = len(body["response_format"]["json_schema"]["schema"]["required"])
-        return Reply(scores_json(0.5) if runs == 1 else "no JSON here")  # held-out: scored
+        return judge_runs(len(body["response_format"]["json_schema"]["schema"]["required"]))
 
-    scripted_judge.default = failing_on_groups
-    result = await art.autorl(
+    return reply
+
+
+async def small_autorl(
+    model: art.TrainableModel, judge_model: art.Model, *, steps: int
+) -> art.AutoRLResult:
+    """AutoRL at its smallest: 4 scenarios, groups of 2, 4 tokens an answer, no judge cache."""
+    return await art.autorl(
         TASK,
         model,
         judge=judge_model,
-        steps=2,
+        steps=steps,
         groups_per_step=2,
         rollouts_per_group=2,
         num_scenarios=4,
@@ -121,6 +124,3 @@ async def test_a_step_whose_groups_the_judge_all_drops_is_skipped_and_counted(
         judge_options={"cache": False},
         show_progress=False,
     )
-    assert result.steps == [] and await model.get_step() == 0  # nothing was sent to train
-    assert result.settings["skipped_steps"] == 2 and result.settings["trained_steps"] == 0
-    assert any("trained nothing" in warning for warning in result.warnings)

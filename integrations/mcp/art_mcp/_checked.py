@@ -59,14 +59,13 @@ def load_scenarios(path: str | Path) -> list[CheckedScenario]:
     """The scenarios of a JSONL file (module doc). Every line is checked before any is used; a
     bad one raises `McpScenarioFileError` naming the file, the line and the field."""
     path = Path(path)
-    if not path.is_file():
-        raise McpScenarioFileError(f"No scenario file at {path}", path=str(path))
 
     def fail(message: str, line: int | None) -> McpScenarioFileError:
         return McpScenarioFileError(message, path=str(path), line=line)
 
     scenarios = [
-        scenario_of(data, text, str(path), number) for number, text, data in jsonl_lines(path, fail)
+        scenario_of(data, text, str(path), number)
+        for number, text, data in jsonl_lines(path, fail, what="scenario file")
     ]
     if not scenarios:
         raise McpScenarioFileError(f"{path} has no scenarios (no non-blank line)", path=str(path))
