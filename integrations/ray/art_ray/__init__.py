@@ -1,0 +1,1 @@
+"""Rollouts on a Ray cluster: `RayExecutor` runs the user's rollout functions in async worker actors."""
