@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import Field
 
@@ -23,6 +23,16 @@ ConfigT = TypeVar("ConfigT")
 
 RolloutFn = Callable[[TrainableModel, ScenarioT, ConfigT], Awaitable[TrajectoryGroup]]
 SingleRolloutFn = Callable[[TrainableModel, ScenarioT, ConfigT], Awaitable[Trajectory]]
+
+
+class RolloutExecutor(Protocol):
+    """Runs a rollout function elsewhere (another process, a cluster: `art_ray.RayExecutor`)."""
+
+    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        """An awaitable of `fn(*args, **kwargs)`'s result, computed where the executor runs it."""
+        ...
+
+
 EvalItems = Sequence[Trajectory | TrajectoryGroup]
 EvalFn = Callable[
     [TrainableModel, int, ConfigT], Awaitable[EvalItems | Mapping[str, EvalItems] | None]
@@ -94,7 +104,7 @@ KNOWN_KEYWORDS = [
     "num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize", "pipeline",
     "learning_rate", "loss_fn", "normalize_advantages", "train_config", "max_steps",
     "discard_queue_multiplier", "max_steps_off_policy", "eval_every_n_steps", "eval_at_start",
-    "checkpoint_retention_strategy", "checkpoint_retention_interval",
+    "checkpoint_retention_strategy", "checkpoint_retention_interval", "executor",
 ]  # fmt: skip
 
 

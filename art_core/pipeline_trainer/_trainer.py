@@ -65,6 +65,7 @@ from art_core.pipeline_trainer._state import (
     EvalFn,
     PipelineRuntimeConfig,
     PipelineState,
+    RolloutExecutor,
     RolloutFn,
     ScenarioT,
     SingleRolloutFn,
@@ -124,7 +125,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     """Rollouts, training and evaluation at once: workers sample while the trainer trains.
 
     `rollout_fn(model, scenario, config)` returns one TrajectoryGroup (pending rollouts in it
-    are run); `eval_fn(model, step, config)` returns trajectories or groups to log as "val" (or
+    are run), in this process or, given `executor=` (e.g. `art_ray.RayExecutor`), where the
+    executor runs it; `eval_fn(model, step, config)` returns trajectories or groups to log as "val" (or
     a mapping split -> them; None if it logged itself). `await trainer.train()` runs until the
     scenarios run out, `max_steps` steps are trained, or `request_stop()`.
     """
@@ -154,6 +156,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         eval_at_start: bool = True,
         checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
         checkpoint_retention_interval: int = 1,
+        executor: RolloutExecutor | None = None,
         **unsupported: Any,
     ) -> None:
         hints = {
@@ -180,6 +183,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.model = model
         self.backend = backend
         self.rollout_fn = rollout_fn
+        self.executor = executor
         self.config = config
         self.eval_fn = eval_fn
         self.pipeline = pipeline
@@ -431,7 +435,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     return
                 version = self.state.policy_version
                 try:
-                    group = await self.rollout_fn(self.model, scenario, self.config)
+                    group = await (
+                        self.executor.run(self.rollout_fn, self.model, scenario, self.config)
+                        if self.executor is not None
+                        else self.rollout_fn(self.model, scenario, self.config)
+                    )
                     if not isinstance(group, TrajectoryGroup):
                         raise TypeError(
                             f"rollout_fn must return an art.TrajectoryGroup, got "

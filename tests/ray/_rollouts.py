@@ -1,0 +1,62 @@
+"""Rollout functions the Ray workers import by name (tests.ray._rollouts)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import openai
+
+import art_core as art
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+async def two_turn_rollout(
+    model: art.TrainableModel, question: str, reward: float | None = None
+) -> art.Trajectory:
+    """Two chat turns in a zero-change capture scope (`model.rollout()`), on whatever node."""
+    async with model.rollout() as capture:
+        client = openai.AsyncOpenAI(base_url=capture.base_url, api_key=capture.api_key)
+        messages: list = [{"role": "user", "content": question}]
+        for _ in range(2):
+            completion = await client.chat.completions.create(
+                model=capture.model, messages=messages, max_tokens=6, temperature=1.0
+            )
+            messages += [
+                {"role": "assistant", "content": completion.choices[0].message.content or ""},
+                {"role": "user", "content": "And then?"},
+            ]
+        capture.reward = float(len(messages[-2]["content"]) % 5) if reward is None else reward
+        capture.metadata["node_id"] = _node_id()
+    return capture.trajectory
+
+
+async def failing_rollout(model: art.TrainableModel, question: str) -> art.Trajectory:
+    raise ValueError(f"{question!r} fails on purpose")
+
+
+async def group_rollout(
+    model: art.TrainableModel, question: str, config: None
+) -> art.TrajectoryGroup:
+    """A PipelineTrainer rollout_fn: a group of four pending runs, one of which raises."""
+    runs = [two_turn_rollout(model, question, reward=float(index)) for index in range(3)]
+    return art.TrajectoryGroup([*runs, failing_rollout(model, question)])
+
+
+async def slow_rollout(marks: str, index: int, seconds: float) -> art.Trajectory:
+    """Marks that it started (a file per run), then sleeps: long enough to kill its node."""
+    Path(marks, f"{index}-{os.getpid()}").write_text(_node_id())
+    started = time.monotonic()
+    await asyncio.sleep(seconds)
+    return art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": str(index)}],
+        reward=float(index),
+        metadata={"node_id": _node_id(), "slept": time.monotonic() - started},
+    )

@@ -1,0 +1,36 @@
+"""One loopback Ray cluster per test module (`art_ray.testing.local_cluster`: a head and two
+worker nodes on 127.0.0.1, each worker node with the custom resource `art_rollout`)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray", reason="the [ray] extra is not installed")
+
+from art_ray.testing import local_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A head (1 CPU) and two worker nodes (1 CPU, `art_rollout: 1` each); the driver joined."""
+    import ray
+
+    # Ray's socket paths must stay under 107 bytes: a short folder of its own, not tmp_path.
+    with (
+        tempfile.TemporaryDirectory(prefix="ray-", dir="/tmp") as tmp,
+        local_cluster(nodes=2, tmp_dir=tmp, node_resources={"art_rollout": 1}) as running,
+    ):
+        # The workers import the tests' rollout functions (tests.support.rollouts) by name.
+        ray.init(
+            address=running.address,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+        )
+        yield running

@@ -1,0 +1,72 @@
+"""A worker node dies (its whole process tree SIGKILLed) while its rollouts run: they are sent
+to a surviving worker, or, with retries off, counted as failed; the gather never hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import art_core as art
+from art_ray import RayExecutor
+from art_ray.testing import add_node, kill_node
+from tests.ray._rollouts import slow_rollout
+
+RUNS = 8
+SECONDS = 6.0  # long enough to kill a node while every run is in flight
+
+
+async def run_and_kill(executor: RayExecutor, cluster: Any, marks: Path, **gather: Any):
+    """Start RUNS slow rollouts, wait until all run, SIGKILL the node of the first one."""
+    marks.mkdir()
+    gathering = asyncio.ensure_future(
+        art.gather_trajectory_groups(
+            [
+                art.TrajectoryGroup(
+                    executor.run(slow_rollout, str(marks), i, SECONDS) for i in range(RUNS)
+                )
+            ],
+            pbar_desc=None,
+            **gather,
+        )
+    )
+    deadline = time.monotonic() + 120
+    while len(list(marks.iterdir())) < RUNS:
+        assert time.monotonic() < deadline, "the rollouts never all started"
+        assert not gathering.done(), gathering
+        await asyncio.sleep(0.2)
+    started_on = {path.read_text() for path in marks.iterdir()}
+    assert len(started_on) == 2  # least-in-flight spread the runs over both workers
+    [victim] = [node for node in cluster.worker_nodes if node.node_id == min(started_on)]
+    killed = kill_node(cluster, victim)
+    assert killed >= 2  # the raylet and at least the worker process
+    [groups] = [await asyncio.wait_for(gathering, 120)]
+    return groups[0], victim.node_id, started_on
+
+
+async def test_rollouts_of_a_killed_node_are_retried_on_a_survivor(cluster: Any, tmp_path: Path):
+    with RayExecutor(
+        workers=2, resources={"art_rollout": 1}, infra_retries=1, timeout=120
+    ) as executor:
+        group, dead, started_on = await run_and_kill(executor, cluster, tmp_path / "marks")
+        assert len(group.trajectories) == RUNS and not group.exceptions
+        # The killed node's half ran again, on the survivor.
+        assert {t.metadata["node_id"] for t in group.trajectories} == started_on - {dead}
+        assert executor.stats.retried == RUNS // 2 and executor.stats.lost == 0
+        assert executor.workers == 1
+    # A new node in its place, for the next test.
+    add_node(cluster, resources={"art_rollout": 1})
+
+
+async def test_with_retries_off_a_killed_nodes_rollouts_are_counted(cluster: Any, tmp_path: Path):
+    with RayExecutor(
+        workers=2, resources={"art_rollout": 1}, infra_retries=0, timeout=120
+    ) as executor:
+        group, _, _ = await run_and_kill(
+            executor, cluster, tmp_path / "marks", max_exceptions=RUNS // 2
+        )
+        assert len(group.trajectories) == RUNS // 2
+        assert len(group.exceptions) == RUNS // 2
+        assert {e.type for e in group.exceptions} <= {"ActorDiedError", "ActorUnavailableError"}
+        assert executor.stats.lost == RUNS // 2 and executor.stats.retried == 0
