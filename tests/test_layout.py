@@ -21,6 +21,7 @@ PACKAGE_FOLDERS = {
     "art_backend": ROOT / "backend" / "art_backend",
     "art_langgraph": ROOT / "integrations" / "langgraph" / "art_langgraph",
     "art_mcp": ROOT / "integrations" / "mcp" / "art_mcp",
+    "art_ray": ROOT / "integrations" / "ray" / "art_ray",
 }
 
 
@@ -134,6 +135,7 @@ def test_packages_point_one_way():
         "art_backend": {"art_backend", "art_core"},
         "art_langgraph": {"art_langgraph", "art_core"},
         "art_mcp": {"art_mcp", "art_core"},
+        "art_ray": {"art_ray", "art_core"},
     }
     wrong = [
         f"{module} -> {target}"
@@ -225,7 +227,7 @@ PUBLIC_SURFACES = {
     ],
     "art_core.pipeline_trainer": [
         "CheckpointInfo", "CheckpointRetentionContext", "CheckpointRetentionStrategy", "EvalFn",
-        "PipelineRuntimeConfig", "PipelineState", "PipelineTrainer", "RolloutFn", "ScenarioT",
+        "PipelineRuntimeConfig", "PipelineState", "PipelineTrainer", "RolloutExecutor", "RolloutFn", "ScenarioT",
         "SingleRolloutFn", "keep_recent_and_top", "make_group_rollout_fn",
     ],
     "art_core.utils": ["DatasetBatch", "iterate_dataset", "jsonl_lines", "limit_concurrency", "retry"],
@@ -260,6 +262,11 @@ PUBLIC_SURFACES = {
         "McpServerError", "McpSession", "McpTool", "ToolNames", "ToolOutcome", "check_context", "describe_server",
         "generate_scenarios", "load_scenarios", "result_text", "rollout", "train",
     ],
+    "art_ray": [
+        "INFRASTRUCTURE_ERRORS", "ExecutorStats", "NoLiveWorkersError", "RayExecutor",
+        "RolloutTimeoutError",
+    ],
+    "art_ray.testing": ["LOOPBACK_ENV", "add_node", "kill_node", "local_cluster"],
 }  # fmt: skip
 
 

@@ -36,6 +36,7 @@ def test_gpu_engines_live_only_in_their_own_extras():
         ("art_backend", "backend/art_backend"),
         ("art_langgraph", "integrations/langgraph/art_langgraph"),
         ("art_mcp", "integrations/mcp/art_mcp"),
+        ("art_ray", "integrations/ray/art_ray"),
     ],
 )
 def test_import_names_map_to_folders(import_name, folder):

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+__all__ = ["LOOPBACK_ENV", "add_node", "kill_node", "local_cluster"]
+
 # Set before Ray is imported anywhere: Ray reads them at import and at node start.
 LOOPBACK_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # bind 127.0.0.1, never the interface address
