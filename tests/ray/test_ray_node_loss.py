@@ -63,10 +63,42 @@ async def test_with_retries_off_a_killed_nodes_rollouts_are_counted(cluster: Any
     with RayExecutor(
         workers=2, resources={"art_rollout": 1}, infra_retries=0, timeout=120
     ) as executor:
-        group, _, _ = await run_and_kill(
+        group, dead, _ = await run_and_kill(
             executor, cluster, tmp_path / "marks", max_exceptions=RUNS // 2
         )
         assert len(group.trajectories) == RUNS // 2
         assert len(group.exceptions) == RUNS // 2
         assert {e.type for e in group.exceptions} <= {"ActorDiedError", "ActorUnavailableError"}
         assert executor.stats.lost == RUNS // 2 and executor.stats.retried == 0
+    await until_dead(dead)
+
+
+async def until_dead(node_id: str) -> None:
+    """Wait until Ray has marked the node dead (so nothing new is placed on it)."""
+    import ray
+
+    deadline = time.monotonic() + 90
+    while any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+        assert time.monotonic() < deadline, "Ray never marked the killed node dead"
+        await asyncio.sleep(0.5)
+
+
+async def test_address_auto_joins_the_running_cluster_and_leaves_it(cluster: Any, tmp_path: Path):
+    import ray
+
+    from tests.ray.conftest import REPO
+
+    ray.shutdown()  # the driver leaves; the executor joins by itself
+    try:
+        with RayExecutor(
+            workers=2, address="auto", runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}
+        ) as executor:
+            assert ray.is_initialized()
+            nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+            assert {w["node_id"] for w in await executor.where()} <= nodes
+            trajectory = await executor.run(slow_rollout, str(tmp_path), 7, 0.0)
+            assert trajectory.reward == 7.0 and trajectory.metadata["node_id"] in nodes
+        assert not ray.is_initialized()  # it connected, so it disconnected
+    finally:
+        if not ray.is_initialized():
+            ray.init(address=cluster.address, log_to_driver=False)

@@ -181,9 +181,21 @@ class RayExecutor:
         return sum(1 for worker in self._workers if worker.alive)
 
     async def where(self) -> list[dict[str, Any]]:
-        """Node id and process id of each live worker (waits until they have started)."""
+        """Node id and process id of each live worker (waits until they have started); a worker
+        found dead is left out and replaced, as when a rollout finds it dead."""
         live = [worker for worker in self._workers if worker.alive]
-        return list(await asyncio.gather(*(worker.handle.where.remote() for worker in live)))
+        answers = await asyncio.gather(
+            *(_awaited(worker.handle.where.remote()) for worker in live), return_exceptions=True
+        )
+        found = []
+        for worker, answer in zip(live, answers, strict=True):
+            if isinstance(answer, INFRASTRUCTURE_ERRORS):
+                self._lost(worker, answer)
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                found.append(answer)
+        return found
 
     def shutdown(self) -> None:
         """Stop the workers (and Ray, when this executor started it)."""
