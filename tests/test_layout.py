@@ -264,7 +264,7 @@ PUBLIC_SURFACES = {
     ],
     "art_ray": [
         "INFRASTRUCTURE_ERRORS", "ExecutorStats", "NoLiveWorkersError", "RayExecutor",
-        "RolloutTimeoutError",
+        "RolloutTimeoutError", "WorkerStartError",
     ],
     "art_ray.testing": ["LOOPBACK_ENV", "add_node", "kill_node", "local_cluster"],
 }  # fmt: skip

@@ -11,7 +11,7 @@ import art_core as art
 from art_core.errors import TooManyExceptionsError
 from art_core.pipeline_trainer import PipelineTrainer
 from art_ray import RayExecutor
-from tests.ray._rollouts import failing_rollout, group_rollout, two_turn_rollout
+from tests.ray._rollouts import failing_rollout, group_rollout, slow_rollout, two_turn_rollout
 from tests.support.models import fresh_model
 
 QUESTIONS = ["Count to three.", "Name a colour.", "Say hello.", "Pick a number."]
@@ -126,3 +126,25 @@ async def test_bad_settings_are_refused_before_anything_starts(cluster: Any):
         executor.run("not a function")  # type: ignore[arg-type]
     with pytest.raises(RuntimeError, match="shut down"):
         executor.run(failing_rollout, None, "q")
+
+
+async def test_a_rollout_past_its_deadline_is_cancelled_and_counted(cluster: Any, tmp_path):
+    with RayExecutor(workers=1, timeout=1.0) as executor:
+        [group] = await art.gather_trajectory_groups(
+            [
+                art.TrajectoryGroup(
+                    [
+                        executor.run(slow_rollout, str(tmp_path), 0, 600.0),  # never ends in time
+                        executor.run(slow_rollout, str(tmp_path), 1, 0.0),
+                    ]
+                )
+            ],
+            pbar_desc=None,
+            max_exceptions=1,
+        )
+        [late] = group.exceptions
+        assert late.type == "RolloutTimeoutError" and "timeout=1.0" in late.message
+        assert [t.reward for t in group.trajectories] == [1.0]
+        assert executor.stats.timed_out == 1
+        # The worker is still there and takes the next rollout.
+        assert (await executor.run(slow_rollout, str(tmp_path), 2, 0.0)).reward == 2.0

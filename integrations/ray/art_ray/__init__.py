@@ -15,6 +15,7 @@ from art_ray._executor import (
     NoLiveWorkersError,
     RayExecutor,
     RolloutTimeoutError,
+    WorkerStartError,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "NoLiveWorkersError",
     "RayExecutor",
     "RolloutTimeoutError",
+    "WorkerStartError",
 ]

@@ -62,6 +62,10 @@ class RolloutTimeoutError(TimeoutError):
     """A rollout ran past the executor's `timeout` and was cancelled on its worker."""
 
 
+class WorkerStartError(RuntimeError):
+    """A rollout worker died while starting, or did not start within `start_timeout`."""
+
+
 class NoLiveWorkersError(RuntimeError):
     """Every rollout worker is gone and none could be started again."""
 
@@ -88,13 +92,15 @@ class _Worker:
     node_id: str | None = None
     alive: bool = True
 
-    async def node(self) -> str | None:
-        """The worker's node id (None when it died before it started)."""
+    async def node(self, patience: float | None = 30.0) -> str | None:
+        """The worker's node id once it has started (None: it died first, or took longer than
+        `patience` seconds to start)."""
         if self.node_id is None:
             try:
-                self.node_id = (await asyncio.wait_for(_awaited(self.where), 30.0))["node_id"]
+                answer = await asyncio.wait_for(_awaited(self.where), patience)
             except _LOST_OR_LATE:
                 return None
+            self.node_id = answer["node_id"]
         return self.node_id
 
 
@@ -109,7 +115,10 @@ class RayExecutor:
         on nodes started with that custom resource. Workers take no CPU by default: rollouts wait
         on the network and on their tools; give `num_cpus` for CPU-bound environments.
     infra_retries: how often a call whose worker Ray lost is sent to another worker.
-    timeout: seconds one rollout may take (None: no deadline; then a lost resource can hang).
+    timeout: seconds one rollout may take once its worker runs (None: no deadline; then a lost
+        resource can hang).
+    start_timeout: seconds to wait for a new worker to start (its process, its imports);
+        past it the worker counts as lost, like a dead one.
     runtime_env: Ray's runtime environment for the workers (env vars, pip packages, code).
     """
 
@@ -123,6 +132,7 @@ class RayExecutor:
         resources: dict[str, float] | None = None,
         infra_retries: int = 1,
         timeout: float | None = 3600.0,
+        start_timeout: float = 300.0,
         runtime_env: dict[str, Any] | None = None,
         replace_dead_workers: bool = True,
     ) -> None:
@@ -134,6 +144,8 @@ class RayExecutor:
             raise ValueError(f"infra_retries must be >= 0, got {infra_retries}")
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
+        if start_timeout <= 0:
+            raise ValueError(f"start_timeout must be > 0 seconds, got {start_timeout}")
         self._started_ray = False
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
@@ -151,6 +163,7 @@ class RayExecutor:
             self._options["runtime_env"] = runtime_env
         self.infra_retries = infra_retries
         self.timeout = timeout
+        self.start_timeout = start_timeout
         self.replace_dead_workers = replace_dead_workers
         self.stats = ExecutorStats()
         self._actor_class = ray.remote(RolloutWorker)
@@ -270,13 +283,19 @@ class RayExecutor:
             worker = self._pick(tried)
             tried.add(worker)
             worker.in_flight += 1
-            ref = worker.handle.run.remote(fn, args, kwargs)
             try:
-                result = await self._await(ref)
+                # The deadline is the rollout's own: a worker still starting (a new process,
+                # imports, a node being added) is waited for first, up to `start_timeout`.
+                if worker.node_id is None and await worker.node(self.start_timeout) is None:
+                    raise WorkerStartError(
+                        f"rollout worker {worker.index} did not start within "
+                        f"start_timeout={self.start_timeout} s (or died while starting)"
+                    )
+                result = await self._await(worker.handle.run.remote(fn, args, kwargs))
             except ray.exceptions.RayTaskError as error:
                 self.stats.failed += 1
                 raise _user_exception(error) from None
-            except INFRASTRUCTURE_ERRORS as error:
+            except (*INFRASTRUCTURE_ERRORS, WorkerStartError) as error:
                 self._lost(worker, error)
                 if attempt >= self.infra_retries:
                     self.stats.lost += 1
