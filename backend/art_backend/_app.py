@@ -85,10 +85,18 @@ def create_app(
     @app.get("/health")
     async def health():
         failure = service.engine.failure()
+        # Engine replicas: each one's state (a replica taken out leaves the server up).
+        replicas = getattr(service.engine, "replica_states", None)
+        extra = {"replicas": replicas()} if replicas is not None else {}
         if failure is not None:  # a process manager or load balancer takes this server out
-            body = {"status": "engine_stopped", "engine": service.engine.name, "error": failure}
+            body = {
+                "status": "engine_stopped",
+                "engine": service.engine.name,
+                "error": failure,
+                **extra,
+            }
             return TolerantJSONResponse(body, status_code=503)
-        return {"status": "ok", "engine": service.engine.name}
+        return {"status": "ok", "engine": service.engine.name, **extra}
 
     @app.get("/metrics")
     async def metrics():
@@ -143,7 +151,31 @@ def _prometheus_metrics(service: ChatService) -> str:
     for name, (kind, value) in values.items():
         lines.append(f"# TYPE {name} {kind}")
         lines.append(f"{name} {value}")
+    replicas = getattr(service.engine, "replica_states", None)
+    if replicas is not None:
+        lines += _replica_lines(replicas(), getattr(service.engine, "counters", None))
     return "\n".join(lines) + "\n"
+
+
+def _replica_lines(states: list[dict[str, Any]], counters: Any) -> list[str]:
+    """Engine replicas: per replica up, rows in flight and requests routed; prefix reuse."""
+    lines = []
+    for name, kind, key in [
+        ("art_replica_up", "gauge", "up"),
+        ("art_replica_rows_in_flight", "gauge", "rows_in_flight"),
+        ("art_replica_requests_routed_total", "counter", "requests_routed"),
+        ("art_replica_requests_failed_by_takeout_total", "counter", "requests_failed_by_takeout"),
+    ]:
+        lines.append(f"# TYPE {name} {kind}")
+        lines += [f'{name}{{replica="{s["replica"]}"}} {int(s[key])}' for s in states]
+    for name, value in [
+        ("art_replica_follow_up_turns_total", counters.follow_up_turns),
+        ("art_replica_follow_up_same_replica_total", counters.follow_up_same_replica),
+        ("art_replica_follow_up_prompt_tokens_total", counters.follow_up_prompt_tokens),
+        ("art_replica_reusable_prefix_tokens_total", counters.reusable_prefix_tokens),
+    ]:
+        lines += [f"# TYPE {name} counter", f"{name} {value}"]
+    return lines
 
 
 def _error(

@@ -24,17 +24,22 @@ from art_backend._log_redaction import LOG_LEVELS
 from art_backend.engines._choice import (
     ENGINE_CHOICES,
     VllmOptions,
+    health_probe,
     parse_threads,
     pick_engine,
+    replica_count,
     thread_governor,
-    vllm_engine,
+    torch_replicas,
+    vllm_replicas,
     wait_passively_beside_vllm,
 )
+from art_backend.engines._replicas import ROUTINGS, Probe, replica_set
 from art_core.names import base_model_aliases, is_served_name
 
 if TYPE_CHECKING:
     from art_backend.engines._engine import Engine
     from art_backend.engines._loading import LoadedModel
+    from art_backend.training._distributed import TrainingTeam
 
 __all__ = ["build_app", "main"]
 
@@ -56,9 +61,15 @@ def build_app(
     engine: str = "auto",
     vllm: VllmOptions | None = None,
     trainer: str = "torch",
+    train_processes: int = 1,
     threads: str = "auto",
+    replicas: int = 1,
+    routing: str = "sticky",
 ):
-    """Load the model, start the engine, and return the FastAPI app (engine stops on shutdown)."""
+    """Load the model, start the engine, and return the FastAPI app (engine stops on shutdown).
+
+    `replicas` > 1 (or several `vllm.replica_urls`): the engines stand behind one `ReplicaSet`
+    that routes by `routing` (docs/serving.md, "Engine replicas")."""
     from art_backend._app import create_app
     from art_backend.engines._constrained import GrammarCompiler
     from art_backend.engines._loading import load_model
@@ -71,11 +82,13 @@ def build_app(
     served_name = name or default_served_name(base_model)
     _check_choices(served_name, engine, trainer)
     vllm = vllm or VllmOptions()
+    replica_count(replicas, engine, vllm)  # before anything loads
     fixed_threads = parse_threads(threads)
     vllm_python = vllm.url or find_vllm_python(vllm.python)
     loaded = load_model(base_model, dtype=dtype, device=device)
     picked, why = pick_engine(engine, loaded.device.type, vllm_python)
     logger.info("engine: %s (%s)", picked, why)
+    count = replica_count(replicas, picked, vllm)  # --engine auto may have picked vLLM
     if trainer == "unsloth":
         _load_through_unsloth(loaded, picked)
     # The torch engine serves and trains on one copy of the weights; with vLLM serving, this
@@ -87,13 +100,21 @@ def build_app(
         context_length=loaded.context_length,
         max_batch_size=max_batch_size,
         max_batch_tokens=max_batch_tokens,
-        threads=thread_governor(fixed_threads, loaded.device.type),
+        threads=thread_governor(
+            fixed_threads, loaded.device.type, count if picked == "torch" else 1
+        ),
     )
     base_names = list(dict.fromkeys([served_name, *base_model_aliases(base_model)]))
-    serving: Engine = torch_engine
     if picked == "vllm":
         assert vllm_python is not None
-        serving = vllm_engine(vllm, vllm_python, loaded, torch_engine, art_path)
+        engines = vllm_replicas(vllm, vllm_python, loaded, torch_engine, art_path)
+        probes: list[Probe | None] = [health_probe(e.process.base_url) for e in engines]
+    else:
+        engines = torch_replicas(torch_engine, count)
+        probes = [None] * count
+    serving: Engine = engines[0]
+    if len(engines) > 1:
+        serving = replica_set(engines, probes=probes, routing=routing)
     # What PEFT records in adapter_config.json: the folder or hub id the weights came from.
     try:
         serving.start()
@@ -108,8 +129,14 @@ def build_app(
         records=records,
         grammar_compiler=GrammarCompiler(loaded.tokenizer, loaded.eos_token_ids),
     )
+    team = _training_team(train_processes, trainer, base_model, dtype, loaded, serving)
     training = TrainingService(
-        serving, records, art_path=art_path, base_names=base_names, trainer_host=torch_engine
+        serving,
+        records,
+        art_path=art_path,
+        base_names=base_names,
+        trainer_host=torch_engine,
+        team=team,
     )
     return create_app(
         service,
@@ -139,6 +166,25 @@ def _check_choices(served_name: str, engine: str, trainer: str) -> None:
         from art_backend.training._unsloth import check_unsloth_available
 
         check_unsloth_available()  # before loading anything: CUDA and the package
+
+
+def _training_team(
+    processes: int, trainer: str, base_model: str, dtype: str, loaded: LoadedModel, serving: Engine
+) -> TrainingTeam | None:
+    """The trainer's other processes (`--train-processes`, or torchrun's ranks); the engine
+    stops if they cannot start."""
+    from art_backend.training._distributed import start_team, torchrun_rank
+
+    if trainer == "unsloth" and (processes > 1 or torchrun_rank() is not None):
+        serving.stop()
+        raise InvalidRequestError(
+            "--trainer unsloth trains on one process: leave out --train-processes (and torchrun)."
+        )
+    try:
+        return start_team(processes, model=base_model, dtype=dtype, device=loaded.device)
+    except BaseException:
+        serving.stop()
+        raise
 
 
 def _load_through_unsloth(loaded: LoadedModel, picked: str) -> None:
@@ -296,7 +342,10 @@ def _exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
 def _add_vllm_arguments(vllm_group: argparse._ArgumentGroup) -> None:
     vllm_group.add_argument("--vllm-python", help="interpreter with vLLM (or ART_VLLM_PYTHON)")
     vllm_group.add_argument(
-        "--vllm-url", help="use this running vLLM server (same file system) instead of starting one"
+        "--vllm-url",
+        action="append",
+        help="use this running vLLM server (same file system) instead of starting one; "
+        "repeated: one engine replica per server",
     )
     vllm_group.add_argument("--max-lora-rank", type=int, default=16)
     vllm_group.add_argument(
@@ -346,6 +395,20 @@ def _parser() -> argparse.ArgumentParser:
         help="rows x (prompt + max new tokens) decoded together: bounds the KV cache",
     )
     parser.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=1,
+        help="torch-engine replicas, each with its own copy of the weights (vLLM: one "
+        "--vllm-url per replica)",
+    )
+    parser.add_argument(
+        "--routing",
+        default="sticky",
+        choices=ROUTINGS,
+        help="across replicas: sticky = a rollout's turns on one replica, else the least busy; "
+        "least; random",
+    )
+    parser.add_argument(
         "--threads",
         default="auto",
         help="torch threads on a CPU: auto = the cores other processes leave idle, re-measured "
@@ -368,6 +431,14 @@ def _parser() -> argparse.ArgumentParser:
         default="torch",
         choices=TRAINER_CHOICES,
         help="unsloth: the trainer's model through Unsloth (CUDA, [unsloth] extra, --engine vllm)",
+    )
+    parser.add_argument(
+        "--train-processes",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="train data-parallel on N processes of this machine, each with its own copy of "
+        "the base model (CPU: gloo; CUDA: NCCL, a GPU each); torchrun starts them instead",
     )
     _add_vllm_arguments(parser.add_argument_group("vLLM engine"))
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
@@ -393,6 +464,12 @@ def main(argv: list[str] | None = None) -> None:
     from art_backend._log_redaction import configure_logging, run_uvicorn
 
     configure_logging(args.log_level)
+    from art_backend.training._distributed import serve_torchrun_rank, torchrun_rank
+
+    launched = torchrun_rank()
+    if launched is not None and launched[0] != 0:  # under torchrun rank 0 serves, the rest train
+        serve_torchrun_rank(args.model, dtype=args.dtype, device=args.device)
+        return
     # The name the server was bound by is one it answers to (0.0.0.0, :: are not names).
     allowed_hosts = [*parse_allowed_hosts(args.host), *parse_allowed_hosts(args.allowed_hosts)]
     try:
@@ -410,9 +487,13 @@ def main(argv: list[str] | None = None) -> None:
             max_body_mb=args.max_body_mb,
             engine=args.engine,
             trainer=args.trainer,
+            train_processes=args.train_processes,
+            replicas=args.replicas,
+            routing=args.routing,
             vllm=VllmOptions(
                 python=args.vllm_python,
-                url=args.vllm_url,
+                url=args.vllm_url[0] if args.vllm_url else None,
+                replica_urls=(args.vllm_url or [])[1:],
                 max_lora_rank=args.max_lora_rank,
                 kv_cache_gb=args.vllm_kv_cache_gb,
                 sleep=args.vllm_sleep,
@@ -422,13 +503,16 @@ def main(argv: list[str] | None = None) -> None:
         )
     except BackendError as error:
         parser.exit(2, f"art-server: error: {error.message}\n")
-    run_uvicorn(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        timeout_graceful_shutdown=60,
-    )
+    try:
+        run_uvicorn(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=60,
+        )
+    finally:
+        app.state.training.stop_team()  # the other training processes, after the last step
 
 
 if __name__ == "__main__":

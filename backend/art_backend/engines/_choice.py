@@ -1,14 +1,18 @@
 """Which engine serves, with how many threads, and how vLLM is started: `art-server`'s choices.
 
 `pick_engine` follows the rule measured in BENCHMARKS.md (vLLM on CUDA, the torch engine on a
-CPU); `thread_governor` gives the torch engine the cores other processes leave idle;
+CPU); `replica_count` checks `--replicas` against the `--vllm-url`s, and `torch_replicas` and
+`vllm_replicas` build the engines a `ReplicaSet` routes across; `thread_governor` gives the torch
+engine the cores other processes leave idle (each replica its share);
 `wait_passively_beside_vllm` sets OpenMP's waits before torch is imported. Nothing here imports
 torch or vLLM at module level: the command calls these before it loads anything.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +31,7 @@ class VllmOptions:
 
     python: str | None = None  # else $ART_VLLM_PYTHON, else this interpreter if it has vLLM
     url: str | None = None  # a vLLM server already running: used, not started
+    replica_urls: list[str] = field(default_factory=list)  # more of them: one replica each
     max_lora_rank: int = 16
     kv_cache_gb: int = 2  # CPU only
     sleep: bool | None = None  # None: sleep during steps when vLLM shares the trainer's GPU
@@ -55,6 +60,72 @@ def pick_engine(requested: str, device: str, vllm_python: str | None) -> tuple[s
     if vllm_python is None:
         return "torch", "auto: CUDA, but vLLM is not installed (pip install 'art-trainer[vllm]')"
     return "vllm", "auto: CUDA and vLLM installed"
+
+
+def replica_count(replicas: int, engine: str, vllm: VllmOptions) -> int:
+    """How many engine replicas serve: `--replicas` torch engines, or one per `--vllm-url`."""
+    urls = 1 + len(vllm.replica_urls) if vllm.url else 0
+    if replicas < 1:
+        raise InvalidRequestError("--replicas must be at least 1")
+    if vllm.replica_urls and engine != "vllm":
+        raise InvalidRequestError("Several --vllm-url need --engine vllm (one replica each).")
+    if engine == "vllm" and replicas > 1 and replicas != urls:
+        raise InvalidRequestError(
+            f"--engine vllm --replicas {replicas}: pass one --vllm-url per replica (vLLM servers "
+            "you started), or on one multi-GPU node let vLLM balance its own ranks with "
+            f"--replicas 1 --vllm-arg=--data-parallel-size={replicas}."
+        )
+    return max(replicas, urls)
+
+
+def torch_replicas(first: Any, count: int) -> list[Any]:
+    """`first` (the trainer's host) and `count - 1` more torch engines, each on its own copy of
+    the weights, taken before any adapter wraps the model."""
+    import copy
+
+    from art_backend.engines._torch_engine import TorchEngine
+
+    engines = [first]
+    for _ in range(count - 1):
+        engines.append(
+            TorchEngine(
+                copy.deepcopy(first.model),
+                first.tokenizer,
+                eos_token_ids=sorted(first.eos_token_ids),
+                context_length=first.context_length,
+                max_batch_size=first.max_batch_size,
+                max_batch_tokens=first.max_batch_tokens,
+                threads=None if first.threads is None else _share_of(first.threads),
+            )
+        )
+    return engines
+
+
+def vllm_replicas(
+    options: VllmOptions, python: str, loaded: Any, trainer_host: Any, art_path: Path
+) -> list[Any]:
+    """One vLLM engine per `--vllm-url` (or the one we start), in their order."""
+    urls = [options.url, *options.replica_urls] if options.url else [None]
+    return [
+        vllm_engine(dataclasses.replace(options, url=url), python, loaded, trainer_host, art_path)
+        for url in urls
+    ]
+
+
+def health_probe(base_url: str) -> Callable[[], str | None]:
+    """Why the server at `base_url` does not answer GET /health with a 200, else None."""
+    import httpx
+
+    def probe() -> str | None:
+        try:
+            response = httpx.get(f"{base_url}/health", timeout=5.0)
+        except httpx.HTTPError as error:
+            return f"{base_url}/health does not answer ({type(error).__name__}: {error})"
+        if response.status_code != 200:
+            return f"{base_url}/health answers HTTP {response.status_code}"
+        return None
+
+    return probe
 
 
 def vllm_engine(
@@ -111,8 +182,11 @@ def parse_threads(threads: str) -> int | None:
     return int(threads)
 
 
-def thread_governor(fixed: int | None, device: str) -> ThreadGovernor | None:
-    """Auto follows the cores other processes leave idle (CPU only); a number fixes the count."""
+def thread_governor(fixed: int | None, device: str, replicas: int = 1) -> ThreadGovernor | None:
+    """Auto follows the cores other processes leave idle (CPU only); a number fixes the count.
+
+    With torch-engine replicas in this process, each decodes on its share of the cores: two
+    sets of spinning OpenMP threads on the same cores would wait on each other."""
     import torch
 
     from art_backend.engines._threads import ThreadGovernor
@@ -122,7 +196,16 @@ def thread_governor(fixed: int | None, device: str) -> ThreadGovernor | None:
         return None
     if device != "cpu":
         return None  # the GPU computes; torch's CPU threads only feed it
+    if replicas > 1:
+        return ThreadGovernor(max(1, torch.get_num_threads() // replicas)).start()
     return ThreadGovernor().start()
+
+
+def _share_of(governor: ThreadGovernor) -> ThreadGovernor:
+    """Another replica's governor, with the same share of the cores."""
+    from art_backend.engines._threads import ThreadGovernor
+
+    return ThreadGovernor(governor.max_threads).start()
 
 
 _OPENMP_SET_HERE: set[str] = set()  # not passed on to vLLM, which sets its own

@@ -13,6 +13,8 @@ Two protocols:
   TrainableEngine  an Engine whose model the trainer may borrow between decode steps
                    (colocated LoRA training on the served weights: today's torch engine).
 An engine in another process (vLLM) is an `Engine` only; training then owns its own copy.
+N engines of one model stand behind the seam as one `Engine` too (`_replicas.ReplicaSet`),
+routing a request by its `session` (the rollout id).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class FinishEvent:
     logprobs: list[float]
     top_logprobs: list[list[tuple[int, float]]]
     error: str | None = None
+    unavailable: bool = False  # the engine serving it went away (a replica taken out): HTTP 503
 
 
 @dataclass
@@ -80,6 +83,7 @@ class GenerationRequest:
     adapter: str | None = None
     constraint_factory: Callable[[], Any] | None = None  # builds one grammar matcher per choice
     stream_tokens: bool = True  # False: only FinishEvents (saves a thread hop per token)
+    session: str | None = None  # the rollout id: engine replicas keep a rollout on one replica
     cancelled: bool = False
     _emit: Callable[[TokenEvent | FinishEvent], object] | None = None
 

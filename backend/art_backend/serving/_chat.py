@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from art_backend._errors import (
     BackendError,
     ContextLengthError,
+    EngineStoppedError,
     InvalidRequestError,
     ModelNotServedError,
 )
@@ -233,6 +234,7 @@ class ChatService:
         started_at = time.time()
         generation, use_tools = await self._prepare_off_loop(request)
         generation.stream_tokens = False
+        generation.session = rollout_id
         events = self.engine.submit(generation)
         finished: dict[int, FinishEvent] = {}
         try:
@@ -283,6 +285,7 @@ class ChatService:
     ) -> AsyncIterator[str]:
         """Prepare eagerly (so bad input fails before streaming), then yield SSE lines."""
         generation, use_tools = await self._prepare_off_loop(request)
+        generation.session = rollout_id
         events = self.engine.submit(generation)
         return self._stream_events(request, rollout_id, generation, use_tools, events)
 
@@ -562,6 +565,8 @@ def _usage(generation: GenerationRequest, finished: Any) -> dict[str, int]:
 
 def _raise_if_failed(finished: Any) -> None:
     for event in finished:
+        if event.unavailable:  # not a bug of ours: the replica went away; a retry is served
+            raise EngineStoppedError(f"Generation failed: {event.error}")
         if event.finish_reason in ("error", "cancelled"):
             raise BackendError(f"Generation failed: {event.error or event.finish_reason}")
 

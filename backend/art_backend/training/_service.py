@@ -30,6 +30,7 @@ from art_backend.store._checkpoints import (
 )
 from art_backend.store._records import CompletionRecords
 from art_backend.store._review_decisions import read_review_state
+from art_backend.training._distributed import TrainingTeam
 from art_backend.training._grpo import (
     LossConfig,
     advantages_from_rewards,
@@ -50,6 +51,7 @@ from art_backend.training._rows import (
 from art_backend.training._step_log import StepLog, trajectory_rows
 from art_backend.training._trainer import (
     TRAINER_STATE,
+    LoraTrainer,
     OptimizerSettings,
 )
 from art_backend.training._trainer_thread import TrainerThread
@@ -68,11 +70,14 @@ class TrainingService(ModelRegistry, StepLog):
         art_path: Path,
         base_names: list[str],
         trainer_host: TrainableEngine | None = None,
+        team: TrainingTeam | None = None,
     ) -> None:
         """`engine` serves; `trainer_host` holds the model the trainer updates. They are one
         object for the torch engine (colocated: the trainer borrows the served weights between
         decode steps) and two for an engine in another process (vLLM), which then loads each
-        new step's adapter from its checkpoint folder."""
+        new step's adapter from its checkpoint folder. With `team`, every step also runs on
+        the team's other processes (`_distributed`); this process is rank 0, which alone
+        saves checkpoints and tells the engine."""
         if trainer_host is None:
             if not isinstance(engine, TrainableEngine):
                 raise TypeError(f"{type(engine).__name__} cannot train: pass a trainer_host")
@@ -87,12 +92,24 @@ class TrainingService(ModelRegistry, StepLog):
         self._step_lock = asyncio.Lock()  # one training step at a time on this engine
         self._waiting = 0
         self.steps_total = 0
+        self.team = team
         # Model work of training: one call at a time, each on a thread that exits after it
         # (why: _trainer_thread.py).
         self._trainer_thread = TrainerThread()
 
     async def _in_trainer_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
         return await self._trainer_thread.run(function, *args, **kwargs)
+
+    def _trainer_step(self, trainer: LoraTrainer, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`trainer.grpo_step(...)` or `sft_step(...)`: here, or on every rank of the team."""
+        if self.team is not None:
+            return self.team.run(trainer, method, *args, **kwargs)
+        return getattr(trainer, method)(*args, **kwargs)
+
+    def stop_team(self) -> None:
+        """Stop the team's other processes (on shutdown, after the last step)."""
+        if self.team is not None:
+            self.team.stop()
 
     def _engine_paused(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """An engine sharing one GPU with the trainer (vLLM sleep mode) sleeps during a step."""
@@ -247,7 +264,13 @@ class TrainingService(ModelRegistry, StepLog):
         try:
             async with self._engine_paused():
                 return await self._in_trainer_thread(
-                    model.trainer.grpo_step, rows, loss_config, settings, beta=beta
+                    self._trainer_step,
+                    model.trainer,
+                    "grpo_step",
+                    rows,
+                    loss_config,
+                    settings,
+                    beta=beta,
                 )
         except FloatingPointError as error:  # the trainer skipped the step: nothing changed
             largest = max((abs(a) for a in step.advantages), default=0.0)
@@ -358,7 +381,9 @@ class TrainingService(ModelRegistry, StepLog):
                     gradient_checkpointing=config.gradient_checkpointing,
                 )
                 async with self._engine_paused():
-                    step = await self._in_trainer_thread(model.trainer.sft_step, rows, settings)
+                    step = await self._in_trainer_thread(
+                        self._trainer_step, model.trainer, "sft_step", rows, settings
+                    )
                 losses.append(step["loss"])
                 trained_tokens += int(step["trained_tokens"])
             await progress.put({"type": "progress", "done": number + 1, "total": len(batches)})

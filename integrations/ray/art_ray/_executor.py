@@ -66,6 +66,9 @@ class WorkerStartError(RuntimeError):
     """A rollout worker died while starting, or did not start within `start_timeout`."""
 
 
+_WORKER_LOST: tuple[type[BaseException], ...] = (*INFRASTRUCTURE_ERRORS, WorkerStartError)
+
+
 class NoLiveWorkersError(RuntimeError):
     """Every rollout worker is gone and none could be started again."""
 
@@ -295,7 +298,7 @@ class RayExecutor:
             except ray.exceptions.RayTaskError as error:
                 self.stats.failed += 1
                 raise _user_exception(error) from None
-            except (*INFRASTRUCTURE_ERRORS, WorkerStartError) as error:
+            except _WORKER_LOST as error:
                 self._lost(worker, error)
                 if attempt >= self.infra_retries:
                     self.stats.lost += 1
