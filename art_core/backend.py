@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
 
 from art_core._observers import observed_step
+from art_core._promotion import PromotionGate
 from art_core.errors import (
     BackendCrashedError,
     BackendRequestError,
@@ -35,6 +36,7 @@ from art_core.wire import (
     DeleteCheckpointsRequest,
     GroupPayload,
     LogRequest,
+    PromoteRequest,
     RegisterRequest,
     SFTRequest,
     TrainRequest,
@@ -77,6 +79,7 @@ class Backend(Protocol):
         config: TrainConfig | Mapping[str, Any] | None = None,
         *,
         client_metrics: Mapping[str, float] | None = None,
+        promote_if: PromotionGate | None = None,
         **options: Any,
     ) -> TrainResult: ...
     async def train_sft(
@@ -204,6 +207,7 @@ class RemoteBackend:
         *,
         client_metrics: Mapping[str, float] | None = None,
         langfuse: Any = None,
+        promote_if: PromotionGate | None = None,
         **options: Any,
     ) -> TrainResult:
         """One training step on these groups; the backend then serves `<name>@<step + 1>`.
@@ -219,6 +223,10 @@ class RemoteBackend:
         itself (see `model.log` for the rule). A TrainableModel's trackers are told of the step
         (`observed_step`) and the counts it made between steps go with it; `client_metrics` adds
         counts of the caller's own. `langfuse=` (deprecated) as in `model.train`.
+
+        `promote_if=art.PromotionGate(...)`: the step is evaluated before the plain name serves
+        it (see `art_core._promotion`); a step the gate could not judge raises
+        `PromotionGateError` once it is recorded (its result on the error).
         """
         if config is not None and options:
             raise UnsupportedOptionError(
@@ -244,10 +252,30 @@ class RemoteBackend:
             groups = list(trajectory_groups)
         counts = {key: float(value) for key, value in (client_metrics or {}).items()}
         options = {} if langfuse is None else {"langfuse": langfuse}
+        if promote_if is not None and not isinstance(promote_if, PromotionGate):
+            raise TypeError(
+                f"backend.train(): promote_if must be an art.PromotionGate, got "
+                f"{type(promote_if).__name__}"
+            )
+        gate_error = None
         async with observed_step(model, groups, "train", options) as step:
             for key, value in step.pending.items():
                 counts[key] = counts.get(key, 0.0) + value
-            result = step.result = await self._train_step(model, groups, config, dropped, counts)
+
+            async def train_step(promote: bool, train_from_step: int | None) -> TrainResult:
+                return await self._train_step(
+                    model, groups, config, dropped, counts, promote, train_from_step
+                )
+
+            if promote_if is None:
+                result = await train_step(True, None)
+            else:
+                result, gate_error = await promote_if.gated_step(model, self, train_step)
+            step.result = result
+        if result.promoted_step is not None and hasattr(model, "promoted_step"):
+            model.promoted_step = result.promoted_step
+        if gate_error is not None:
+            raise gate_error
         if not save_checkpoint:
             result.checkpoint_path = None
         if verbose:
@@ -261,9 +289,16 @@ class RemoteBackend:
         config: TrainConfig,
         dropped: float,
         client_metrics: Mapping[str, float],
+        promote: bool = True,
+        train_from_step: int | None = None,
     ) -> TrainResult:
         """The train request itself; `client_metrics` are counts made by the client."""
+        # Sent only when asked for: a server that predates promotion takes the usual request.
+        gate: dict[str, Any] = {} if promote else {"promote": False}
+        if train_from_step is not None:
+            gate["train_from_step"] = train_from_step
         request = TrainRequest(
+            **gate,
             groups=self._groups_payload(groups),
             config=config,
             client_metrics={
@@ -307,6 +342,32 @@ class RemoteBackend:
     async def get_step(self, model: ModelRef) -> int:
         info = await self._request("GET", self._model_path(model))
         return int(info["step"])
+
+    async def promoted_step(self, model: ModelRef) -> int:
+        """The step the model's plain name serves (its latest, unless a gate refused steps)."""
+        info = await self._request("GET", self._model_path(model))
+        return int(info.get("promoted_step", info["step"]))
+
+    async def promote(
+        self,
+        model: ModelRef,
+        step: int,
+        *,
+        promote: bool = True,
+        metrics: Mapping[str, float] | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Point the plain name at `step` (promote=False: record that `step` was refused);
+        `metrics` and `details` go into the history's "promotion" row. Returns the model info."""
+        body = {
+            "step": step,
+            "promote": promote,
+            "metrics": dict(metrics or {}),
+            "details": dict(details or {}),
+        }
+        return await self._request(
+            "POST", f"{self._model_path(model)}/promote", _wire(PromoteRequest, body)
+        )
 
     async def history(self, model: ModelRef) -> list[dict[str, Any]]:
         """The model's history rows (one per train step and per log call)."""
@@ -399,6 +460,7 @@ def _result(event: dict[str, Any]) -> TrainResult:
         warnings=event["warnings"],
         advantages=event.get("advantages", {}),
         checkpoint_path=event.get("checkpoint_path"),
+        promoted_step=event.get("promoted_step"),
     )
     for warning in result.warnings:
         logger.warning(warning)

@@ -20,6 +20,8 @@ ENTRY_POINT_GROUP = "art_trainer.commands"
 SUBCOMMANDS = {
     "mcp-train": ("mcp", "train an agent against an MCP server"),
     "review": ("backend", "browse trajectories, flag what not to train"),
+    "diff": ("backend", "compare two steps' held-out answers"),
+    "replay": ("backend", "re-train a step from its saved inputs and check the adapter hash"),
     "preflight": ("", "will this learn? a few groups without training, and a verdict"),
 }
 

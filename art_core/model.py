@@ -1,6 +1,7 @@
 """Models: `Model` (prompted, behind any OpenAI-compatible URL) and `TrainableModel` (LoRA on ours).
 
-The served name of step N is `<name>@<N>`; `get_inference_name()` gives the current one.
+The served name of step N is `<name>@<N>`; `get_inference_name()` gives the promoted one (the
+latest, unless a promotion gate refused later steps).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pydantic import BaseModel
 
 from art_core._clients import shared_client
 from art_core._observers import StepObserver, observed_step
+from art_core._promotion import PromotionGate
 from art_core._strict import StrictModel, check_names
 from art_core.backend import Backend, new_rollout_id
 from art_core.capture._records import trajectory_from_records
@@ -29,7 +31,7 @@ from art_core.errors import (
     UnsupportedOptionError,
 )
 from art_core.names import check_name
-from art_core.trackers import observers_for
+from art_core.trackers import LogObserver, observers_for
 from art_core.trajectories import Trajectory, TrajectoryGroup
 from art_core.types import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
 
@@ -152,6 +154,8 @@ class TrainableModel(Model):
     """A LoRA adapter on `base_model`, trained with GRPO by the backend it is registered on."""
 
     trainable = True
+    # The step the plain name serves when a promotion gate refused later ones; None: the latest.
+    _promoted_step: int | None = None
 
     def __init__(
         self,
@@ -171,7 +175,8 @@ class TrainableModel(Model):
     ) -> None:
         """ART's fields are accepted: `config` (your pydantic object, `model.config`),
         `lora_config` (ART's dict: rank, alpha, dropout, target_modules; or our `lora`),
-        `run_name` (equal to `name`: one name stores and serves the model here), `entity`, `id`,
+        `run_name` (ART's durable tracker identity: the W&B/Trackio run's name and id; default
+        `name`. The backend still stores and serves the model under `name`), `entity`, `id`,
         `run_id` (kept). The backend's `path` decides where files go, so `base_path` keeps its
         default; another value raises UnsupportedOptionError.
 
@@ -183,11 +188,6 @@ class TrainableModel(Model):
         super().__init__(
             check_name(name, "model name"), project=project, config=config, entity=entity, id=id
         )
-        if run_name is not None and run_name != name:
-            raise UnsupportedOptionError(
-                f"TrainableModel: run_name={run_name!r} differs from name={name!r}: this backend "
-                "stores and serves a model under one name. Omit run_name, or give it the name."
-            )
         if base_path != ".art":
             raise UnsupportedOptionError(
                 "TrainableModel: base_path is not used here: the backend's folder holds the "
@@ -195,7 +195,7 @@ class TrainableModel(Model):
             )
         if lora is not None and lora_config is not None:
             raise UnsupportedOptionError("TrainableModel: pass lora= or lora_config=, not both.")
-        self.run_name = name
+        self.run_name = name if run_name is None else check_name(run_name, "run name")
         self.run_id = run_id
         self.base_model = base_model
         self.lora_config = _lora_config(lora if lora_config is None else lora_config)
@@ -241,6 +241,7 @@ class TrainableModel(Model):
         self._backend = backend
         registered_backends.add(backend)
         self._step = int(info["step"])
+        self.promoted_step = int(info.get("promoted_step", self._step))
 
     @property
     def step(self) -> int:
@@ -254,9 +255,20 @@ class TrainableModel(Model):
         """Set by the backend when a step is trained (or a checkpoint resumed)."""
         self._step = value
 
+    @property
+    def promoted_step(self) -> int:
+        """The step the plain name serves: the latest, unless a promotion gate refused later
+        steps (`art.PromotionGate`); as last seen by this client."""
+        return self.step if self._promoted_step is None else self._promoted_step
+
+    @promoted_step.setter
+    def promoted_step(self, value: int) -> None:
+        """Set by the backend after a train step (the server's answer) and at registration."""
+        self._promoted_step = None if value == self.step else value
+
     def get_inference_name(self, step: int | None = None) -> str:
-        """`<name>@<step>`: the served adapter of the current (or given) step."""
-        return f"{self.name}@{self.step if step is None else step}"
+        """`<name>@<step>`: the served adapter of the promoted (or given) step."""
+        return f"{self.name}@{self.promoted_step if step is None else step}"
 
     async def get_step(self) -> int:
         """The model's current step, from the backend."""
@@ -269,6 +281,7 @@ class TrainableModel(Model):
         config: TrainConfig | Mapping[str, Any] | None = None,
         *,
         langfuse: Any = None,
+        promote_if: PromotionGate | None = None,
         **config_overrides: Any,
     ) -> TrainResult:
         """One GRPO step on these groups; the backend then serves `<name>@<step + 1>`.
@@ -278,16 +291,23 @@ class TrainableModel(Model):
         (`learning_rate=1e-4`) over `config`; an unknown one raises `UnknownFieldError`. The
         model's trackers (`report_metrics`) are told of the step. `langfuse=` (deprecated: use
         `report_metrics`) still picks this call's Langfuse export.
+
+        `promote_if=art.PromotionGate(...)`: the new step is evaluated on held-out data before
+        the plain name and `get_inference_name()` move to it; a step whose metric drops by more
+        than the gate's margin is kept on disk but not promoted (the gate's numbers are in the
+        result's metrics; `PromotionGateError` if it could not evaluate).
         """
         config = _config_with(
             TrainConfig,
             config,
             config_overrides,
             owner="model.train()",
-            keywords=["config", "langfuse"],
+            keywords=["config", "langfuse", "promote_if"],
             hints=_TRAIN_HINTS,
         )
-        return await self.backend.train(self, groups, config, **_deprecated_langfuse(langfuse))
+        return await self.backend.train(
+            self, groups, config, promote_if=promote_if, **_deprecated_langfuse(langfuse)
+        )
 
     async def train_sft(
         self,
@@ -323,6 +343,7 @@ class TrainableModel(Model):
                 )
         result = await self.backend.train_sft(self, trajectories, config)
         self._step = result.step
+        self.promoted_step = result.step if result.promoted_step is None else result.promoted_step
         if verbose:
             logger.info("SFT step %d: %s", result.step, result.metrics)
         return result
@@ -349,10 +370,21 @@ class TrainableModel(Model):
         The model's trackers see the groups (Langfuse exports them); `langfuse=` as in `train`.
         """
         groups = _as_groups(trajectories)
-        if trajectories is None:  # a metrics-only log has no groups for the trackers
-            return await self.backend.log(self, groups, split, metrics=metrics, step=step)
-        async with observed_step(self, groups, split, _deprecated_langfuse(langfuse)):
-            return await self.backend.log(self, groups, split, metrics=metrics, step=step)
+        if trajectories is None:  # a metrics-only log has no groups for the step observers
+            answer = await self.backend.log(self, groups, split, metrics=metrics, step=step)
+        else:
+            async with observed_step(self, groups, split, _deprecated_langfuse(langfuse)):
+                answer = await self.backend.log(self, groups, split, metrics=metrics, step=step)
+        for observer in self.observers:
+            if isinstance(observer, LogObserver):  # the experiment trackers: the row recorded
+                observer.logged(
+                    self,
+                    groups,
+                    split=answer.get("split", split),
+                    step=int(answer.get("step", self.step)),
+                    metrics=answer.get("metrics") or {},
+                )
+        return answer
 
     async def delete_checkpoints(
         self, best_checkpoint_metric: str = "val/reward", *, maximize: bool = True

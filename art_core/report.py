@@ -54,9 +54,11 @@ def print_summary(
     *,
     examples: int = 3,
     minutes: float | None = None,
+    trackers: list[str] | None = None,
 ) -> None:
     """Print what every training program prints at the end: the before/after table, a few
-    held-out answers before and after, and where the report is."""
+    held-out answers before and after, where the report is and where the tracker runs are
+    (`art_core.trackers.tracker_links`)."""
     print()
     print(before_after_table(before, after))
     print()
@@ -67,6 +69,8 @@ def print_summary(
             print("    " + str(item.get("answer", "")).replace("\n", "\n    "))
     if report is not None:
         print(f"\nReport: {report}\nReward curve: {report.parent / 'reward.png'}")
+    for link in trackers or []:
+        print(f"Tracker: {link}")
     if minutes is not None:
         print(f"Total {minutes:.1f} min")
 
@@ -114,8 +118,10 @@ def write_report(
     after: Evaluation,
     history: list[dict[str, Any]],
     settings: dict[str, Any],
+    trackers: list[str] | None = None,
 ) -> Path:
-    """Write `reward.png` and `report.html` into `folder`; returns the HTML path."""
+    """Write `reward.png` and `report.html` into `folder`; returns the HTML path. `trackers`:
+    where the run is in each experiment tracker (a W&B URL, a local path and command)."""
     folder.mkdir(parents=True, exist_ok=True)
     png = plot_rewards(history, folder / "reward.png", title=title)
     image = base64.b64encode(png.read_bytes()).decode()
@@ -150,12 +156,25 @@ td pre{{margin:0;text-align:left;white-space:pre-wrap}}th{{background:#f4f4f4}}<
 <h2>Training steps</h2><table><tr><th>step</th>{"".join(f"<th>{c}</th>" for c in columns)}</tr>{step_table}</table>
 <h2>Held-out examples (step {before.step} vs step {after.step})</h2>
 <table><tr><th>prompt</th><th>before</th><th>reward</th><th>after</th><th>reward</th></tr>{examples}</table>
-<h2>Settings</h2><pre>{html.escape(_settings_text(settings))}</pre>
+{_trackers_html(trackers or [])}<h2>Settings</h2><pre>{html.escape(_settings_text(settings))}</pre>
 </body></html>
 """
     path = folder / "report.html"
     path.write_text(page)
     return path
+
+
+def _trackers_html(links: list[str]) -> str:
+    """The tracker runs: a URL as a link, a local location as text."""
+    if not links:
+        return ""
+    items = "".join(
+        f'<li><a href="{html.escape(link)}">{html.escape(link)}</a></li>'
+        if link.startswith(("http://", "https://"))
+        else f"<li><code>{html.escape(link)}</code></li>"
+        for link in links
+    )
+    return f"<h2>Experiment trackers</h2><ul>{items}</ul>\n"
 
 
 def _number(value: Any) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -59,6 +59,13 @@ class TrainConfig(_Config):
     The fields after `review_hold_seconds` carry ART's `backend.train` options of the same
     names (see `train_config_from_art`); their defaults leave the preset as it is.
     """
+
+    # A TrainConfig is what the server receives; a gate runs the user's code on the client.
+    unknown_field_hints: ClassVar[dict[str, str]] = {
+        "promote_if": "A promotion gate runs your evaluation on the client, so it is an "
+        "argument of the call, not a setting sent to the server: "
+        "model.train(groups, promote_if=art.PromotionGate(...)).",
+    }
 
     learning_rate: float = Field(1e-5, gt=0, le=1)
     loss: Literal["grpo", "dr_grpo", "gspo", "cispo", "ppo"] = "grpo"
@@ -274,6 +281,9 @@ class TrainResult(BaseModel):
     # The new step's checkpoint folder on the backend's machine (ART's LocalTrainResult); None
     # when nothing was trained or with save_checkpoint=False.
     checkpoint_path: str | None = None
+    # The step the plain name serves after this call: `step`, unless a promotion gate refused
+    # it (None from a server that predates promotion).
+    promoted_step: int | None = None
 
     def __getitem__(self, key: str) -> Any:
         return self.metrics[key]

@@ -24,6 +24,7 @@ __all__ = [
     "GroupPayload",
     "HistoryPayload",
     "LogRequest",
+    "PromoteRequest",
     "RegisterRequest",
     "SFTExample",
     "SFTRequest",
@@ -147,6 +148,29 @@ class TrainRequest(_Strict):
     config: TrainConfig = TrainConfig()
     # Counted by the client before sending (e.g. groups an `after_each` judge dropped).
     client_metrics: dict[str, float] = Field(default_factory=dict)
+    # False: the new step is served as `name@N` but the plain name stays on the promoted step
+    # (a promotion gate evaluates it first, then calls `/promote`).
+    promote: bool = True
+    # Train from this step's checkpoint rather than the latest (a gate's train_from="promoted").
+    train_from_step: int | None = Field(None, ge=0)
+
+
+class PromoteRequest(_Strict):
+    """A promotion gate's verdict on `step`: promote=True points the plain name at it; False
+    records that it was refused (the plain name stays). Either way one "promotion" history row
+    holds `metrics` (the gate's numbers) and `details` (its metric, best so far, an error)."""
+
+    step: int = Field(ge=0)
+    promote: bool = True
+    metrics: dict[str, float] = Field(default_factory=dict)
+    details: dict[str, str | int | bool | None] = Field(default_factory=dict)
+
+    @field_validator("metrics")
+    @classmethod
+    def _finite_metrics(cls, value: dict[str, float]) -> dict[str, float]:
+        if bad := sorted(key for key, number in value.items() if not math.isfinite(number)):
+            raise ValueError(f"metrics must be finite numbers: {', '.join(bad)} are not")
+        return value
 
 
 def _sft_message(message: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,8 @@ from smollm2 import smollm2_trainable
 
 import art_core as art
 from art_core.report import Evaluation, mean_metric, print_summary, summarize, write_report
+from art_core.trackers import tracker_links
+from art_core.trackers.trackio import TrackioObserver, trackio_installed
 
 
 async def rollout(model: art.TrainableModel, question: Question) -> art.Trajectory:
@@ -85,6 +87,8 @@ async def main(args: argparse.Namespace) -> None:
     train_questions, held_out = split(args.train_questions, args.eval_size, seed=args.seed)
     backend = art.LocalBackend(path=args.path)
     model = smollm2_trainable(args.name or time.strftime("arith-%Y%m%d-%H%M%S"), "demo")
+    if trackio_installed():  # local, no account: `trackio show --project demo` shows the run
+        model.observers.append(TrackioObserver())
     print(f"Starting the backend (SmolLM2-135M-Instruct on CPU) under {args.path}/ ...")
     await model.register(backend)
     config = art.TrainConfig(learning_rate=args.learning_rate)
@@ -137,8 +141,12 @@ async def main(args: argparse.Namespace) -> None:
         after=after,
         history=history,
         settings={**vars(args), "minutes": round(minutes, 1)},
+        trackers=tracker_links(model.observers, model),
     )
-    print_summary(before, after, report, examples=4, minutes=minutes)
+    print_summary(
+        before, after, report, examples=4, minutes=minutes,
+        trackers=tracker_links(model.observers, model),
+    )  # fmt: skip
     await backend.close()
 
 

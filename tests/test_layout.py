@@ -182,6 +182,7 @@ PUBLIC_SURFACES = {
         "current_trajectory", "no_capture", "trajectory", "trajectory_group",
         "PipelineTrainer",
         "PreflightError", "PreflightResult", "preflight",
+        "PromotionGate", "PromotionGateError",
         "Messages", "MessagesAndChoices", "Tools", "limit_concurrency", "trajectory_group_batches",
     ],
     # ART's module paths: `from art.<module> import ...` ports by changing `art` to `art_core`.
@@ -205,10 +206,15 @@ PUBLIC_SURFACES = {
     "art_core.local": ["LocalBackend"],
     "art_core.wire": [
         "SEED_RANGE", "DeleteCheckpointsRequest", "ForkFrom", "GroupPayload", "HistoryPayload",
-        "LogRequest", "RegisterRequest", "SFTExample", "SFTRequest", "TrainRequest",
-        "TrajectoryPayload", "TurnRef", "finite_reward",
+        "LogRequest", "PromoteRequest", "RegisterRequest", "SFTExample", "SFTRequest",
+        "TrainRequest", "TrajectoryPayload", "TurnRef", "finite_reward",
     ],
-    "art_core.trackers": ["DEFAULT_TRACKERS", "ENTRY_POINT_GROUP", "observers_for", "tracker_names"],
+    "art_core.trackers": [
+        "DEFAULT_TRACKERS", "ENTRY_POINT_GROUP", "LogObserver", "observers_for", "tracker_links",
+        "tracker_names",
+    ],
+    "art_core.trackers.wandb": ["WandbObserver", "wandb_installed", "wandb_tracker"],
+    "art_core.trackers.trackio": ["TrackioObserver", "trackio_installed", "trackio_tracker"],
     "art_core.local.backend": ["LocalBackend"],
     "art_core.rewards": [
         "DEFAULT_RUBRIC", "AutoRLResult", "JudgeUsage", "PreflightError", "PreflightResult",

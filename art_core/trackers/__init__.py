@@ -2,29 +2,76 @@
 
 `TrainableModel(report_metrics=[...])` names them: each name is an entry point of the group
 `art_trainer.trackers` (a package adds its own in its pyproject), each entry a callable that takes
-`requested=` and returns a `StepObserver`. An observer object may stand in the list as well.
-`report_metrics=None` (the default) builds the default trackers unrequested: each is on when its
-settings are in the environment (Langfuse: LANGFUSE_PUBLIC_KEY, ...), quiet otherwise;
-`report_metrics=[]` builds none.
+`requested=` and returns a `StepObserver` (or None: off, nothing to watch). An observer object
+may stand in the list as well. `report_metrics=None` (the default) builds the default trackers
+unrequested: each is on when its settings are in the environment (Langfuse: LANGFUSE_PUBLIC_KEY,
+...; W&B: WANDB_API_KEY, as ART), quiet or absent otherwise; `report_metrics=[]` builds none.
+
+    langfuse   trajectories as Langfuse traces                     (langfuse/)
+    wandb      metrics by split, config, trajectory tables (W&B)   (wandb/, extra [wandb])
+    trackio    the same in Trackio's local store and dashboard     (trackio/, extra [trackio];
+               only when named)
+
+W&B and Trackio share `_runs.TrackerObserver`: one tracker run per model run name, resumed
+under the same id, and log calls seen through `LogObserver.logged` with the recorded row.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from art_core._observers import StepObserver
+from art_core._observers import ObservedModel, StepObserver
 from art_core.errors import UnsupportedOptionError
+from art_core.trajectories import TrajectoryGroup
 
-__all__ = ["DEFAULT_TRACKERS", "ENTRY_POINT_GROUP", "observers_for", "tracker_names"]
+__all__ = [
+    "DEFAULT_TRACKERS",
+    "ENTRY_POINT_GROUP",
+    "LogObserver",
+    "observers_for",
+    "tracker_links",
+    "tracker_names",
+]
 
 ENTRY_POINT_GROUP = "art_trainer.trackers"
-DEFAULT_TRACKERS = ("langfuse",)
+DEFAULT_TRACKERS = ("langfuse", "wandb")
 # Ours, also found from a source tree that pip never installed (no entry points there).
-_BUILT_IN = {"langfuse": "art_core.trackers.langfuse:LangfuseObserver"}
+_BUILT_IN = {
+    "langfuse": "art_core.trackers.langfuse:LangfuseObserver",
+    "wandb": "art_core.trackers.wandb:wandb_tracker",
+    "trackio": "art_core.trackers.trackio:trackio_tracker",
+}
+
+
+@runtime_checkable
+class LogObserver(Protocol):
+    """An observer that also wants each `model.log` call's row as the backend recorded it
+    (its step and metrics; `groups` empty for a metrics-only log)."""
+
+    def logged(
+        self,
+        model: ObservedModel,
+        groups: list[TrajectoryGroup],
+        *,
+        split: str,
+        step: int,
+        metrics: Mapping[str, float],
+    ) -> None: ...
+
+
+def tracker_links(observers: Sequence[object], model: ObservedModel) -> list[str]:
+    """Where each tracker shows `model`'s run (a URL, or a local path and command)."""
+    links = []
+    for observer in observers:
+        run_link = getattr(observer, "run_link", None)
+        link = run_link(model) if callable(run_link) else None
+        if link:
+            links.append(str(link))
+    return links
 
 
 @functools.cache
@@ -67,7 +114,9 @@ def observers_for(report_metrics: Sequence[str | StepObserver] | None) -> list[S
             raise UnsupportedOptionError(
                 f"report_metrics: no tracker named {item!r} is installed here ({_known()})."
             )
-        observers.append(_load(target)(requested=requested))
+        observer = _load(target)(requested=requested)
+        if observer is not None:  # a default tracker whose settings are absent
+            observers.append(observer)
     return observers
 
 

@@ -158,8 +158,8 @@ async def test_art_model_fields(backend: art.RemoteBackend, tiny_model_dir):
     assert (trainable.lora_config.r, trainable.lora_config.alpha) == (8, 16)
     await trainable.register(backend)
     assert trainable.step == 0
-    with pytest.raises(art.UnsupportedOptionError, match="run_name"):
-        art.TrainableModel(name="a", run_name="b", base_model="m")
+    # ART's run_name: the trackers' run identity; the server still stores and serves `name`.
+    assert art.TrainableModel(name="a", run_name="b", base_model="m").run_name == "b"
     with pytest.raises(art.UnsupportedOptionError, match="use_rslora"):
         art.TrainableModel(name="a", base_model="m", lora_config={"rank": 8, "use_rslora": True})
     with pytest.raises(TypeError, match="pydantic"):

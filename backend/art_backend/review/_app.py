@@ -36,6 +36,8 @@ from art_backend.review._browse import (
     load_step,
     open_model,
 )
+from art_backend.review._diff import filter_examples, load_step_diff
+from art_backend.review._diff_page import DiffQuery, diff_page
 from art_backend.review._filters import TrajectoryFilter
 from art_backend.review._html import CSRF_FIELD, PREFIX, Reviewer, Urls
 from art_backend.review._pages import (
@@ -141,6 +143,31 @@ def create_review_app(root: Path) -> FastAPI:
             truncated=len(results) > SEARCH_LIMIT,
             damaged=damaged,
         )
+
+    @app.get("/{project}/{name}/diff", response_model=None)
+    def diff(project: str, name: str, request: Request) -> Response:
+        store = open_model(root, project, name)
+        query = dict(request.query_params)
+        wanted = DiffQuery.parse(query)
+        wants_json = "application/json" in request.headers.get("accept", "")
+        if wanted.from_step is None or wanted.to_step is None:
+            if wants_json:
+                raise InvalidRequestError(
+                    "Give `from` and `to`: the two steps to compare.", param="from"
+                )
+            result, shown = None, []
+        else:
+            result = load_step_diff(
+                store, wanted.split, wanted.from_step, wanted.to_step, wanted.options
+            )
+            shown = filter_examples(result, wanted.tag, wanted.text)
+            if wants_json:
+                return TolerantJSONResponse(result.to_json(shown))
+        steps_by_split: dict[str, list[int]] = {}
+        for split_name, number, _ in store.trajectory_files():
+            steps_by_split.setdefault(split_name, []).append(number)
+        html = diff_page(store, query, wanted, steps_by_split, result, shown)
+        return TolerantHTMLResponse(html)
 
     @app.get("/{project}/{name}/steps/{split}/{step}", response_class=TolerantHTMLResponse)
     def step(project: str, name: str, split: str, step: str, request: Request) -> str:

@@ -84,6 +84,14 @@ def index_page(root: Path, models: list[ModelSummary]) -> str:
     return page("Models", _crumbs(), body)
 
 
+def _refused_mark(entry: StepEntry, refused: set[int]) -> str:
+    """A promotion gate's refusal, on the step it judged (train rollouts of N made step N + 1)."""
+    judged = entry.step + 1 if entry.split == "train" else entry.step
+    if judged not in refused:
+        return ""
+    return f' <span class="muted refused">step {judged} not promoted</span>'
+
+
 def model_page(
     store: ModelStore,
     steps: list[StepEntry],
@@ -100,10 +108,13 @@ def model_page(
 
     parts.append(_metric_plots(urls, history, all_metrics=all_metrics))
     parts.append("<h2>Steps</h2>")
+    verdicts = {r["step"]: r.get("promoted") for r in history if r.get("type") == "promotion"}
+    refused = {step for step, promoted in verdicts.items() if not promoted}
     if steps:
         rows = "".join(
             f'<tr><td>{e(s.split)}</td><td class="num"><a href="{e(urls.step(s.split, str(s.step)))}">'
-            f'step {s.step}</a></td><td class="num">{number(s.metrics.get("reward"))}</td>'
+            f"step {s.step}</a>{_refused_mark(s, refused)}</td>"
+            f'<td class="num">{number(s.metrics.get("reward"))}</td>'
             f'<td class="num">{number(s.metrics.get("groups/submitted"))}</td>'
             f'<td class="num">{number(s.metrics.get("trajectories"))}</td>'
             f'<td class="num">{number(s.metrics.get("review/flagged_trajectories"))}</td>'
@@ -120,6 +131,10 @@ def model_page(
         parts.append('<p class="muted">No logged trajectories yet.</p>')
 
     splits = sorted({s.split for s in steps})
+    parts.append(
+        f'<p><a class="diff-link" href="{e(urls.model)}diff">Behaviour diff</a>: the held-out '
+        "answers of two steps side by side, what became right, wrong, longer, ...</p>"
+    )
     parts.append("<h2>Search every step</h2>")
     parts.append(filter_form(urls.search(), {}, with_split=True, splits=splits))
     parts.append(_decision_log(urls, decisions, {p.id for p in pending}))

@@ -22,6 +22,7 @@ from art_backend._errors import (
     InvalidRequestError,
     ModelNotServedError,
 )
+from art_backend.engines._aliases import alias_pins
 from art_backend.engines._engine import (
     Engine,
     FinishEvent,
@@ -79,29 +80,39 @@ class ChatService:
 
     def served_models(self) -> list[str]:
         """The names a request may use as `model`: the base first, then per trained model its
-        plain name (an alias of its latest served step) and its `name@step` adapters by step."""
+        plain name (an alias of its promoted step) and its `name@step` adapters by step."""
         adapters = list(self.engine.adapters)  # one snapshot: the trainer thread adds steps
-        names = {*adapters, *_latest_steps(adapters)}
+        names = {*adapters, *self._plain_names(adapters)}
         return [self.base_names[0], *sorted(names, key=_served_order)]
 
     def resolve_adapter(self, model: str) -> str | None:
         """None for the base model, the served adapter name otherwise; 404 if unknown.
 
         A trained model's plain name (`agent`, what ART's tutorials send as `model=model.name`)
-        means its latest served step; `agent@3` pins one step. The caller records the resolved
-        name, so training and staleness checks see the step that actually answered.
+        means its promoted step, by default its latest served one (`engines._aliases`); `agent@3` pins
+        one step. The caller records the resolved name, so training and staleness checks see
+        the step that actually answered.
         """
         if model in self.base_names:
             return None
         adapters = list(self.engine.adapters)
         if model in adapters:
             return model
-        if (latest := _latest_steps(adapters).get(model)) is not None:
-            return latest
+        if (step := self._plain_names(adapters).get(model)) is not None:
+            return step
         raise ModelNotServedError(
             f"The model {model!r} does not exist on this server. "
             f"Served models: {', '.join(self.served_models())}."
         )
+
+    def _plain_names(self, adapters: list[str]) -> dict[str, str]:
+        """Each trained model's plain name -> the served step it answers from: the pinned one
+        when it is loaded, else the highest."""
+        names = _latest_steps(adapters)
+        for name, pinned in list(alias_pins(self.engine).items()):
+            if name in names and pinned in adapters:
+                names[name] = pinned
+        return names
 
     # ---------------------------------------------------------------------------------- requests
 

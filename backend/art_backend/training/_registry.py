@@ -1,4 +1,4 @@
-"""Registered models: register, resume and fork; the served-steps window; checkpoint deletion.
+"""Registered models: register, resume and fork; the served-steps window; promotion; deletion.
 
 `ModelRegistry` is the part of `TrainingService` (its subclass) that keeps the backend's models,
 which of their steps the engine serves, and which checkpoints stay on disk.
@@ -19,18 +19,21 @@ from art_backend._errors import (
     ConflictError,
     InvalidRequestError,
     ModelNotRegisteredError,
+    NotFoundError,
     TrainerStateError,
 )
 from art_backend.engines._adapter_files import unmatched_target_modules
+from art_backend.engines._aliases import alias_pins
 from art_backend.engines._engine import Engine, TrainableEngine
 from art_backend.store._checkpoints import ModelStore
 from art_backend.store._review_decisions import remove_all_pending
+from art_backend.training._replay import record_model
 from art_backend.training._trainer import (
     TRAINER_STATE,
     LoraTrainer,
     read_trainer_state,
 )
-from art_core.wire import DeleteCheckpointsRequest, RegisterRequest
+from art_core.wire import DeleteCheckpointsRequest, PromoteRequest, RegisterRequest
 
 logger = logging.getLogger("art_backend.training")
 
@@ -45,6 +48,9 @@ class RegisteredModel:
     served: list[int] = field(default_factory=list)  # steps loaded in the engine, oldest first
     # How many steps stay loaded: the newest and the ones rollouts may still be finishing on.
     served_steps: int = 2
+    # The step the plain name serves: the latest, unless a promotion gate refused later steps
+    # (it stays loaded outside the window, and its checkpoint is never deleted).
+    promoted: int = 0
 
     @property
     def name(self) -> str:
@@ -60,6 +66,7 @@ class RegisteredModel:
             "base_model": self.base_model,
             "step": self.step,
             "inference_name": self.inference_name(),
+            "promoted_step": self.promoted,
             "checkpoints": self.store.checkpoint_steps(),
             "lora": self.lora,
         }
@@ -164,6 +171,7 @@ class ModelRegistry:
         model = RegisteredModel(
             store, trainer, latest, request.base_model, lora, served_steps=request.served_steps
         )
+        model.promoted = _saved_promotion(store, latest)
         # Steps the server already serves (found at startup) count toward the served window.
         model.served = sorted(
             step
@@ -172,6 +180,10 @@ class ModelRegistry:
         )
         self.models[(request.project, request.name)] = model
         self._serve_step(model, latest)
+        if model.inference_name(model.promoted) not in self.engine.adapters:
+            self._serve_step(model, model.promoted)
+        self._pin(model)
+        record_model(self, model, request.seed)  # manifest.json: what `art replay` checks against
         for repair in repairs:
             logger.warning("%s: %s", request.name, repair)
         return {**model.info(), "resumed": resumed, "repairs": repairs}
@@ -223,14 +235,82 @@ class ModelRegistry:
 
     def _serve_step(self, model: RegisteredModel, step: int) -> None:
         self.engine.load_adapter(model.inference_name(step), model.store.checkpoint_dir(step))
-        model.served.append(step)
+        model.served = sorted({*model.served, step})  # a promoted step may come back: in order
         self._trim_served(model)
 
     def _trim_served(self, model: RegisteredModel) -> None:
-        while len(model.served) > model.served_steps:
-            old = model.served.pop(0)
+        """Unload the steps older than the window; the promoted step stays, even outside it."""
+        keep = {*model.served[-model.served_steps :], model.promoted}
+        for old in [step for step in model.served if step not in keep]:
+            model.served.remove(old)
             if model.inference_name(old) in self.engine.adapters:
                 self.engine.unload_adapter(model.inference_name(old))
+
+    def check_train_from(
+        self, model: RegisteredModel, step: int | None, *, several_ranks: bool
+    ) -> None:
+        """A train request's `train_from_step`: a step on disk (None or the latest: as usual)."""
+        if step is None or step == model.step:
+            return
+        if several_ranks:
+            raise InvalidRequestError(
+                "train_from_step: training from an earlier step is not supported with several "
+                "training processes (--train-processes); use train_from='latest'.",
+                param="train_from_step",
+            )
+        if step not in (steps := model.store.checkpoint_steps()):
+            raise InvalidRequestError(
+                f"train_from_step: {model.name} has no checkpoint for step {step}; its "
+                f"checkpoints are {steps}.",
+                param="train_from_step",
+            )
+
+    def load_trainer(self, model: RegisteredModel, step: int) -> None:
+        """Put checkpoint `step` into the trainer (on the trainer's thread): its adapter, and its
+        optimizer state where kept (`prune_trainer_states`), else fresh optimizer moments."""
+        folder = model.store.checkpoint_dir(step)
+        model.trainer.load(folder)
+        if not (folder / TRAINER_STATE).is_file():
+            model.trainer.optimizer.state.clear()  # not the moments of the step left behind
+
+    def prune_trainer_states(self, model: RegisteredModel) -> None:
+        """Optimizer state (2x the adapter) stays in the latest and the promoted checkpoints:
+        resume needs the one, training again from the promoted step the other."""
+        for step in model.store.checkpoint_steps():
+            if step not in (model.step, model.promoted):
+                (model.store.checkpoint_dir(step) / TRAINER_STATE).unlink(missing_ok=True)
+
+    def _pin(self, model: RegisteredModel) -> None:
+        """Point the model's plain name at its promoted step (`engines._aliases`)."""
+        alias_pins(self.engine)[model.name] = model.inference_name(model.promoted)
+
+    async def promote(self, model: RegisteredModel, request: PromoteRequest) -> dict[str, Any]:
+        """A gate's verdict on a step: promote=True points the plain name at it (loading it if
+        it was unloaded); either way one "promotion" history row. 404 for a step not on disk."""
+        async with self._step_lock:  # not while a step commits: model.step and served hold still
+            steps = model.store.checkpoint_steps()
+            if request.step not in steps:
+                raise NotFoundError(
+                    f"{model.name} has no checkpoint for step {request.step}; its checkpoints "
+                    f"are {steps}. Promote one of those.",
+                    param="step",
+                )
+            if request.promote:
+                if model.inference_name(request.step) not in self.engine.adapters:
+                    await self._in_trainer_thread(self._serve_step, model, request.step)
+                model.promoted = request.step
+                self._pin(model)
+            model.store.append_history(
+                {
+                    **request.details,
+                    "type": "promotion",
+                    "step": request.step,
+                    "promoted": request.promote,
+                    "promoted_step": model.promoted,
+                    "metrics": request.metrics,
+                }
+            )
+        return model.info()
 
     def get(self, project: str, name: str) -> RegisteredModel:
         model = self.models.get((project, name))
@@ -260,7 +340,7 @@ class ModelRegistry:
         best = (
             (max if request.maximize else min)(scored, key=lambda s: scores[s]) if scored else None
         )
-        keep = {model.step, *([best] if best is not None else [])}
+        keep = {model.step, model.promoted, *([best] if best is not None else [])}
         async with self._step_lock:
             deleted = await self._delete_unlocked(model, [s for s in steps if s not in keep])
         return {"kept": sorted(keep), "deleted": deleted, "best_step": best}
@@ -271,6 +351,13 @@ class ModelRegistry:
                 raise InvalidRequestError(
                     f"Step {model.step} is {model.name}'s latest step, which it serves and trains "
                     "from; it is never deleted. Leave it out of steps.",
+                    param="steps",
+                )
+            if model.promoted in steps:
+                raise InvalidRequestError(
+                    f"Step {model.promoted} is the step {model.name}'s plain name serves (its "
+                    "promoted step); it is never deleted. Promote another step first, or leave "
+                    "it out of steps.",
                     param="steps",
                 )
             present = set(model.store.checkpoint_steps())
@@ -294,6 +381,18 @@ class ModelRegistry:
                 model.served.remove(step)
             await self._in_trainer_thread(model.store.delete_checkpoint, step)
         return steps
+
+
+def _saved_promotion(store: ModelStore, latest: int) -> int:
+    """The promoted step a resumed model had (its history's last word on it), if still on disk;
+    else the latest step."""
+    steps = set(store.checkpoint_steps())
+    for row in reversed(store.read_history()):
+        if "promoted_step" in row:
+            return row["promoted_step"] if row["promoted_step"] in steps else latest
+        if row.get("type") in ("train", "sft"):  # a row rebuilt after a crash says nothing
+            return latest
+    return latest
 
 
 def _check_target_modules(module_names: list[str], targets: list[str]) -> None:

@@ -21,6 +21,7 @@ from art_backend.training._service import TrainingService
 from art_core.wire import (
     DeleteCheckpointsRequest,
     LogRequest,
+    PromoteRequest,
     RegisterRequest,
     SFTRequest,
     TrainRequest,
@@ -60,6 +61,10 @@ def training_router(training: TrainingService) -> APIRouter:
     @router.post("/models/{project}/{name}/log")
     async def log(project: str, name: str, body: LogRequest):
         return await training.log(training.get(project, name), body)
+
+    @router.post("/models/{project}/{name}/promote")
+    async def promote(project: str, name: str, body: PromoteRequest):
+        return await training.promote(training.get(project, name), body)
 
     @router.post("/models/{project}/{name}/delete_checkpoints")
     async def delete_checkpoints(project: str, name: str, body: DeleteCheckpointsRequest):

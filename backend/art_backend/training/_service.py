@@ -43,6 +43,7 @@ from art_backend.training._prepared_step import (
     why_nothing_trained,
 )
 from art_backend.training._registry import ModelRegistry, RegisteredModel
+from art_backend.training._replay import StepInputs, index_step, write_step_files
 from art_backend.training._rows import (
     Rows,
     pack_rows,
@@ -50,7 +51,6 @@ from art_backend.training._rows import (
 )
 from art_backend.training._step_log import StepLog, trajectory_rows
 from art_backend.training._trainer import (
-    TRAINER_STATE,
     LoraTrainer,
     OptimizerSettings,
 )
@@ -171,12 +171,13 @@ class TrainingService(ModelRegistry, StepLog):
             scale_rewards=loss_config.scale_rewards,
         )
         check_advantages(advantages, loss_config.scale_rewards)
+        self.check_train_from(model, request.train_from_step, several_ranks=self.team is not None)
         return model
 
     async def train(
         self, model: RegisteredModel, request: TrainRequest, progress: asyncio.Queue
     ) -> dict[str, Any]:
-        """One GRPO step; returns {"step", "metrics", "warnings", "advantages"}.
+        """One GRPO step; returns {"step", "metrics", "warnings", "advantages", "promoted_step"}.
 
         recorded turns, reviewers' decisions applied (`prepare_step`) -> one advantage per
         trajectory from its group (`PreparedStep.set_advantages`) -> token rows (`_pack`) ->
@@ -211,7 +212,7 @@ class TrainingService(ModelRegistry, StepLog):
                     "reason": reason,
                 }
             )
-            return step.answer(model.step)
+            return {**step.answer(model.step), "promoted_step": model.promoted}
         settings = OptimizerSettings.from_config(request.config)
         # ART's num_trajectories_learning_rate_multiplier_power: lr x (trained trajectories)^p.
         power = request.config.num_trajectories_learning_rate_multiplier_power
@@ -219,11 +220,23 @@ class TrainingService(ModelRegistry, StepLog):
             settings = dataclasses.replace(
                 settings, learning_rate=settings.learning_rate * sum(step.trainable) ** power
             )
-        step.metrics.update(
-            await self._optimizer_step(
-                model, rows, loss_config, settings, step, beta=request.config.beta
-            )
+        from_step = model.step if request.train_from_step is None else request.train_from_step
+        if from_step != model.step:  # a gate's train_from="promoted": back to that adapter
+            await self._in_trainer_thread(self.load_trainer, model, from_step)
+        replay = StepInputs.before_step(
+            self.trainer_host, model.trainer, rows, loss_config, settings, request, from_step
         )
+        try:
+            step.metrics.update(
+                await self._optimizer_step(
+                    model, rows, loss_config, settings, step, beta=request.config.beta
+                )
+            )
+        except Exception:
+            if from_step != model.step:  # nothing trained: the trainer holds the latest again
+                await self._in_trainer_thread(self.load_trainer, model, model.step)
+            raise
+        replay.after_step()
         step.metrics.update(
             trained=1.0,
             learning_rate=settings.learning_rate,
@@ -235,9 +248,12 @@ class TrainingService(ModelRegistry, StepLog):
             step.metrics,
             trajectories=trajectory_rows(request.groups, step.annotations),
             # The loss as it ran (preset and overrides): which objective made this step.
-            details={"loss": dataclasses.asdict(loss_config)},
+            details={"loss": dataclasses.asdict(loss_config), "trained_from": from_step},
+            promote=request.promote,
+            replay=replay,
         )
-        return step.answer(model.step, str(model.store.checkpoint_dir(model.step)))
+        answer = step.answer(model.step, str(model.store.checkpoint_dir(model.step)))
+        return {**answer, "promoted_step": model.promoted}
 
     def _pack(self, step: PreparedStep, config: TrainConfig) -> Rows:
         """The trainable trajectories as padded token rows; what does not fit is counted."""
@@ -288,9 +304,12 @@ class TrainingService(ModelRegistry, StepLog):
         metrics: dict[str, float],
         trajectories: list[dict[str, Any]] | None = None,
         details: dict[str, Any] | None = None,
+        promote: bool = True,
+        replay: StepInputs | None = None,
     ):
         """Checkpoint N+1 atomically, serve it, log its trajectories, then record it in history
-        (its row: type, step, metrics, and `details`).
+        (its row: type, step, metrics, `details`, and the promoted step). `promote=False`
+        leaves the plain name on the promoted step (a promotion gate judges N+1 first).
 
         The trajectories it trained on ride in the checkpoint too: a crash before the history
         row is written is repaired from the checkpoint, trajectories included (`repair_history`).
@@ -301,6 +320,8 @@ class TrainingService(ModelRegistry, StepLog):
             model.trainer.save(folder)
             if trajectories is not None:
                 write_trajectory_rows(folder / STEP_TRAJECTORIES, trajectories)
+            # What `art replay` needs, in the checkpoint itself (`_replay`).
+            write_step_files(folder, model.store, new_step, kind, replay, metrics)
 
         await self._in_trainer_thread(
             model.store.write_checkpoint,
@@ -308,12 +329,16 @@ class TrainingService(ModelRegistry, StepLog):
             write_files,
             {"kind": kind, "metrics": metrics, "written_at": time.time()},
         )
+        await self._in_trainer_thread(index_step, model.store, new_step)
         model.step = new_step
-        # Optimizer state (2x the adapter) is needed only to resume, the trajectories copy only
-        # to repair the newest step: both stay in the newest checkpoint alone.
-        for extra in (TRAINER_STATE, STEP_TRAJECTORIES):
-            await self._in_trainer_thread(model.store.prune_file, extra, keep_step=new_step)
+        if promote:
+            model.promoted = new_step
+        # Optimizer state (2x the adapter) is needed only to resume (and to train again from
+        # the promoted step), the trajectories copy only to repair the newest step.
+        await self._in_trainer_thread(self.prune_trainer_states, model)
+        await self._in_trainer_thread(model.store.prune_file, STEP_TRAJECTORIES, keep_step=new_step)
         await self._in_trainer_thread(self._serve_step, model, new_step)
+        self._pin(model)
         fault_point("before_trajectories")
         if trajectories is not None:  # the rollouts of step N trained into N+1
             await self._in_trainer_thread(
@@ -321,7 +346,13 @@ class TrainingService(ModelRegistry, StepLog):
             )
         fault_point("before_history")
         model.store.append_history(
-            {"type": kind, "step": new_step, "metrics": metrics, **(details or {})}
+            {
+                "type": kind,
+                "step": new_step,
+                "metrics": metrics,
+                **(details or {}),
+                "promoted_step": model.promoted,
+            }
         )
         self.steps_total += 1
 
@@ -404,7 +435,12 @@ class TrainingService(ModelRegistry, StepLog):
                 f"Nothing to train: all {len(sequences)} examples are longer than {max_length} tokens."
             )
         await self._commit_step(model, "sft", metrics)
-        return {"step": model.step, "metrics": metrics, "warnings": []}
+        return {
+            "step": model.step,
+            "metrics": metrics,
+            "warnings": [],
+            "promoted_step": model.promoted,
+        }
 
 
 def loss_config_for(config: TrainConfig) -> LossConfig:

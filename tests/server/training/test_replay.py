@@ -1,0 +1,172 @@
+"""Replayable runs: every step is recorded in the manifest, and `art replay` trains it again.
+
+The server runs in a child process (`LocalBackend`) with a fixed thread count, so that no other
+test server in this process moves torch's thread count under it; `art replay` runs as its own
+process too, as a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import art_core as art
+from tests.support.rollouts import groups_for, varied_group
+
+QUESTIONS = ["What is 1 + 1?", "What is 2 + 3?"]
+NAME = "replayed"
+CLIENT_HASHES = {"scenario_sha256": "ab" * 32, "judge_cache_key": "cd" * 32}
+
+
+def replay(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`art replay` (its entry point's module) in a child process."""
+    return subprocess.run(
+        [sys.executable, "-m", "art_backend.training.replay_cli", "--path", str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+async def trained_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three GRPO steps of one model on a server with 2 fixed threads; its --path."""
+    path = tmp_path_factory.mktemp("art-replay")
+    backend = art.LocalBackend(path=path, dtype="float32", extra_args=["--threads", "2"])
+    try:
+        model = art.TrainableModel(name=NAME, project="p", base_model=str(tiny_model_dir))
+        await model.register(backend)
+        for _ in range(3):
+            groups = varied_group(await groups_for(model, QUESTIONS))
+            for trajectory in groups[0].trajectories:
+                trajectory.metadata.update(CLIENT_HASHES)
+            await model.train(groups, config=art.TrainConfig(learning_rate=1e-3))
+    finally:
+        await backend.close()
+    return path
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    """A copy of the run's folder, to damage without touching the run."""
+    copy = tmp_path / "art"
+    shutil.copytree(run, copy)
+    return copy
+
+
+def model_dir(path: Path) -> Path:
+    return path / "p" / "models" / NAME
+
+
+def test_the_manifest_holds_code_packages_base_model_settings_seeds_and_every_step(
+    trained_run: Path,
+):
+    from art_backend.training._replay import adapter_sha256
+
+    manifest = json.loads((model_dir(trained_run) / "manifest.json").read_text())
+    model = manifest["model"]
+    assert model["seed"] == 0 and model["lora"]["r"] > 0
+    files = model["base_model_files"]
+    assert len(files["sha256"]) == 64
+    assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(files["files"])
+    environment = manifest["environments"][manifest["current_environment"]]
+    assert environment["code"]["art_trainer"] and "git_commit" in environment["code"]
+    assert {"torch", "transformers", "peft"} <= {k for k, v in environment["packages"].items() if v}
+    assert (environment["device"], environment["dtype"], environment["threads"]) == (
+        "cpu", "float32", 2,
+    )  # fmt: skip
+    assert sorted(manifest["steps"]) == ["1", "2", "3"]
+    for step in (1, 2, 3):
+        checkpoint = model_dir(trained_run) / f"checkpoints/{step:04d}"
+        summary = manifest["steps"][str(step)]
+        record = json.loads((checkpoint / "replay.json").read_text())
+        assert summary["adapter_sha256"] == adapter_sha256(checkpoint / "adapter_model.safetensors")
+        assert summary["inputs_sha256"] == record["inputs"]["sha256"]
+        assert record["threads"] == 2 and record["threads_changed_during_step"] is False
+        assert record["config"]["learning_rate"] == 1e-3
+        assert record["optimizer"]["learning_rate"] == 1e-3 and record["loss"]["name"] == "grpo"
+        assert record["client"]["scenario_sha256"] == [CLIENT_HASHES["scenario_sha256"]]
+        assert record["client"]["judge_cache_key"] == [CLIENT_HASHES["judge_cache_key"]]
+        assert record["start"]["from_step"] == step - 1
+        assert record["start"]["fresh_optimizer"] == (step == 1)
+        assert (checkpoint / "replay_start_state.pt").is_file() == (step > 1)
+        assert (
+            record["inputs"]["bytes"] == (checkpoint / "replay_inputs.safetensors").stat().st_size
+        )
+
+
+def test_replaying_step_2_matches_bit_exactly(trained_run: Path):
+    result = replay(trained_run, "--model", NAME, "--step", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "match: p/replayed step 2 replayed bit-exactly" in result.stdout
+    assert "bit-exact not promised" not in result.stderr
+
+
+def test_step_1_replays_from_the_fresh_adapter_and_another_thread_count_warns(trained_run: Path):
+    result = replay(trained_run, "--model", NAME, "--step", "1", "--threads", "1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "the step ran on 2 thread(s), the replay on 1" in result.stderr
+    assert result.stdout.startswith("match")
+
+
+def test_a_tampered_input_is_a_mismatch_with_exit_code_1(trained_run: Path, tmp_path: Path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = copy_of(trained_run, tmp_path)
+    inputs = model_dir(path) / "checkpoints/0002/replay_inputs.safetensors"
+    with safe_open(str(inputs), framework="pt") as source:
+        tensors = {name: source.get_tensor(name) for name in source.keys()}  # noqa: SIM118
+        metadata = source.metadata()
+    tensors["advantages"] = -tensors["advantages"]
+    save_file(tensors, str(inputs), metadata=metadata)
+
+    result = replay(path, "--model", NAME, "--step", "2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.startswith("mismatch: p/replayed step 2")
+    assert "the saved inputs changed since the step" in result.stdout
+    assert "lora_A.weight: max |delta|" in result.stdout  # per tensor
+    assert "is not what the step trained on" in result.stderr
+
+
+def test_a_tampered_adapter_hash_is_a_mismatch_with_exit_code_1(trained_run: Path, tmp_path: Path):
+    path = copy_of(trained_run, tmp_path)
+    manifest_file = model_dir(path) / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["steps"]["3"]["adapter_sha256"] = "0" * 64
+    manifest_file.write_text(json.dumps(manifest))
+
+    result = replay(path, "--model", NAME, "--step", "3")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.startswith("mismatch: p/replayed step 3")
+    assert "tensors equal checkpoint 3's" in result.stdout
+
+
+def test_steps_that_cannot_be_replayed_raise_named_errors_that_say_what_to_do(
+    trained_run: Path, tmp_path: Path
+):
+    from art_backend.training._replay import (
+        ReplayInputMissingError,
+        UnknownModelError,
+        UnknownStepError,
+        replay_step,
+    )
+
+    with pytest.raises(UnknownModelError, match="pass the --path art-server used"):
+        replay_step(trained_run, "nobody", 1)
+    with pytest.raises(UnknownStepError, match=r"no recorded step 9 \(recorded: \[1, 2, 3\]"):
+        replay_step(trained_run, NAME, 9)
+    path = copy_of(trained_run, tmp_path)
+    (model_dir(path) / "checkpoints/0002/replay_inputs.safetensors").unlink()
+    with pytest.raises(ReplayInputMissingError, match="Restore the file"):
+        replay_step(path, NAME, 2)
+    shutil.rmtree(model_dir(path) / "checkpoints/0001")
+    with pytest.raises(UnknownStepError, match="checkpoint may have been deleted"):
+        replay_step(path, NAME, 1)
+    result = replay(path, "--model", NAME, "--step", "2")
+    assert result.returncode == 2
+    assert result.stderr.startswith("art replay: ReplayInputMissingError:")
