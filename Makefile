@@ -11,6 +11,7 @@ TORCH_VERSION := 2.13.0
 LOCK := requirements/constraints.txt
 LOCK_VLLM := requirements/constraints-vllm.txt
 LOCK_MCP1 := requirements/constraints-mcp1.txt
+LOCK_TRACKIO := requirements/constraints-trackio.txt
 LOCK_DOCS := requirements/constraints-docs.txt
 ifdef UNLOCKED
 pinned =
@@ -44,6 +45,14 @@ $(VENV)/.installed-mcp1: $(call locked_by,$(LOCK_MCP1))
 	$(VENV)/mcp1/bin/python -m pip install -q $(call pinned,$(LOCK_MCP1)) "mcp>=1.20,<2"
 	touch $@
 
+# A second interpreter with the client and its [trackio] extra only (the trackio SDK needs
+# pillow<13, which the main lock refuses): the Trackio tests run their training programs and
+# `trackio show` on it.
+$(VENV)/.installed-trackio: pyproject.toml $(call locked_by,$(LOCK_TRACKIO))
+	test -x $(VENV)/trackio/bin/python || $(PYTHON) -m venv $(VENV)/trackio
+	$(VENV)/trackio/bin/python -m pip install -q $(call pinned,$(LOCK_TRACKIO)) -e ".[trackio]"
+	touch $@
+
 # The review page's browser test drives Debian's chromium through Playwright (Playwright's own
 # browser download is never used); installed here when it is missing.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -51,11 +60,12 @@ chromium:
 	@test -x /usr/bin/chromium || \
 		($(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
-test: $(VENV)/.installed $(VENV)/.installed-mcp1 chromium
+test: $(VENV)/.installed $(VENV)/.installed-mcp1 $(VENV)/.installed-trackio chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	ART_MCP1_PYTHON=$(VENV)/mcp1/bin/python $(PY) -m pytest -m "not slow" -q
+	ART_MCP1_PYTHON=$(VENV)/mcp1/bin/python ART_TRACKIO_PYTHON=$(VENV)/trackio/bin/python \
+		$(PY) -m pytest -m "not slow" -q
 
 # The suite beside two processes that keep a core each busy (not in CI): no verdict may depend on
 # what else runs on the machine.
@@ -141,5 +151,6 @@ lock:
 	requirements/freeze.sh $(LOCK_BUILD)/venv/bin/python $(LOCK)
 	requirements/freeze.sh $(LOCK_BUILD)/venv-vllm/bin/python $(LOCK_VLLM) $(LOCK_BUILD)/venv-vllm/.removed
 	requirements/freeze.sh $(LOCK_BUILD)/venv/mcp1/bin/python $(LOCK_MCP1)
+	requirements/freeze.sh $(LOCK_BUILD)/venv/trackio/bin/python $(LOCK_TRACKIO)
 	requirements/freeze.sh $(LOCK_BUILD)/venv-docs/bin/python $(LOCK_DOCS)
 	rm -rf $(LOCK_BUILD)

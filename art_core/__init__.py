@@ -25,7 +25,7 @@ The map (ART's module paths where ART has the concept: `from art.X import ...` p
 
 from art_core import utils as utils  # `art.utils.iterate_dataset`, as ART has it
 from art_core._observers import StepObserver
-from art_core._promotion import PromotionGate, PromotionGateError
+from art_core._promotion import PromotionGate
 from art_core.backend import Backend, RemoteBackend
 from art_core.batches import trajectory_group_batches
 from art_core.capture import (
@@ -52,6 +52,7 @@ from art_core.errors import (
     ModelConfigError,
     ModelNotRegisteredError,
     NotTrainableError,
+    PromotionGateError,
     ScenarioGenerationError,
     TooManyExceptionsError,
     UnknownFieldError,

@@ -23,26 +23,17 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from art_core.errors import ArtError
+from art_core.errors import PromotionGateError
 from art_core.trajectories import TrajectoryGroup
 from art_core.types import TrainResult
 
-__all__ = ["PromotionGate", "PromotionGateError"]
+__all__ = ["PromotionGate"]
 
 # evaluate(model, step) -> the metric itself, or held-out groups to read it from.
 Evaluate = Callable[[Any, int], Awaitable[float | Sequence[TrajectoryGroup]]]
 # train(promote, train_from_step) -> the step's result (the backend's train request).
 TrainStep = Callable[[bool, int | None], Awaitable[TrainResult]]
 TRAIN_FROM = ("promoted", "latest")
-
-
-class PromotionGateError(ArtError):
-    """A promotion gate cannot judge: bad settings, or its evaluation raised or returned no
-    usable metric. A step it could not judge is trained and kept, but not promoted."""
-
-    def __init__(self, message: str, *, result: TrainResult | None = None) -> None:
-        super().__init__(message)
-        self.result = result  # the trained step it could not judge, when there is one
 
 
 @dataclass

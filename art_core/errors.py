@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ArtError",
     "BackendCrashedError",
@@ -18,6 +20,7 @@ __all__ = [
     "ModelConfigError",
     "ModelNotRegisteredError",
     "NotTrainableError",
+    "PromotionGateError",
     "ScenarioGenerationError",
     "TooManyExceptionsError",
     "UnknownFieldError",
@@ -128,3 +131,14 @@ class LangfuseNotInstalledError(ArtError):
 
 class LangfuseConfigError(ArtError):
     """Langfuse export was asked for without its keys or host (LANGFUSE_* variables)."""
+
+
+class PromotionGateError(ArtError):
+    """A promotion gate cannot judge: bad settings, or its evaluation raised or returned no
+    usable metric. A step it could not judge is trained and kept, but not promoted."""
+
+    def __init__(self, message: str, *, result: Any = None) -> None:
+        super().__init__(message)
+        # the `TrainResult` of the trained step it could not judge, when there is one (typed
+        # loosely: art_core.types imports this module)
+        self.result = result

@@ -200,8 +200,8 @@ PUBLIC_SURFACES = {
         "GeneratorError", "InvalidTrajectoryError", "JudgeContextError", "JudgeError",
         "JudgeResponseError", "JudgeUnavailableError", "LangfuseConfigError",
         "LangfuseNotInstalledError", "ModelConfigError", "ModelNotRegisteredError",
-        "NotTrainableError", "ScenarioGenerationError", "TooManyExceptionsError",
-        "UnknownFieldError", "UnsupportedOptionError",
+        "NotTrainableError", "PromotionGateError", "ScenarioGenerationError",
+        "TooManyExceptionsError", "UnknownFieldError", "UnsupportedOptionError",
     ],
     "art_core.local": ["LocalBackend"],
     "art_core.wire": [

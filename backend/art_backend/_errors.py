@@ -100,8 +100,21 @@ class TrainerStateError(CheckpointLoadError):
     """A checkpoint's trainer state that cannot be read safely or does not fit (HTTP 409)."""
 
 
-class ReviewNotFoundError(NotFoundError):
-    """A project, model, step, group or trajectory that is not in the store (HTTP 404)."""
+class StoreNotFoundError(NotFoundError):
+    """A project, model, step, group or trajectory that is not in the store (HTTP 404): what the
+    review pages, `art diff` and `art replay` raise, naming what is there."""
+
+
+class StepsNotComparableError(InvalidRequestError):
+    """Two steps that cannot be compared: the same step twice, or no example in common (400)."""
+
+
+class ReplayInputMissingError(BackendError):
+    """A file `art replay` needs is gone (a deleted checkpoint, a removed input file)."""
+
+
+class BaseModelMismatchError(BackendError):
+    """The base model's files `art replay` was given are not those the step trained on."""
 
 
 class CrossSiteRequestError(BackendError):

@@ -24,11 +24,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from art_backend._auth import CSRF_STATE
-from art_backend._errors import BackendError, CrossSiteRequestError, InvalidRequestError
+from art_backend._errors import (
+    BackendError,
+    CrossSiteRequestError,
+    InvalidRequestError,
+    StoreNotFoundError,
+)
 from art_backend._unicode import TolerantHTMLResponse, TolerantJSONResponse
 from art_backend.review._browse import (
     PENDING,
-    ReviewNotFoundError,
     StepView,
     list_models,
     list_steps,
@@ -298,7 +302,7 @@ def _who(form: dict[str, str]) -> str | None:
 
 
 def _not_held(store: ModelStore, pending_id: str) -> BackendError:
-    return ReviewNotFoundError(
+    return StoreNotFoundError(
         f"No step {pending_id!r} is held for review on {store.project}/{store.name}: it was "
         "already trained, its hold expired, or it never existed."
     )

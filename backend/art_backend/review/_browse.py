@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from art_backend._errors import BackendError, ReviewNotFoundError
+from art_backend._errors import BackendError, StoreNotFoundError
 from art_backend._unicode import replace_lone_surrogates
 from art_backend.store._checkpoints import ModelStore, read_trajectory_file
 from art_backend.store._review_decisions import (
@@ -72,7 +72,7 @@ def open_model(root: Path, project: str, name: str) -> ModelStore:
     if valid and (root / project / "models" / name).is_dir():
         return ModelStore(root, project, name)  # a folder linking outside the root: a 400
     known = [f"{m.project}/{m.name}" for m in list_models(root)]
-    raise ReviewNotFoundError(
+    raise StoreNotFoundError(
         f"No model {project}/{name} under {root}: "
         + (f"the models there are {', '.join(known)}." if known else "it holds no models yet.")
     )
@@ -191,7 +191,7 @@ class StepView:
         for group in self.groups:
             if str(group.index) == index:
                 return group
-        raise ReviewNotFoundError(
+        raise StoreNotFoundError(
             f"No group {index!r} in {self.label}: it has groups "
             f"{', '.join(str(g.index) for g in self.groups) or 'none'}."
         )
@@ -201,7 +201,7 @@ class StepView:
             for trajectory in group.trajectories:
                 if trajectory.id == trajectory_id:
                     return trajectory
-        raise ReviewNotFoundError(f"No trajectory {trajectory_id!r} in {self.label}.")
+        raise StoreNotFoundError(f"No trajectory {trajectory_id!r} in {self.label}.")
 
 
 def load_step(store: ModelStore, split: str, step: str, state: ReviewState) -> StepView:
@@ -209,7 +209,7 @@ def load_step(store: ModelStore, split: str, step: str, state: ReviewState) -> S
     if split == PENDING:
         held = read_pending(store.dir, step)
         if held is None:
-            raise ReviewNotFoundError(
+            raise StoreNotFoundError(
                 f"No step {step!r} is held for review on {store.project}/{store.name}: it was "
                 "approved and trained, its hold expired, or it never existed."
             )
@@ -226,7 +226,7 @@ def load_step(store: ModelStore, split: str, step: str, state: ReviewState) -> S
     entry = next((e for e in entries if e.step == number), None)
     if not is_split(split) or entry is None:
         steps = ", ".join(str(e.step) for e in entries)
-        raise ReviewNotFoundError(
+        raise StoreNotFoundError(
             f"No {split!r} step {step!r} for {store.project}/{store.name}: "
             + (f"its {split} steps are {steps}." if steps else f"it has no {split!r} steps.")
         )

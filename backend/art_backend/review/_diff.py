@@ -34,7 +34,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from art_backend._errors import InvalidRequestError, ReviewNotFoundError
+from art_backend._errors import (
+    InvalidRequestError,
+    StepsNotComparableError,
+    StoreNotFoundError,
+)
 from art_backend.review._browse import message_text
 from art_backend.store._checkpoints import ModelStore, read_trajectory_file
 
@@ -48,10 +52,6 @@ TAGS = {
 }
 TAG_FILTERS = (*TAGS, "changed", "unchanged")  # what `tag=` may name ('' for all)
 KEY_FIELDS = ("scenario_id", "scenario")  # metadata keys tried in order, then the prompt
-
-
-class StepsNotComparableError(InvalidRequestError):
-    """Two steps that cannot be compared: the same step twice, or no example in common (400)."""
 
 
 # ------------------------------------------------------------------------------------ rules
@@ -407,7 +407,7 @@ def load_step_diff(
     rows = []
     for step in (from_step, to_step):
         if step not in steps:
-            raise ReviewNotFoundError(_no_step_message(store, split, step, steps))
+            raise StoreNotFoundError(_no_step_message(store, split, step, steps))
         path = store.trajectories_path(split, step)
         rows.append(read_trajectory_file(path).rows)
     diff = compare_rows(

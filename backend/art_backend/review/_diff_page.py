@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from art_backend.review._diff import (
     ExampleDiff,
     StepDiff,
 )
+from art_backend.review._filters import query_number
 from art_backend.review._html import PREFIX, Urls, conversation, e, number, page
 from art_backend.store._checkpoints import ModelStore
 from art_core.names import is_split
@@ -66,12 +66,14 @@ class DiffQuery:
                 "Give both `from` and `to` (the two steps to compare), or neither.",
                 param="to" if to_step is None else "from",
             )
+        threshold = query_number(query, "threshold")
+        length_margin = query_number(query, "length_margin")
         options = DiffOptions(
             rule=CorrectnessRule(
                 metric=query.get("metric", "").strip() or None,
-                threshold=_number(query, "threshold", 0.0),
+                threshold=0.0 if threshold is None else threshold,
             ),
-            length_margin=_number(query, "length_margin", DiffOptions.length_margin),
+            length_margin=DiffOptions.length_margin if length_margin is None else length_margin,
         )
         tag = query.get("tag", "")
         if tag and tag not in TAG_FILTERS:
@@ -88,19 +90,6 @@ def _step(query: Mapping[str, str], name: str) -> int | None:
     if not (text.isascii() and text.isdigit() and len(text) <= 9):
         raise InvalidRequestError(f"`{name}` must be a step number, got {text!r}.", param=name)
     return int(text)
-
-
-def _number(query: Mapping[str, str], name: str, default: float) -> float:
-    text = query.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise InvalidRequestError(f"`{name}` must be a number, got {text!r}.", param=name) from None
-    if not math.isfinite(value):
-        raise InvalidRequestError(f"`{name}` must be a finite number, got {text!r}.", param=name)
-    return value
 
 
 def diff_url(store: ModelStore, query: Mapping[str, Any]) -> str:

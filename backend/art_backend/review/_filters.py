@@ -61,14 +61,14 @@ class TrajectoryFilter:
         if split is not None and not is_split(split):
             raise InvalidRequestError(f"Invalid split {split!r}.", param="split")
         return cls(
-            min_reward=_number(query, "min_reward"),
-            max_reward=_number(query, "max_reward"),
+            min_reward=query_number(query, "min_reward"),
+            max_reward=query_number(query, "max_reward"),
             split=split,
             exceptions=_flag(query, "exceptions"),
             flagged=_flag(query, "flagged"),
             metric=query.get("metric") or None,
-            metric_min=_number(query, "metric_min"),
-            metric_max=_number(query, "metric_max"),
+            metric_min=query_number(query, "metric_min"),
+            metric_max=query_number(query, "metric_max"),
             text=query.get("q", "").strip(),
         )
 
@@ -108,7 +108,8 @@ class TrajectoryFilter:
         )
 
 
-def _number(query: Mapping[str, str], name: str) -> float | None:
+def query_number(query: Mapping[str, str], name: str) -> float | None:
+    """The finite number a query parameter holds, None when it is empty; else a 400."""
     text = query.get(name, "").strip()
     if not text:
         return None

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from art_backend._errors import BackendError, ReviewNotFoundError
+from art_backend._errors import BackendError, StoreNotFoundError
 from art_backend.review._browse import list_models, message_text, open_model
 from art_backend.review._diff import (
     TAG_FILTERS,
@@ -43,11 +43,11 @@ def find_model(root: Path, model: str) -> ModelStore:
         return open_model(root, matches[0].project, model)
     known = [f"{m.project}/{m.name}" for m in list_models(root)]
     if matches:
-        raise ReviewNotFoundError(
+        raise StoreNotFoundError(
             f"Several projects under {root} have a model {model!r}: give --model as "
             f"PROJECT/NAME, one of {', '.join(f'{m.project}/{m.name}' for m in matches)}."
         )
-    raise ReviewNotFoundError(
+    raise StoreNotFoundError(
         f"No model {model!r} under {root}: "
         + (f"the models there are {', '.join(known)}." if known else "it holds no models yet.")
         + " Give --path the folder art-server used as its --path (default .art)."

@@ -5,8 +5,13 @@ Layout under the server's `--path` (default `.art`):
     <project>/models/<name>/
         model.json                      base model and LoRA settings, written at registration
         checkpoints/<step:04d>/         adapter_model.safetensors, adapter_config.json, step.json;
-                                        the newest also trainer_state.pt (optimizer, RNG)
-                                        and trajectories.jsonl.gz (what it trained on)
+                                        the newest and the promoted also trainer_state.pt
+                                        (optimizer, RNG); the newest trajectories.jsonl.gz
+                                        (what it trained on); replay.json, and for a GRPO step
+                                        replay_inputs.safetensors and replay_start_state.pt
+                                        (the previous trainer_state.pt, hard-linked): what
+                                        `art replay` reads, drawn in `_manifest`
+        manifest.json                   the run's index for `art replay` (`_manifest`)
         history.jsonl                   one JSON row per train step and per log call
         trajectories/<split>/<step:04d>.jsonl.gz
 

@@ -20,8 +20,8 @@ whole after each step and at each registration (written beside, flushed, renamed
 leaves the old index or the new one; an index that misses a step a crash cut off is completed
 from the checkpoints' `replay.json` at the next registration (`add_missing_steps`).
 
-Torch-free: the tensors' hashes are computed by the trainer's side (`training._replay`); here
-live the files, the index and the base model's file hashes.
+Torch-free: the tensors' hashes are computed by the trainer's side
+(`training._replay_record`); here live the files, the index and the base model's file hashes.
 """
 
 from __future__ import annotations

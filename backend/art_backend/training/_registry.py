@@ -27,7 +27,7 @@ from art_backend.engines._aliases import alias_pins
 from art_backend.engines._engine import Engine, TrainableEngine
 from art_backend.store._checkpoints import ModelStore
 from art_backend.store._review_decisions import remove_all_pending
-from art_backend.training._replay import record_model
+from art_backend.training._replay_record import record_model
 from art_backend.training._trainer import (
     TRAINER_STATE,
     LoraTrainer,

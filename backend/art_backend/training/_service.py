@@ -43,7 +43,7 @@ from art_backend.training._prepared_step import (
     why_nothing_trained,
 )
 from art_backend.training._registry import ModelRegistry, RegisteredModel
-from art_backend.training._replay import StepInputs, index_step, write_step_files
+from art_backend.training._replay_record import StepInputs, index_step, write_step_files
 from art_backend.training._rows import (
     Rows,
     pack_rows,
@@ -320,7 +320,7 @@ class TrainingService(ModelRegistry, StepLog):
             model.trainer.save(folder)
             if trajectories is not None:
                 write_trajectory_rows(folder / STEP_TRAJECTORIES, trajectories)
-            # What `art replay` needs, in the checkpoint itself (`_replay`).
+            # What `art replay` needs, in the checkpoint itself (`_replay_record`).
             write_step_files(folder, model.store, new_step, kind, replay, metrics)
 
         await self._in_trainer_thread(

@@ -17,6 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from art_backend._errors import BackendError
 from art_backend.cli import positive_int
 
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers.utils import logging as transformers_logging
 
-    from art_backend.training._replay import ReplayError, replay_step
+    from art_backend.training._replay import replay_step
 
     transformers_logging.disable_progress_bar()  # the verdict, not a loading bar, on stderr
     transformers_logging.set_verbosity_error()
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             base_model=args.base_model,
             device=args.device,
         )
-    except ReplayError as error:
+    except BackendError as error:
         print(f"art replay: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
     where = f"{report.project}/{report.name} step {report.step}"

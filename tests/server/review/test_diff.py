@@ -493,6 +493,18 @@ def test_art_diff_needs_an_existing_folder(tmp_path: Path):
     assert result.returncode == 2 and "no folder" in result.stderr
 
 
+def test_the_art_command_runs_diff_and_refuses_a_step_that_is_not_a_number(tmp_path: Path):
+    art_command = Path(sys.executable).with_name("art")
+    assert art_command.is_file(), "no `art` next to python: pip install -e . registers it"
+    result = subprocess.run(
+        [str(art_command), "diff", "--model", "m", "--from", "x", "--to", "1",
+         "--path", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and result.stdout == ""
+    assert "art diff: error: argument --from: invalid int value: 'x'" in result.stderr
+
+
 def test_art_diff_is_declared_as_an_art_subcommand():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     commands = pyproject["project"]["entry-points"]["art_trainer.commands"]

@@ -8,8 +8,6 @@ and the forms work, and a page on another origin cannot post them.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -17,30 +15,19 @@ import pytest
 
 import art_core as art
 from art_backend.testing import list_pending
+from tests.support.browser import (
+    CHROMIUM_ARGS,  # noqa: F401 - tests/core/test_tracker_trackio.py imports it from here
+    chromium_page,
+    needs_chromium,
+    screenshot_for_docs,
+)
 from tests.support.models import fresh_model
 from tests.support.review_data import MODEL, PROJECT, start_review_server, write_review_store
 from tests.support.rollouts import groups_for, varied_group
 from tests.support.servers import RunningServer
 
-CHROMIUM = Path("/usr/bin/chromium")
-# Playwright's own browsers are never downloaded: Debian's chromium, flags for a sandboxed CI box.
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-DOCS_SCREENSHOT = Path(__file__).resolve().parents[3] / "docs" / "review.png"
-
-async_api = pytest.importorskip("playwright.async_api", reason="pip install playwright ([dev])")
-pytestmark = pytest.mark.skipif(
-    not CHROMIUM.exists(),
-    reason="needs Debian's chromium at /usr/bin/chromium (make test installs it)",
-)
+pytest.importorskip("playwright.async_api", reason="pip install playwright ([dev])")
+pytestmark = needs_chromium
 
 
 def judged(groups: list[art.TrajectoryGroup]) -> list[art.TrajectoryGroup]:
@@ -71,13 +58,8 @@ async def test_flag_a_trajectory_of_a_held_step_in_the_browser(
             break
         await asyncio.sleep(0.05)
 
-    async with async_api.async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS
-        )
-        try:
-            page = await browser.new_page(viewport={"width": 1280, "height": 900})
-            page.set_default_timeout(30_000)
+    try:
+        async with chromium_page(viewport={"width": 1280, "height": 900}) as page:
             await page.goto(f"{training_server.url}/review/")
             await page.click(f"text={model.project}/{model.name}")
 
@@ -109,11 +91,7 @@ async def test_flag_a_trajectory_of_a_held_step_in_the_browser(
             await page.reload()
             flagged_card = page.locator(f'.card[data-trajectory="{flagged_id}"]')
             assert "flagged" in (await flagged_card.get_attribute("class") or "")
-            shot = tmp_path / "review-group.png"
-            await page.screenshot(path=str(shot))
-            if not DOCS_SCREENSHOT.exists() or os.environ.get("ART_UPDATE_SCREENSHOTS"):
-                DOCS_SCREENSHOT.parent.mkdir(exist_ok=True)
-                shutil.copyfile(shot, DOCS_SCREENSHOT)
+            await screenshot_for_docs(page, tmp_path / "review-group.png", "review.png")
 
             # Approve: the trainer applies the flag, trains, and counts it.
             await page.click(f"text={model.project}/{model.name}")
@@ -133,10 +111,9 @@ async def test_flag_a_trajectory_of_a_held_step_in_the_browser(
                 "trainer applied: flagged_trajectories" in await page.locator(".card").inner_text()
             )
             await page.screenshot(path=str(tmp_path / "review-trajectory.png"))
-        finally:
-            await browser.close()
-            if not training.done():
-                training.cancel()
+    finally:
+        if not training.done():
+            training.cancel()
 
 
 async def test_behind_a_key_the_forms_work_and_other_pages_cannot_post_them(tmp_path: Path):
@@ -157,13 +134,8 @@ async def test_behind_a_key_the_forms_work_and_other_pages_cannot_post_them(tmp_
     )
     # evil.example resolves to this machine, as it does after DNS rebinding.
     rules = "--host-resolver-rules=MAP evil.example 127.0.0.1"
-    async with async_api.async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=[*CHROMIUM_ARGS, rules]
-        )
-        try:
-            page = await browser.new_page()
-            page.set_default_timeout(30_000)
+    try:
+        async with chromium_page(rules) as page:
             await page.goto(f"{step0}/groups/0")
             await page.fill("input[name=key]", "browser-key")
             await page.click("text=Log in")
@@ -187,7 +159,6 @@ async def test_behind_a_key_the_forms_work_and_other_pages_cannot_post_them(tmp_
             await page.goto(f"http://evil.example:{port}/review/")
             assert "--allowed-hosts" in await page.inner_text("body")
             assert log.read_text() == flagged
-        finally:
-            await browser.close()
-            server.should_exit = True
-            thread.join(10)
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -65,7 +65,7 @@ def model_dir(path: Path) -> Path:
 def test_the_manifest_holds_code_packages_base_model_settings_seeds_and_every_step(
     trained_run: Path,
 ):
-    from art_backend.training._replay import adapter_sha256
+    from art_backend.training._replay_record import adapter_sha256
 
     manifest = json.loads((model_dir(trained_run) / "manifest.json").read_text())
     model = manifest["model"]
@@ -149,24 +149,33 @@ def test_a_tampered_adapter_hash_is_a_mismatch_with_exit_code_1(trained_run: Pat
 def test_steps_that_cannot_be_replayed_raise_named_errors_that_say_what_to_do(
     trained_run: Path, tmp_path: Path
 ):
-    from art_backend.training._replay import (
-        ReplayInputMissingError,
-        UnknownModelError,
-        UnknownStepError,
-        replay_step,
-    )
+    from art_backend._errors import ReplayInputMissingError, StoreNotFoundError
+    from art_backend.training._replay import replay_step
 
-    with pytest.raises(UnknownModelError, match="pass the --path art-server used"):
+    with pytest.raises(StoreNotFoundError, match="pass the --path art-server used"):
         replay_step(trained_run, "nobody", 1)
-    with pytest.raises(UnknownStepError, match=r"no recorded step 9 \(recorded: \[1, 2, 3\]"):
+    with pytest.raises(StoreNotFoundError, match=r"no recorded step 9 \(recorded: \[1, 2, 3\]"):
         replay_step(trained_run, NAME, 9)
     path = copy_of(trained_run, tmp_path)
     (model_dir(path) / "checkpoints/0002/replay_inputs.safetensors").unlink()
     with pytest.raises(ReplayInputMissingError, match="Restore the file"):
         replay_step(path, NAME, 2)
     shutil.rmtree(model_dir(path) / "checkpoints/0001")
-    with pytest.raises(UnknownStepError, match="checkpoint may have been deleted"):
+    with pytest.raises(StoreNotFoundError, match="checkpoint may have been deleted"):
         replay_step(path, NAME, 1)
     result = replay(path, "--model", NAME, "--step", "2")
     assert result.returncode == 2
     assert result.stderr.startswith("art replay: ReplayInputMissingError:")
+
+
+def test_the_art_command_runs_replay_and_refuses_step_0(tmp_path: Path):
+    art_command = Path(sys.executable).with_name("art")
+    assert art_command.is_file(), "no `art` next to python: pip install -e . registers it"
+    result = subprocess.run(
+        [str(art_command), "replay", "--model", NAME, "--step", "0", "--path", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert "art replay: error: argument --step: 0 is less than 1" in result.stderr
