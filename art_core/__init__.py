@@ -15,14 +15,21 @@ The map (ART's module paths where ART has the concept: `from art.X import ...` p
     wire                  the training API's requests, one definition for client and server
     names                 the name rules both sides share
     local/                LocalBackend: the backend in a child process
+    dev                   ART's developer settings (art.dev), honoured or refused with a note
+    auto_trajectory       ART's old capture names, over capture/
     capture/              capture scopes: completions made inside `art.trajectory()`
     rewards/              RULER, generated scenarios, AutoRL, preflight, one run loop
     pipeline_trainer/     asynchronous pipeline training
     trackers/             step observers named by `report_metrics` (Langfuse in langfuse/)
     utils/                dataset batches, retries, concurrency, one JSONL reader, SFT files
     report, cli           the demo's report; the `art` command
+
+ART 0.5.23's names we do not implement import, and raise UnsupportedOptionError saying what to
+use when used (`_refused.py`); docs/art-compatibility.md lists every ART name.
 """
 
+from art_core import _refused
+from art_core import dev as dev  # `art.dev.InternalModelConfig`, as ART has it
 from art_core import utils as utils  # `art.utils.iterate_dataset`, as ART has it
 from art_core._observers import StepObserver
 from art_core._promotion import PromotionGate
@@ -151,6 +158,7 @@ __all__ = [
     "UnsupportedOptionError",
     "autorl",
     "current_trajectory",
+    "dev",
     "flush_langfuse",
     "gather_trajectories",
     "gather_trajectory_groups",
@@ -173,3 +181,6 @@ __all__ = [
     "trajectory_group",
     "trajectory_group_batches",
 ]
+
+__getattr__ = _refused.module_getattr("art", __name__)  # ART's names we refuse, with a reason
+_refused.install()  # and those of art.trajectories, art.types, ... from our modules of that name

@@ -10,6 +10,7 @@ import json
 import logging
 import secrets
 from collections.abc import Iterable, Mapping
+from types import SimpleNamespace
 from typing import Any, Protocol, cast, runtime_checkable
 
 import httpx
@@ -18,6 +19,7 @@ from pydantic_core import to_jsonable_python
 
 from art_core._observers import observed_step
 from art_core._promotion import PromotionGate
+from art_core._strict import check_names
 from art_core.errors import (
     BackendCrashedError,
     BackendRequestError,
@@ -111,7 +113,8 @@ class Backend(Protocol):
 class RemoteBackend:
     """A backend already running at `base_url` (an `art-server`), with its API key if it has one."""
 
-    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None, **unknown: Any) -> None:
+        check_names(f"{type(self).__name__}()", unknown, ["base_url", "api_key"])
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self._api_key = api_key
         self._http: httpx.AsyncClient | None = None
@@ -400,6 +403,50 @@ class RemoteBackend:
         """Release the records of a rollout that will not be trained; returns how many."""
         result = await self._request("DELETE", f"/v1/rollouts/{rollout_id}")
         return int(result["discarded"])
+
+    async def _experimental_fork_checkpoint(
+        self,
+        model: Any,
+        from_model: str,
+        from_project: str | None = None,
+        from_s3_bucket: str | None = None,
+        not_after_step: int | None = None,
+        verbose: bool = False,
+        prefix: str | None = None,
+    ) -> None:
+        """ART's fork, as `await model.register(backend, fork_from=..., fork_step=...)`: registers
+        `model` starting from `from_model`'s latest checkpoint (or its last one <= `not_after_step`).
+
+        ART registers first and forks after; here the fork happens at registration, so call this
+        in place of `model.register(backend)`. S3 sources are refused (checkpoints are local)."""
+        if from_s3_bucket is not None or prefix is not None:
+            raise UnsupportedOptionError(
+                "_experimental_fork_checkpoint: from_s3_bucket/prefix are not supported: the source "
+                "must be a model in this backend's folder."
+            )
+        if getattr(model, "_backend", None) is not None:
+            raise UnsupportedOptionError(
+                f"_experimental_fork_checkpoint: {model!r} is already registered. Fork when "
+                "registering: call this instead of model.register(backend), or "
+                "`await model.register(backend, fork_from=source_model, fork_step=step)`."
+            )
+        source = SimpleNamespace(
+            project=from_project or model.project, name=from_model, base_model=model.base_model
+        )
+        step = None
+        if not_after_step is not None:
+            steps = [s for s in await self.checkpoint_steps(source) if s <= not_after_step]
+            if not steps:
+                raise UnsupportedOptionError(
+                    f"_experimental_fork_checkpoint: {source.project}/{from_model} has no "
+                    f"checkpoint at or before step {not_after_step}."
+                )
+            step = steps[-1]
+        await model.register(self, fork_from=source, fork_step=step)
+        if verbose:
+            logger.info(
+                "Forked %s from %s/%s step %s", model.name, source.project, from_model, step
+            )
 
     async def close(self) -> None:
         if self._http is not None:

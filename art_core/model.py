@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import warnings
 import weakref
@@ -24,6 +25,7 @@ from art_core._promotion import PromotionGate
 from art_core._strict import StrictModel, check_names
 from art_core.backend import Backend, new_rollout_id
 from art_core.capture._records import trajectory_from_records
+from art_core.dev import InternalModelConfig, model_settings
 from art_core.errors import (
     InvalidTrajectoryError,
     ModelNotRegisteredError,
@@ -45,6 +47,25 @@ registered_backends: weakref.WeakSet[Any] = weakref.WeakSet()
 
 ConfigT = TypeVar("ConfigT", bound=StrictModel)
 
+# The default of a required argument, so that a misspelt keyword (`nmae=`) is named with its
+# closest spelling before Python would only say the right one is missing.
+_REQUIRED: Any = object()
+
+
+def _check_keywords(owner: str, unknown: Mapping[str, Any], init: Any, **required: Any) -> None:
+    """Refuse keywords `init` does not take, naming the closest (as Trajectory's fields do)."""
+    known = [name for name in inspect.signature(init).parameters if name not in ("self", "unknown")]
+    check_names(f"{owner}()", unknown, known, hints=_CONSTRUCTOR_HINTS)
+    missing = [name for name, value in required.items() if value is _REQUIRED]
+    if missing:
+        raise TypeError(f"{owner}() missing required argument(s): {', '.join(missing)}")
+
+
+_CONSTRUCTOR_HINTS = {
+    "path": "A model's files live in its backend's folder: art.LocalBackend(path=...).",
+    "_internal_config": "Only a TrainableModel takes ART's _internal_config (art.dev.InternalModelConfig).",
+}
+
 # ART's `model.train(..., _config=art.dev.TrainConfig(...))` carries its experimental options.
 _TRAIN_HINTS = {
     "_config": "ART's `_config` (its dev options) has no counterpart here: the options this "
@@ -65,7 +86,7 @@ class Model:
 
     def __init__(
         self,
-        name: str,
+        name: str = _REQUIRED,
         *,
         project: str = "default",
         base_url: str | None = None,
@@ -77,10 +98,12 @@ class Model:
         inference_api_key: str | None = None,
         entity: str | None = None,
         id: str | None = None,
+        **unknown: Any,
     ) -> None:
         """`inference_base_url` / `inference_api_key` are ART's names for `base_url` / `api_key`
         (give one of each pair). `config`: your own pydantic object, kept on the model as in ART
         (`model.config`); it must dump to JSON. `entity` and `id` (ART's W&B identity) are kept."""
+        _check_keywords(type(self).__name__, unknown, Model.__init__, name=name)
         self.name = name
         self.price = None if price is None else _as_config(TokenPrice, price)
         self.project = check_name(project, "project name")
@@ -159,10 +182,10 @@ class TrainableModel(Model):
 
     def __init__(
         self,
-        name: str,
+        name: str = _REQUIRED,
         *,
         project: str = "default",
-        base_model: str,
+        base_model: str = _REQUIRED,
         lora: LoRAConfig | Mapping[str, Any] | None = None,
         config: BaseModel | None = None,
         run_name: str | None = None,
@@ -172,6 +195,8 @@ class TrainableModel(Model):
         run_id: str | None = None,
         base_path: str = ".art",
         report_metrics: Sequence[str | StepObserver] | None = None,
+        _internal_config: InternalModelConfig | None = None,
+        **unknown: Any,
     ) -> None:
         """ART's fields are accepted: `config` (your pydantic object, `model.config`),
         `lora_config` (ART's dict: rank, alpha, dropout, target_modules; or our `lora`),
@@ -184,7 +209,24 @@ class TrainableModel(Model):
         by name (`["langfuse"]`, as installed: `art_core.trackers.tracker_names()`) or as
         `StepObserver` objects. None: the default trackers, each on when its settings are in the
         environment; `[]`: none. A named tracker that cannot run raises now, naming what is
-        missing."""
+        missing.
+
+        `_internal_config` (ART's `art.dev.InternalModelConfig`): the keys `art_core.dev` lists
+        are honoured (LoRA settings, the engine's dtype and batch size); others raise
+        UnsupportedOptionError naming what to use here."""
+        _check_keywords(
+            type(self).__name__, unknown, TrainableModel.__init__, name=name, base_model=base_model
+        )
+        settings = model_settings(_internal_config or {})
+        if "lora" in settings:
+            if lora is not None or lora_config is not None:
+                raise UnsupportedOptionError(
+                    "TrainableModel: LoRA settings in _internal_config and in lora=/lora_config=: "
+                    "give them once."
+                )
+            lora = settings.pop("lora")
+        # The engine's settings (dtype, max_batch_size), read by LocalBackend when it starts.
+        self.engine_settings: dict[str, Any] = settings
         super().__init__(
             check_name(name, "model name"), project=project, config=config, entity=entity, id=id
         )

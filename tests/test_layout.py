@@ -184,6 +184,20 @@ PUBLIC_SURFACES = {
         "PreflightError", "PreflightResult", "preflight",
         "PromotionGate", "PromotionGateError",
         "Messages", "MessagesAndChoices", "Tools", "limit_concurrency", "trajectory_group_batches",
+        "dev",
+    ],
+    "art_core.dev": [
+        "BackendModelConfig", "EngineArgs", "InitArgs", "InternalModelConfig", "LoRAConfig",
+        "PeftArgs", "RolloutWeightUpdateMode", "TrainConfig", "TrainSFTConfig", "TrainerArgs",
+        "model_settings", "train_config",
+    ],
+    "art_core.auto_trajectory": ["auto_trajectory", "capture_auto_trajectory"],
+    "art_core.pipeline_trainer.trainer": ["PipelineTrainer", "make_group_rollout_fn"],
+    "art_core.utils.litellm": ["convert_litellm_choice_to_openai"],
+    "art_core.utils.output_dirs": [
+        "get_default_art_path", "get_model_dir", "get_models_dir",
+        "get_output_dir_from_model_properties", "get_step_checkpoint_dir", "get_trajectories_dir",
+        "get_trajectories_split_dir",
     ],
     # ART's module paths: `from art.<module> import ...` ports by changing `art` to `art_core`.
     "art_core.model": ["Model", "RolloutCapture", "TrainableModel"],
@@ -229,7 +243,8 @@ PUBLIC_SURFACES = {
         "trajectory_from_records", "trajectory_group",
     ],
     "art_core.trackers.langfuse": [
-        "LangfuseExporter", "LangfuseObserver", "flush_langfuse", "langfuse_stats",
+        "LangfuseExporter", "LangfuseObserver", "LangfuseReview", "flush_langfuse",
+        "langfuse_stats",
     ],
     "art_core.pipeline_trainer": [
         "CheckpointInfo", "CheckpointRetentionContext", "CheckpointRetentionStrategy", "EvalFn",
@@ -264,7 +279,7 @@ PUBLIC_SURFACES = {
         "init_chat_model", "rollout", "wrap_rollout",
     ],
     "art_mcp": [
-        "COMPLETE_TASK", "CheckedScenario", "McpConfigError", "McpContextError", "McpScenarioFileError", "McpServer",
+        "COMPLETE_TASK", "CheckedScenario", "McpConfigError", "McpContextError", "McpScenarioFileError", "McpScenarioToolsError", "McpServer",
         "McpServerError", "McpSession", "McpTool", "ToolNames", "ToolOutcome", "check_context", "describe_server",
         "generate_scenarios", "load_scenarios", "result_text", "rollout", "train",
     ],

@@ -20,12 +20,20 @@ from typing import Any
 
 import httpx
 
+from art_core._strict import check_names
 from art_core.backend import ModelRef, RemoteBackend
 from art_core.errors import ArtError, BackendCrashedError
 
 __all__ = ["LocalBackend"]
 
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may convert the embedded model (~40 s)
+DEFAULT_MAX_BATCH_SIZE = 32
+_KEYWORDS = ["path", "dtype", "device", "max_batch_size", "extra_args"]
+_HINTS = {
+    "in_process": "The backend always runs in a child process here (the client never imports torch).",
+    "gpu_cost_per_hour_usd": "Costs here are judges' token prices: art.Model(price=...).",
+    "enable_expert_replay": "The engine has no MoE expert replay to turn off.",
+}
 
 
 class LocalBackend(RemoteBackend):
@@ -37,9 +45,14 @@ class LocalBackend(RemoteBackend):
         *,
         dtype: str = "auto",
         device: str = "auto",
-        max_batch_size: int = 32,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         extra_args: list[str] | None = None,
+        **unknown: Any,
     ) -> None:
+        """`dtype`, `device`, `max_batch_size`: the engine's (`art-server --dtype ...`); a
+        model's `_internal_config` may set dtype and max_batch_size where these keep defaults.
+        `extra_args`: more `art-server` options. ART's other keywords raise UnknownFieldError."""
+        check_names("LocalBackend()", unknown, _KEYWORDS, hints=_HINTS)
         super().__init__("http://127.0.0.1:0", api_key=secrets.token_urlsafe(24))
         self.path = Path(path).resolve()
         self.dtype = dtype
@@ -52,6 +65,7 @@ class LocalBackend(RemoteBackend):
 
     async def register(self, model: ModelRef, **options: Any) -> dict[str, Any]:
         if self.process is None:
+            self._apply_engine_settings(getattr(model, "engine_settings", {}))
             await asyncio.to_thread(self._start, model.base_model)
         elif model.base_model != self.base_model:
             raise ArtError(
@@ -59,6 +73,13 @@ class LocalBackend(RemoteBackend):
                 f"needs {model.base_model!r}. Use a second LocalBackend for it."
             )
         return await super().register(model, **options)
+
+    def _apply_engine_settings(self, settings: dict[str, Any]) -> None:
+        """The first model's `_internal_config` engine settings, where this backend kept defaults."""
+        if "dtype" in settings and self.dtype == "auto":
+            self.dtype = str(settings["dtype"])
+        if "max_batch_size" in settings and self.max_batch_size == DEFAULT_MAX_BATCH_SIZE:
+            self.max_batch_size = int(settings["max_batch_size"])
 
     def _start(self, base_model: str) -> None:
         self.path.mkdir(parents=True, exist_ok=True)

@@ -185,6 +185,28 @@ def _error(
     return JSONResponse(body, status_code=status)
 
 
+# What a request to a path no route serves is told: the APIs this server speaks.
+SERVED_APIS = (
+    "OpenAI Chat Completions (POST /v1/chat/completions), OpenAI Responses (POST "
+    "/v1/responses), Anthropic Messages (POST /v1/messages), each also under "
+    "/rollouts/{rollout_id}/v1/...; GET /v1/models; the records (GET "
+    "/v1/chat/completions/{id}, GET /v1/rollouts/{id}); adapters (POST /v1/adapters); training "
+    "(/v1/training/...); /health, /metrics, /openapi.json and the review page (/review/)"
+)
+
+
+def _no_route_message(method: str, path: str) -> str:
+    """A 404 that names the APIs served, and the usual slip of a client's base URL."""
+    hint = ""
+    if "/v1/v1/" in path:
+        hint = (
+            " The base URL ends in /v1 and the client appends /v1 again: Anthropic's SDKs "
+            "and Claude Code append /v1/messages themselves, so give them the server's root "
+            "(or /rollouts/{id}), without /v1."
+        )
+    return f"No route {method} {path} on this server.{hint} It serves: {SERVED_APIS}."
+
+
 def _location(loc: tuple[Any, ...]) -> str | None:
     parts = [part for part in loc if part not in ("body",)]
     # pydantic names union branches ("str", "list[...]", "function-after[...]"): drop them.
@@ -248,6 +270,14 @@ def _register_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException):
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        if error.status_code == 404 and error.detail == "Not Found":  # no route at this path
+            message = _no_route_message(request.method, request.url.path)
+            body: dict[str, Any] = {
+                "error": {"message": message, "type": kind, "param": None, "code": None}
+            }
+            if "/messages" in request.url.path:  # Anthropic's clients read `"type": "error"`
+                body = {"type": "error", **body}
+            return JSONResponse(body, status_code=404)
         response = _error(error.status_code, kind, str(error.detail))
         response.headers.update(error.headers or {})
         if error.status_code == 405:

@@ -1,7 +1,8 @@
 """The API key: every route but /health needs it; the review page also takes a browser login.
 
-API clients send `Authorization: Bearer KEY`, on every route, /review included. A browser
-cannot, so under /review the key may also be given once, by the login form (POST
+API clients send `Authorization: Bearer KEY` (or `x-api-key: KEY`, Anthropic's header), on
+every route, /review included. A browser cannot, so under /review the key may also be given
+once, by the login form (POST
 /review/login, shown instead of any review page when the key is missing) or by a link
 `/review/?key=KEY` (convenient, but the key then shows in browser history and access logs).
 Either sets an HttpOnly cookie scoped to /review that holds a token derived from the key, never
@@ -65,7 +66,9 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if self._bearer_ok(headers.get("authorization", "")):
+        if self._bearer_ok(headers.get("authorization", "")) or self._key_ok(
+            headers.get("x-api-key", "")
+        ):
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
@@ -75,19 +78,17 @@ class ApiKeyMiddleware:
                 await self.app(scope, receive, send)
                 return
         else:
-            response = JSONResponse(
-                {
-                    "error": {
-                        "message": "Missing or invalid API key: send `Authorization: Bearer "
-                        "<key>` with the key the server was started with (--api-key or "
-                        "ART_API_KEY).",
-                        "type": "authentication_error",
-                        "param": None,
-                        "code": "invalid_api_key",
-                    }
-                },
-                status_code=401,
-            )
+            error = {
+                "message": "Missing or invalid API key: send `Authorization: Bearer <key>` (or "
+                "`x-api-key: <key>`, as Anthropic's clients do) with the key the server was "
+                "started with (--api-key or ART_API_KEY).",
+                "type": "authentication_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+            # Anthropic's clients read `{"type": "error", "error": ...}`; OpenAI's ignore `type`.
+            body = {"type": "error", "error": error} if _anthropic_path(path) else {"error": error}
+            response = JSONResponse(body, status_code=401)
         await response(scope, receive, send)
 
     def _bearer_ok(self, header: str) -> bool:
@@ -134,6 +135,11 @@ class ApiKeyMiddleware:
             SESSION_COOKIE, self.token, httponly=True, samesite="lax", path=REVIEW_PREFIX
         )
         return response
+
+
+def _anthropic_path(path: str) -> bool:
+    """A route of Anthropic's Messages API (plain or rollout-scoped)."""
+    return "/v1/messages" in path
 
 
 async def _read_body(receive: Receive) -> bytes:

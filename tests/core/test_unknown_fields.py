@@ -28,6 +28,31 @@ def _assign(target: Any, name: str, value: Any) -> Callable[[], None]:
 
 # (the call with a typo, the unknown name, the name the error suggests, the call spelt right)
 SYNC_CASES: list[tuple[Callable[[], Any], str, str | None, Callable[[], Any]]] = [
+    # Every public constructor, as pydantic models do.
+    (
+        lambda: art.TrainableModel(nmae="a", base_model="tiny"),  # type: ignore[call-arg]
+        "nmae",
+        "name",
+        lambda: art.TrainableModel(name="a", base_model="tiny"),
+    ),
+    (
+        lambda: art.Model(name="judge", base_ur="http://127.0.0.1:1/v1"),
+        "base_ur",
+        "base_url",
+        lambda: art.Model(name="judge", base_url="http://127.0.0.1:1/v1"),
+    ),
+    (
+        lambda: art.LocalBackend(pth="/tmp/unused"),
+        "pth",
+        "path",
+        lambda: art.LocalBackend(path="/tmp/unused"),
+    ),
+    (
+        lambda: art.RemoteBackend("http://127.0.0.1:1", api_ky="k"),
+        "api_ky",
+        "api_key",
+        lambda: art.RemoteBackend("http://127.0.0.1:1", api_key="k"),
+    ),
     (lambda: art.Trajectory(rewrd=5), "rewrd", "reward", lambda: art.Trajectory(reward=5)),  # type: ignore[call-arg]
     (
         lambda: art.Trajectory(mesages_and_choices=[{"role": "user", "content": "hi"}]),  # type: ignore[call-arg]
@@ -156,6 +181,32 @@ def test_messages_is_arts_old_name_for_messages_and_choices():
 async def test_arts_dev_config_keyword_is_explained():
     with pytest.raises(art.UnknownFieldError, match=r"ART's `_config`.*TrainConfig fields"):
         await UNREGISTERED.train([], _config={"epsilon": 0.2})
+
+
+def test_arts_internal_config_is_honoured_where_we_can_and_refused_with_a_note_elsewhere():
+    model = art.TrainableModel(
+        name="a",
+        base_model="tiny",
+        _internal_config=art.dev.InternalModelConfig(
+            lora_config=art.dev.LoRAConfig(rank=8),
+            engine_args=art.dev.EngineArgs(dtype="float32", max_num_seqs=4),
+        ),
+    )
+    assert model.lora_config.r == 8
+    assert model.engine_settings == {"dtype": "float32", "max_batch_size": 4}
+    with pytest.raises(art.UnsupportedOptionError, match=r"gpu_memory_utilization.*LocalBackend"):
+        art.TrainableModel(
+            name="a",
+            base_model="tiny",
+            _internal_config={"init_args": {"gpu_memory_utilization": 0.8}},  # type: ignore[typeddict-unknown-key]
+        )
+    with pytest.raises(art.UnknownFieldError, match="Only a TrainableModel"):
+        art.Model(name="judge", _internal_config={})
+
+
+def test_arts_backend_keywords_we_do_not_have_say_why():
+    with pytest.raises(art.UnknownFieldError, match="child process"):
+        art.LocalBackend(in_process=True)
 
 
 def test_validation_from_data_keeps_pydantics_error_with_the_fields_location():

@@ -14,11 +14,18 @@ import art_core as art
 import art_mcp
 from art_core.utils.sft import InvalidSFTFileError
 from art_mcp import cli
-from art_mcp._checked import CheckedScenario, code_reward, load_scenarios, parse_scenario
-from art_mcp._errors import McpConfigError, McpScenarioFileError
+from art_mcp._checked import (
+    CheckedScenario,
+    check_offered_tools,
+    code_reward,
+    load_scenarios,
+    parse_scenario,
+)
+from art_mcp._errors import McpConfigError, McpScenarioFileError, McpScenarioToolsError
 from art_mcp._train import demonstrations
 from examples.mcp_servers.inventory_server import create_server
 from tests.mcp.conftest import INVENTORY_SERVER_PATH
+from tests.mcp.toy_server import toy_server
 from tests.support.scripted_judge import Reply, ScriptedJudge, call, responder
 
 EXAMPLES = INVENTORY_SERVER_PATH.parent
@@ -82,6 +89,82 @@ def test_a_missing_or_empty_file_is_named(tmp_path: Path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(McpScenarioFileError, match="has no scenarios"):
         load_scenarios(tmp_path / "empty.jsonl")
+
+
+# ------------------------------------------------------------- tools the scenarios call
+
+
+def scenario_file(folder: Path, *lines: dict) -> Path:
+    path = folder / "scenarios.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+STOCK = {"task": "How many units of COF-003?", "answer": 3, "tool_calls": ["get_item"]}
+CREATE = {"task": "Add the tea TEA-100.", "answer": "TEA-100", "tool_calls": ["create_item"]}
+RESTOCK = {"task": "Restock COF-001 to 50.", "tool_calls": ["get_item", "update_stock"]}
+RESTOCK_TOO = {"task": "Restock TEA-002 to 9.", "tool_calls": ["update_stock", "complete_task"]}
+
+
+async def test_scenarios_calling_a_tool_that_is_not_offered_fail_before_the_model_is_asked(
+    policy, tmp_path: Path
+):
+    """`allowed_tools` leaves out create_item and update_stock: the checks of three scenarios
+    could never pass. train() says which, before any request to the model."""
+    scripted, model = policy
+    path = scenario_file(tmp_path, STOCK, CREATE, RESTOCK, RESTOCK_TOO)
+    server = art_mcp.McpServer.from_object(create_server(), allowed_tools=TOOLS)
+    with pytest.raises(McpConfigError) as caught:
+        await art_mcp.train(server, model, scenarios=path, max_tokens=8)  # type: ignore[arg-type]
+    error = caught.value
+    assert isinstance(error, McpScenarioToolsError)
+    assert error.missing == {"create_item": [2], "update_stock": [3, 4]}
+    message = str(error)
+    assert message.startswith("3 scenario(s) require calls to tools the agent is not offered")
+    assert "'update_stock' by scenario 3 ('Restock COF-001 to 50.'), 4 (" in message
+    assert "Offered: search_items, get_item (and complete_task)" in message
+    assert "--tools search_items,get_item,create_item,update_stock" in message
+    assert scripted.requests == []  # the model was not asked anything
+
+
+def test_scenarios_calling_offered_tools_and_complete_task_pass():
+    tools = [
+        art_mcp.McpTool(name=name, openai_name=name, description="", input_schema={})
+        for name in ("get_item", "update_stock")
+    ]
+    scenarios = [parse_scenario(json.dumps(line)) for line in (STOCK, RESTOCK, RESTOCK_TOO)]
+    check_offered_tools(scenarios, tools)
+    check_offered_tools([art.Scenario(task="generated", difficulty=1)], [])  # nothing to check
+
+
+async def test_a_scenario_naming_a_tool_the_server_lacks_or_by_its_mcp_name_is_told_so():
+    server = art_mcp.McpServer.from_object(toy_server())
+    lines = [
+        {
+            "task": "Find the notes on tea.",
+            "tool_calls": ["notes.search"],
+        },  # the model: notes_search
+        {"task": "Delete the notes.", "tool_calls": ["delete_notes"]},
+    ]
+    scenarios = [parse_scenario(json.dumps(line)) for line in lines]
+    with pytest.raises(McpScenarioToolsError) as caught:
+        check_offered_tools(scenarios, await server.list_tools(), all_of_server=True)
+    message = str(caught.value)
+    assert "'notes.search' is offered to the model as 'notes_search': write that name" in message
+    assert "The server has no tool named 'delete_notes'" in message and "--tools" not in message
+
+
+def test_the_command_line_names_scenarios_calling_tools_left_out_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    path = scenario_file(tmp_path, STOCK, CREATE)
+    argv = ["--stdio", f"{sys.executable} {INVENTORY_SERVER_PATH}", "--tools", ",".join(TOOLS)]
+    argv += ["--scenarios", str(path), "--path", str(tmp_path / "art")]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "art mcp-train: error: 1 scenario(s) require calls to tools the agent is not" in err
+    assert "'create_item' by scenario 2" in err and "Traceback" not in err
+    assert not (tmp_path / "art").exists()  # no backend started
 
 
 # ----------------------------------------------------------------------------- code reward

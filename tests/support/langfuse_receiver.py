@@ -10,6 +10,19 @@ speaks its wire protocol on 127.0.0.1, as read from the langfuse SDK 5.x source:
   `dataType`, ...); answers 202 `{"message": "Accepted"}`.
 - `GET /api/public/projects`: the SDK's `auth_check()` and `get_trace_url()` call.
 
+And the read side the review read-back uses (`langfuse.api`'s `scores.get_many` and
+`annotation_queues.*`; each answer parses as the SDK's pydantic model, which the tests check):
+
+- `GET /api/public/v3/scores?traceId=a,b&name=x,y&fields=details,subject,annotation&limit=
+  &cursor=`: `{"data": [ScoreV3...], "meta": {"limit": n, "cursor": next or absent}}`, each
+  score with the core fields (`id`, `projectId`, `name`, `value`, `dataType`, `source`,
+  `timestamp`, `environment`, `createdAt`, `updatedAt`) plus the asked-for groups. The scores
+  are those POSTed (source `API`) and those a test makes as a person would in the UI
+  (`add_score`, source `ANNOTATION`).
+- `POST /api/public/annotation-queues/{queueId}/items` (`objectId`, `objectType`, `status`):
+  an `AnnotationQueueItem`; `GET` of the same path (`status`, `page`, `limit`): `{"data":
+  [...], "meta": {"page", "limit", "totalItems", "totalPages"}}`. An unknown queue is a 404.
+
 Every route needs `Authorization: Basic base64(public_key:secret_key)`; a wrong or missing one
 is a 401 with Langfuse's error body. `fail_next` queues statuses (503, 429...) answered before
 the next success, to exercise retries.
@@ -21,10 +34,13 @@ import base64
 import gzip
 import json
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -88,6 +104,7 @@ class LangfuseReceiver:
     scores: list[dict[str, Any]] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)
+    queues: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -96,6 +113,51 @@ class LangfuseReceiver:
             self.scores.clear()
             self.requests.clear()
             self.fail_next.clear()
+            self.queues.clear()
+
+    def add_score(
+        self,
+        trace_id: str,
+        name: str,
+        value: float | bool | str,
+        *,
+        comment: str | None = None,
+        author: str | None = "user-ann",
+    ) -> dict[str, Any]:
+        """A score as a person sets it on a trace in the Langfuse UI (source ANNOTATION)."""
+        data_type = (
+            "BOOLEAN"
+            if isinstance(value, bool)
+            else "CATEGORICAL"
+            if isinstance(value, str)
+            else "NUMERIC"
+        )
+        score = {
+            "id": str(uuid.uuid4()),
+            "traceId": trace_id,
+            "name": name,
+            "value": value,
+            "dataType": data_type,
+            "source": "ANNOTATION",
+            "timestamp": _now(),
+            **({"comment": comment} if comment else {}),
+            **({"authorUserId": author} if author else {}),
+        }
+        with self.lock:
+            self.scores.append(score)
+        return score
+
+    def add_queue(self, queue_id: str) -> None:
+        with self.lock:
+            self.queues.setdefault(queue_id, [])
+
+    def set_queue_status(self, queue_id: str, status: str) -> None:
+        """Mark every item of a queue PENDING or COMPLETED, as a person does in the UI."""
+        with self.lock:
+            for item in self.queues[queue_id]:
+                item["status"] = status
+                item["completedAt"] = _now() if status == "COMPLETED" else None
+                item["updatedAt"] = _now()
 
     def traces(self) -> dict[str, list[ReceivedSpan]]:
         """Spans by trace id, in arrival order."""
@@ -106,6 +168,41 @@ class LangfuseReceiver:
 
     def scores_of(self, trace_id: str) -> dict[str, dict[str, Any]]:
         return {s["name"]: s for s in self.scores if s["traceId"] == trace_id}
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def score_v3(score: dict[str, Any], fields: set[str]) -> dict[str, Any]:
+    """A stored score as `GET /api/public/v3/scores` returns it: the core fields, then the
+    groups asked for in `fields` (details, subject, annotation)."""
+    data_type = score.get("dataType", "NUMERIC")
+    value = score["value"]
+    if data_type == "BOOLEAN":
+        value = bool(value)
+    timestamp = score.get("timestamp") or _now()
+    answer: dict[str, Any] = {
+        "id": score["id"],
+        "projectId": PROJECT_ID,
+        "name": score["name"],
+        "value": value,
+        "dataType": data_type,
+        "source": score.get("source", "API"),
+        "timestamp": timestamp,
+        "environment": score.get("environment", "default"),
+        "createdAt": timestamp,
+        "updatedAt": timestamp,
+    }
+    if "details" in fields:
+        answer.update(
+            comment=score.get("comment"), configId=None, metadata=score.get("metadata") or {}
+        )
+    if "subject" in fields:
+        answer["subject"] = {"kind": "trace", "id": score["traceId"]}
+    if "annotation" in fields:
+        answer.update(authorUserId=score.get("authorUserId"), queueId=score.get("queueId"))
+    return answer
 
 
 def _value(value: AnyValue) -> Any:
@@ -201,7 +298,29 @@ def _handler(receiver: LangfuseReceiver) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if not self._authorized():
                 return
-            if self.path.startswith("/api/public/projects"):
+            url = urlsplit(self.path)
+            query = {key: values[-1] for key, values in parse_qs(url.query).items()}
+            queue = _queue_items_path(url.path)
+            if url.path == "/api/public/v3/scores":
+                self._scores_v3(query)
+            elif queue is not None:
+                with receiver.lock:
+                    items = receiver.queues.get(queue)
+                    items = None if items is None else [dict(item) for item in items]
+                if items is None:
+                    self._json(404, {"message": f"Annotation queue {queue} not found"})
+                    return
+                if "status" in query:
+                    items = [item for item in items if item["status"] == query["status"]]
+                page, limit = int(query.get("page", 1)), int(query.get("limit", 50))
+                meta = {
+                    "page": page,
+                    "limit": limit,
+                    "totalItems": len(items),
+                    "totalPages": -(-len(items) // limit),
+                }
+                self._json(200, {"data": items[(page - 1) * limit : page * limit], "meta": meta})
+            elif self.path.startswith("/api/public/projects"):
                 project = {
                     "id": PROJECT_ID,
                     "name": "art tests",
@@ -211,6 +330,31 @@ def _handler(receiver: LangfuseReceiver) -> type[BaseHTTPRequestHandler]:
                 self._json(200, {"data": [project]})
             else:
                 self._json(404, {"message": "not found"})
+
+        def _scores_v3(self, query: dict[str, str]) -> None:
+            limit = int(query.get("limit", 50))
+            if limit > 100:
+                self._json(400, {"message": "limit must be at most 100"})
+                return
+            fields = set(filter(None, query.get("fields", "").split(",")))
+            if fields - {"details", "subject", "annotation"}:
+                self._json(400, {"message": f"unknown fields {sorted(fields)}"})
+                return
+            traces = set(filter(None, query.get("traceId", "").split(",")))
+            names = set(filter(None, query.get("name", "").split(",")))
+            with receiver.lock:
+                matching = [
+                    score
+                    for score in receiver.scores
+                    if (not traces or score["traceId"] in traces)
+                    and (not names or score["name"] in names)
+                ]
+            start = int(query.get("cursor") or 0)  # an opaque cursor: here, an offset
+            page = matching[start : start + limit]
+            meta: dict[str, Any] = {"limit": limit}
+            if start + limit < len(matching):
+                meta["cursor"] = str(start + limit)
+            self._json(200, {"data": [score_v3(s, fields) for s in page], "meta": meta})
 
         def do_POST(self) -> None:
             body = self._body()
@@ -235,10 +379,43 @@ def _handler(receiver: LangfuseReceiver) -> type[BaseHTTPRequestHandler]:
                 with receiver.lock:
                     receiver.scores += scores
                 self._json(202, {"message": "Accepted"})
+            elif (queue := _queue_items_path(self.path)) is not None:
+                request = json.loads(body)
+                with receiver.lock:
+                    items = receiver.queues.get(queue)
+                    if items is not None:
+                        now = _now()
+                        item = {
+                            "id": str(uuid.uuid4()),
+                            "queueId": queue,
+                            "objectId": request["objectId"],
+                            "objectType": request["objectType"],
+                            "status": request.get("status") or "PENDING",
+                            "completedAt": None,
+                            "createdAt": now,
+                            "updatedAt": now,
+                        }
+                        items.append(item)
+                if items is None:
+                    self._json(404, {"message": f"Annotation queue {queue} not found"})
+                else:
+                    self._json(200, item)
             else:
                 self._json(404, {"message": "not found"})
 
     return Handler
+
+
+def _queue_items_path(path: str) -> str | None:
+    """The queue id of `/api/public/annotation-queues/{queueId}/items`, else None."""
+    parts = urlsplit(path).path.strip("/").split("/")
+    if (
+        len(parts) == 5
+        and parts[:3] == ["api", "public", "annotation-queues"]
+        and parts[4] == "items"
+    ):
+        return parts[3]
+    return None
 
 
 def start_receiver() -> tuple[LangfuseReceiver, ThreadingHTTPServer]:

@@ -14,7 +14,8 @@ it reads the calls' records from the backend in one request, waits for the step'
 (train), builds the traces (`_trace.py`) and sends them. A full queue, Langfuse down
 or a wrong key drop traces with a count (`stats()`, `art.langfuse_stats()`, the next step's
 `langfuse/exported_traces` and `langfuse/dropped_traces`) and one warning; nothing raises into
-training.
+training. `LangfuseObserver(review=LangfuseReview(...))` also reads decisions made in Langfuse
+on a step held for review back to the trainer (`_review.py`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import httpx
 
 from art_core._observers import ObservedModel, StepFinished
 from art_core.errors import LangfuseConfigError, LangfuseNotInstalledError
+from art_core.trackers.langfuse._review import HeldStepReview, LangfuseReview
 from art_core.trackers.langfuse._trace import (
     TraceContext,
     completion_ids,
@@ -353,18 +355,51 @@ class LangfuseExporter:
 
     def _get_sender(self) -> Sender:
         if self._sender is None:
-            from art_core.trackers.langfuse._wire import (
-                Sender,  # langfuse and opentelemetry load here
-            )
-
-            self._sender = Sender(
-                host=self.host,
-                public_key=self.public_key,
-                secret_key=self._secret_key,
-                environment=self.environment,
-                timeout=self.timeout,
-            )
+            self._sender = self._new_sender()
         return self._sender
+
+    def _new_sender(self) -> Sender:
+        from art_core.trackers.langfuse._wire import Sender  # langfuse and opentelemetry load here
+
+        return Sender(
+            host=self.host,
+            public_key=self.public_key,
+            secret_key=self._secret_key,
+            environment=self.environment,
+            timeout=self.timeout,
+        )
+
+    # ------------------------------------------------------------------- review read-back
+
+    def send_before_step(self, job: ExportJob) -> str | None:
+        """Send a train job's traces now, in the calling thread, without advantages (a step
+        held for review: reviewers need them during the hold); the job itself still goes after
+        the step and updates them. None on success, else the reason (nothing is dropped)."""
+        records = self._fetch_records(job)
+        now = time.time()
+        traces = [trace_from_trajectory(t, c, records, now=now) for t, c in job.items]
+        sender = self._new_sender()  # the worker's may be busy
+        for start in range(0, len(traces), TRACES_PER_REQUEST):
+            batch = traces[start : start + TRACES_PER_REQUEST]
+            error = sender.send_spans(batch) or sender.send_scores(batch)
+            if error is not None:
+                return error
+        self._count(job.owner, held_traces_sent=len(traces))
+        return None
+
+    def api_options(self) -> dict[str, Any]:
+        """The arguments of `langfuse.api.LangfuseAPI` for this project, as the SDK sets them."""
+        from langfuse._version import __version__ as sdk_version
+
+        return {
+            "base_url": self.host,
+            "username": self.public_key,
+            "password": self._secret_key,
+            "x_langfuse_sdk_name": "python",
+            "x_langfuse_sdk_version": sdk_version,
+            "x_langfuse_public_key": self.public_key,
+            "timeout": self.timeout,
+        }
 
     # ------------------------------------------------------------------------------- counting
 
@@ -469,12 +504,21 @@ class LangfuseObserver:
     variables are set, True requires export (a named error now, without the extra or the
     settings), an `art.LangfuseExporter` sends to that one. `TrainableModel(report_metrics=
     ["langfuse"])` builds it with `requested=True`; the default (`report_metrics=None`), without.
+
+    `review=art_core.trackers.langfuse.LangfuseReview(...)`: while a train step is held for
+    review, scores and annotation-queue status set in Langfuse on its traces become decisions
+    on the review page (source `langfuse`); see `_review.py`.
     """
 
     def __init__(
-        self, export: bool | LangfuseExporter | None = None, *, requested: bool = False
+        self,
+        export: bool | LangfuseExporter | None = None,
+        *,
+        requested: bool = False,
+        review: LangfuseReview | None = None,
     ) -> None:
         self.export = True if requested and export is None else export
+        self.review = review
         if self.export is True:
             resolve_exporter(True)  # a missing extra or setting fails here, not at step 1
 
@@ -505,7 +549,13 @@ class LangfuseObserver:
         if job is None:
             return None
 
+        held = None
+        if self.review is not None and split == "train":
+            held = HeldStepReview(exporter, self.review, model, job)
+
         def finished(result: TrainResult | None) -> None:
+            if held is not None:
+                held.finished()
             job.release(result.advantages if result is not None else None)
 
         return finished

@@ -2,7 +2,8 @@
 
 Mounted at `/review` by `art-server` (behind its API key) and served alone by `art review`.
 GET pages read the store; two POST routes append decisions (flag, override, withdraw, approve)
-to the model's `review/decisions.jsonl`. Errors are HTML pages (JSON for `Accept:
+to the model's `review/decisions.jsonl`, with their `source` (the page, or `langfuse` when the
+client's Langfuse read-back posts them); `GET .../pending` lists held steps as JSON for it. Errors are HTML pages (JSON for `Accept:
 application/json`) with the status: 404 naming what exists, 400 naming the field.
 
 Who may post: the app is served behind `HostGuardMiddleware` (a browser's cross-origin POST is
@@ -56,6 +57,7 @@ from art_backend.review._pages import (
 )
 from art_backend.store._checkpoints import ModelStore
 from art_backend.store._review_decisions import (
+    SOURCES,
     append_decision,
     list_pending,
     read_decisions,
@@ -210,6 +212,17 @@ def create_review_app(root: Path) -> FastAPI:
         row = await run_in_threadpool(append_decision, store.dir, decision)
         return _done(request, row, form.get("next") or target)
 
+    @app.get("/{project}/{name}/pending")
+    def held_steps(project: str, name: str) -> dict[str, Any]:
+        """The steps held for review now, with their trajectory ids (what the client matches)."""
+        store = open_model(root, project, name)
+        held = []
+        for pending in list_pending(store.dir):
+            if (found := read_pending(store.dir, pending.id)) is not None:
+                ids = [row["id"] for row in found[1] if "id" in row]
+                held.append({**pending.to_json(), "trajectory_ids": ids})
+        return {"pending": held}
+
     @app.post("/{project}/{name}/pending/{pending_id}/approve")
     async def approve(project: str, name: str, pending_id: str, request: Request) -> Response:
         form = await _form(request)
@@ -222,6 +235,7 @@ def create_review_app(root: Path) -> FastAPI:
             "action": "approve",
             "pending": pending_id,
             "who": _who(form),
+            "source": _source(form),
             "where": {"split": PENDING, "step": pending_id, "sampled_at": held.step},
         }
         row = await run_in_threadpool(append_decision, store.dir, decision)
@@ -255,7 +269,7 @@ def _decision(
         )
     view = load_step(store, split, step, load_state(store))
     urls = Urls(store.project, store.name)
-    decision: dict[str, Any] = {"reason": reason, "who": _who(form)}
+    decision: dict[str, Any] = {"reason": reason, "who": _who(form), "source": _source(form)}
     if action in TRAJECTORY_ACTIONS:
         trajectory = view.trajectory(form.get("trajectory_id", ""))
         decision.update(action=TRAJECTORY_ACTIONS[action], trajectory_id=trajectory.id)
@@ -299,6 +313,15 @@ def _reward(text: str) -> float:
 
 def _who(form: dict[str, str]) -> str | None:
     return form.get("who", "").strip()[:100] or None
+
+
+def _source(form: dict[str, str]) -> str:
+    source = form.get("source", "page")
+    if source not in SOURCES:
+        raise InvalidRequestError(
+            f"Unknown source {source!r}: use one of {', '.join(SOURCES)}.", param="source"
+        )
+    return source
 
 
 def _not_held(store: ModelStore, pending_id: str) -> BackendError:

@@ -238,6 +238,7 @@ def decisions_in_force(trajectory: TrajectoryView) -> str:
     ):
         if row:
             by = f" by {e(row.get('who'))}" if row.get("who") else ""
+            by += " in Langfuse" if row.get("source") == "langfuse" else ""
             lines.append(
                 f'<div class="decision">{label}{by} at {e(when(row["at"]))}: {e(row.get("reason"))}</div>'
             )

@@ -233,12 +233,12 @@ def _decision_log(urls: Urls, decisions: list[dict[str, Any]], held: set[str]) -
         value = f" → {number(row['reward'])}" if "reward" in row else ""
         rows.append(
             f"<tr><td>{e(when(row['at']))}</td><td>{e(row.get('who') or '')}</td>"
-            f"<td>{e(row['action'])}{value}</td><td>{e(target)}</td><td>{link}</td>"
+            f"<td>{e(row.get('source', 'page'))}</td><td>{e(row['action'])}{value}</td><td>{e(target)}</td><td>{link}</td>"
             f"<td>{e(row.get('reason') or '')}</td></tr>"
         )
     return (
         '<h2>Review decisions <small class="muted">(append-only, newest first)</small></h2>'
-        "<table><tr><th>at</th><th>who</th><th>action</th><th>target</th><th>where</th>"
+        "<table><tr><th>at</th><th>who</th><th>source</th><th>action</th><th>target</th><th>where</th>"
         f"<th>reason</th></tr>{''.join(rows)}</table>"
     )
 

@@ -590,6 +590,16 @@ _LINE_BREAKS_JSON_KEEPS = str.maketrans(
 )
 
 
+async def chat_chunks(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    """A chat stream's `data:` lines as chunk dicts, until `[DONE]` (what the translations of
+    the other APIs, Responses and Messages, read)."""
+    async for line in lines:
+        payload = line.removeprefix("data: ").strip()
+        if payload == "[DONE]":
+            return
+        yield json.loads(payload)
+
+
 def sse_json(body: Any) -> str:
     """JSON for one `data:` line: UTF-8 text kept, every line-break character escaped."""
     return json.dumps(body, ensure_ascii=False).translate(_LINE_BREAKS_JSON_KEEPS)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -32,7 +31,7 @@ from pydantic import ValidationError
 
 from art_backend._errors import BackendError, InvalidRequestError, ResponseNotFoundError
 from art_backend._limits import parse_json_object
-from art_backend.serving._chat import ChatService
+from art_backend.serving._chat import ChatService, chat_chunks
 from art_backend.serving._responses_output import (
     EventWriter,
     assistant_message,
@@ -307,11 +306,7 @@ class ResponsesService:
     ) -> AsyncIterator[str]:
         writer = EventWriter(request)
         try:
-            async for line in lines:
-                payload = line.removeprefix("data: ").strip()
-                if payload == "[DONE]":
-                    break
-                chunk = json.loads(payload)
+            async for chunk in chat_chunks(lines):
                 if "error" in chunk:
                     yield writer.failed(chunk["error"].get("message", "generation failed"))
                     return

@@ -1,5 +1,6 @@
 """The OpenAI protocol's routes over one chat service: chat completions and responses (also
-under a rollout-scoped base URL), the stored records and rollouts, the served models, adapters.
+under a rollout-scoped base URL), Anthropic's messages beside them, the stored records and
+rollouts, the served models, adapters.
 
 Generation routes read their body themselves (parsed off the event loop when large, so other
 clients do not stall) and are cancelled when the client goes away; the rest are declared models.
@@ -21,6 +22,12 @@ from art_backend._limits import CheckedJsonRoute, parse_json_object
 from art_backend._unicode import TolerantJSONResponse
 from art_backend.engines._adapter_files import ADAPTER_CONFIG, ADAPTER_SAFETENSORS
 from art_backend.serving._chat import ChatService
+from art_backend.serving._messages import MessagesService, in_anthropic_shape
+from art_backend.serving._messages_schemas import (
+    CountTokensRequest,
+    MessageCreateRequest,
+    inline_json_schema,
+)
 from art_backend.serving._responses import ResponsesService
 from art_backend.serving._schemas import (
     ChatCompletionRequest,
@@ -116,6 +123,50 @@ def serving_router(service: ChatService, art_path: Path) -> APIRouter:
     async def delete_response(response_id: str):
         return responses.delete(response_id)
 
+    # -------------------------------------------------------------------------------- messages
+
+    # Anthropic's Messages API, translated onto chat completions; errors in Anthropic's shape.
+    messages = MessagesService(service)
+    body_description = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": inline_json_schema(MessageCreateRequest)}},
+        },
+        "responses": {"200": {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+    }
+
+    async def create_message(raw: Request, rollout_id: str | None = None):
+        work = _answer(raw, rollout_id, messages.parse, messages.stream, messages.create)
+        return await in_anthropic_shape(work)
+
+    @router.post("/v1/messages", openapi_extra=body_description)
+    async def create_plain_message(raw: Request):
+        return await create_message(raw)
+
+    @router.post("/rollouts/{rollout_id}/v1/messages", openapi_extra=body_description)
+    async def create_rollout_message(rollout_id: str, raw: Request):
+        return await create_message(raw, rollout_id)
+
+    count_schema = inline_json_schema(CountTokensRequest)
+    count_description = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": count_schema}},
+        }
+    }
+
+    async def count_message_tokens(raw: Request):
+        _, request = await _parsed_request(raw, None, messages.parse_count)
+        return await messages.count_tokens(request)
+
+    @router.post("/v1/messages/count_tokens", openapi_extra=count_description)
+    async def count_tokens(raw: Request):
+        return await in_anthropic_shape(count_message_tokens(raw))
+
+    @router.post("/rollouts/{rollout_id}/v1/messages/count_tokens", openapi_extra=count_description)
+    async def count_rollout_tokens(rollout_id: str, raw: Request):
+        return await in_anthropic_shape(count_message_tokens(raw))
+
     # ---------------------------------------------------------------------------------- models
 
     async def list_models():
@@ -204,8 +255,8 @@ async def _answer(
     stream: Callable[[Any, str | None], Awaitable[AsyncIterator[str]]],
     complete: Callable[[Any, str | None], Coroutine[Any, Any, Any]],
 ) -> Any:
-    """One generation route (chat completions, responses): parse the body, then stream it as
-    server-sent events or answer once, cancelled if the client goes away."""
+    """One generation route (chat completions, responses, messages): parse the body, then
+    stream it as server-sent events or answer once, cancelled if the client goes away."""
     rollout_id, request = await _parsed_request(raw, rollout_id, parse)
     if request.stream:
         events = await stream(request, rollout_id)

@@ -8,8 +8,10 @@
 A decision row: `{"at": unix time, "action": ..., "reason": ..., "who": ...}` plus its target.
 Actions: `flag_trajectory` and `override_reward` (`trajectory_id`, `reward`), `flag_group`
 (`trajectory_ids`: the group's members), `withdraw` (undoes the earlier flags and overrides of
-the same target), `approve` (`pending`: releases a held step at once). The latest row for a
-target wins, so the file is the whole audit trail. Only torch-free imports: `art review` reads
+the same target), `approve` (`pending`: releases a held step at once). `source` says where
+it was made: `page` (the review page, the default) or `langfuse` (a score or an annotation queue
+read back from Langfuse by the client's `LangfuseObserver(review=...)`). The latest row for a
+target wins, whatever its source, so the file is the whole audit trail. Only torch-free imports: `art review` reads
 these files without loading a model.
 """
 
@@ -34,6 +36,7 @@ PENDING = "_pending"
 PENDING_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")
 
 ACTIONS = ("flag_trajectory", "flag_group", "override_reward", "withdraw", "approve")
+SOURCES = ("page", "langfuse")  # where a decision was made (`source`; absent: page)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from art_mcp._errors import (
     McpConfigError,
     McpContextError,
     McpScenarioFileError,
+    McpScenarioToolsError,
     McpServerError,
 )
 from art_mcp._server import McpServer, McpSession, ToolOutcome
@@ -30,6 +31,7 @@ __all__ = [
     "McpConfigError",
     "McpContextError",
     "McpScenarioFileError",
+    "McpScenarioToolsError",
     "McpServer",
     "McpServerError",
     "McpSession",

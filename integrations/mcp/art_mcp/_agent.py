@@ -13,7 +13,12 @@ import contextlib
 import json
 from typing import Any
 
+import openai
+
 import art_core as art
+from art_core.rewards._scenarios import context_sizes
+from art_mcp._errors import McpContextError
+from art_mcp._fit import fitting_tools, is_context_overflow, overflow_advice
 from art_mcp._server import McpServer, McpSession
 from art_mcp._tools import McpTool
 
@@ -71,13 +76,21 @@ async def rollout(
 
     async with _session(server, session) as live:
         for turns in range(1, max_turns + 1):
-            completion = await client.chat.completions.create(
-                model=model.get_inference_name(),
-                messages=[m if isinstance(m, dict) else _as_dict(m) for m in messages],  # type: ignore[misc]
-                tools=openai_tools,  # type: ignore[arg-type]
-                max_tokens=max_tokens,
-                temperature=temperature,
-            )
+            sent = [m if isinstance(m, dict) else _as_dict(m) for m in messages]
+            try:
+                completion = await client.chat.completions.create(
+                    model=model.get_inference_name(),
+                    messages=sent,  # type: ignore[arg-type]
+                    tools=openai_tools,  # type: ignore[arg-type]
+                    max_tokens=max_tokens,
+                    temperature=temperature,
+                )
+            except openai.BadRequestError as error:
+                if not is_context_overflow(error):
+                    raise
+                raise await _context_error(
+                    model, server, sent, tools, max_tokens, turns, str(error.message)
+                ) from error
             choice = completion.choices[0]
             messages.append(choice)
             calls = choice.message.tool_calls or []
@@ -141,6 +154,46 @@ async def _call(
     counts["tool_timeouts"] += outcome.timed_out
     counts["truncated_results"] += outcome.truncated
     return outcome.text, outcome.is_error, outcome.seconds
+
+
+async def _context_error(
+    model: art.Model,
+    server: McpServer,
+    messages: list[dict[str, Any]],
+    tools: list[McpTool],
+    max_tokens: int,
+    turn: int,
+    refusal: str,
+) -> McpContextError:
+    """The model refused a turn as too long: which tools would fit, measured on this very
+    prompt (`_fit.py`), as an `allowed_tools` hint."""
+    sizes = context_sizes(refusal)
+    fit = await fitting_tools(
+        model.openai_client(),
+        model.get_inference_name(),
+        messages,
+        tools,
+        extra_tools=[COMPLETE_TASK],
+        max_tokens=max_tokens,
+        context=sizes[0] if sizes else None,
+    )
+    size = (
+        f"context of {sizes[0]} tokens: the prompt takes {sizes[1]} tokens, with "
+        f"max_tokens={max_tokens} to answer"
+        if sizes
+        else f"context ({refusal})"
+    )
+    grown = (
+        f" The conversation grew over {turn - 1} turns of tool calls and results: a lower "
+        "max_turns, or McpServer(..., max_result_chars=...) for shorter results, helps too."
+        if turn > 1
+        else ""
+    )
+    return McpContextError(
+        f"Turn {turn} of the rollout does not fit {model.get_inference_name()}'s {size}; it "
+        f"offers {len(tools)} tool(s) of {server.label}.{grown} "
+        f"{overflow_advice(fit, sizes[1] if sizes else None)}"
+    )
 
 
 def _session(server: McpServer, session: McpSession | None) -> Any:

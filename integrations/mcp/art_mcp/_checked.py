@@ -13,7 +13,9 @@ A scenario file is JSONL, one scenario a line::
   (the arguments given must match, strings case-insensitively; others may be added).
 - `difficulty` (optional, 1-10, default 1).
 
-A line needs `task` and at least one of `answer` / `tool_calls`. The reward of a run is the
+A line needs `task` and at least one of `answer` / `tool_calls`. A `tool_calls` name is the
+name the model calls (`McpTool.openai_name`); one the agent is not offered (`allowed_tools`,
+`--tools`) fails the run early (`check_offered_tools`): that check could never pass. The reward of a run is the
 share of those checks it passes (0..1), so partial progress (the right tool, a wrong answer)
 is told apart from nothing. In Python, `check(scenario, trajectory) -> float` (sync or async)
 replaces it.
@@ -25,7 +27,7 @@ import inspect
 import json
 import math
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,8 @@ from pydantic import Field
 
 import art_core as art
 from art_core.utils import jsonl_lines
-from art_mcp._errors import McpConfigError, McpScenarioFileError
+from art_mcp._errors import McpConfigError, McpScenarioFileError, McpScenarioToolsError
+from art_mcp._tools import McpTool
 
 Check = Callable[[art.Scenario, art.Trajectory], "float | Awaitable[float]"]
 
@@ -137,6 +140,71 @@ def scenario_of(data: Any, text: str, path: str, line: int) -> CheckedScenario:
         answer=answers,
         tool_calls=normalized,
     )
+
+
+def required_tools(scenarios: Sequence[art.Scenario]) -> set[str]:
+    """The tool names the scenarios' checks require calls to (OpenAI names)."""
+    return {
+        call["name"]
+        for scenario in scenarios
+        if isinstance(scenario, CheckedScenario)
+        for call in scenario.tool_calls
+    }
+
+
+def check_offered_tools(
+    scenarios: Sequence[art.Scenario], offered: Sequence[McpTool], *, all_of_server: bool = False
+) -> None:
+    """Raise `McpScenarioToolsError` when a scenario requires a call to a tool the agent is not
+    offered (`offered` and `complete_task`): that check could never pass. `all_of_server`: the
+    offered tools are all the server has (no `allowed_tools`), so more cannot be offered."""
+    names = {tool.openai_name for tool in offered} | {"complete_task"}
+    missing: dict[str, list[int]] = {}
+    for number, scenario in enumerate(scenarios, 1):
+        if isinstance(scenario, CheckedScenario):
+            for call in scenario.tool_calls:
+                if call["name"] not in names and number not in missing.get(call["name"], []):
+                    missing.setdefault(call["name"], []).append(number)
+    if not missing:
+        return
+    affected = {number for numbers in missing.values() for number in numbers}
+    callers = "; ".join(_callers(name, numbers, scenarios) for name, numbers in missing.items())
+    seen_as = {tool.name: tool.openai_name for tool in offered if tool.name != tool.openai_name}
+    renamed = [
+        f"{name!r} is offered to the model as {seen_as[name]!r}"
+        for name in missing
+        if name in seen_as
+    ]
+    absent = [name for name in missing if name not in seen_as]
+    if not absent:
+        todo = ""
+    elif all_of_server:
+        todo = (
+            f" The server has no tool named {', '.join(map(repr, absent))}: correct the names, or "
+            "remove those calls from the scenarios."
+        )
+    else:
+        wanted = ",".join([*(tool.name for tool in offered), *absent])
+        todo = (
+            f" Offer them too (`art mcp-train --tools {wanted}`, or McpServer(..., "
+            "allowed_tools=[...]) with them), or remove those calls from the scenarios."
+        )
+    raise McpScenarioToolsError(
+        f"{len(affected)} scenario(s) require calls to tools the agent is not offered, so those "
+        f"checks could never pass: {callers}. Offered: "
+        f"{', '.join(tool.openai_name for tool in offered) or 'none'} (and complete_task)."
+        + "".join(f" {hint}: write that name in the scenarios." for hint in renamed)
+        + todo,
+        missing=missing,
+    )
+
+
+def _callers(
+    name: str, numbers: list[int], scenarios: Sequence[art.Scenario], shown: int = 3
+) -> str:
+    listed = ", ".join(f"{n} ({scenarios[n - 1].task[:50]!r})" for n in numbers[:shown])
+    more = f" and {len(numbers) - shown} more" if len(numbers) > shown else ""
+    return f"{name!r} by scenario {listed}{more}"
 
 
 def final_answer(trajectory: art.Trajectory) -> str:

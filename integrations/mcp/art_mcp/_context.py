@@ -4,13 +4,15 @@ An MCP server's tool schemas go into every request the agent makes. A server wit
 can fill a small model's context before the task is even read, and then every rollout fails at
 its first turn. `check_context` sends the agent's first request (system prompt, every tool, a
 short task, `max_tokens`) once: when the model refuses it as too long, the sizes in its answer
-and a second request without the tools say how many tokens the schemas take, and
-`McpContextError` names the largest tools and the `allowed_tools` option.
+and a second request without the tools say how many tokens the schemas take, a few more
+requests measure which tools do fit (`_fit.py`: the rendered prompt of each candidate subset,
+never the set that was refused), and `McpContextError` names that subset for `allowed_tools`
+and `--tools`, or, when no subset fits, what to do instead.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Collection
 from typing import Any
 
 import openai
@@ -19,11 +21,11 @@ import art_core as art
 from art_core.rewards._scenarios import context_sizes
 from art_mcp._agent import COMPLETE_TASK, DEFAULT_SYSTEM_PROMPT
 from art_mcp._errors import McpContextError
+from art_mcp._fit import fitting_tools, is_context_overflow, overflow_advice, schema_chars
 from art_mcp._server import McpServer
 from art_mcp._tools import McpTool
 
 _PROBE_TASK = "Check that the tools work."
-_CONTEXT_OVERFLOW = ("context length", "context window", "context of", "prompt is too long")
 
 
 async def check_context(
@@ -32,9 +34,11 @@ async def check_context(
     *,
     max_tokens: int = 256,
     system_prompt: str | None = None,
+    prefer_tools: Collection[str] = (),
 ) -> None:
     """Raise `McpContextError` if the agent's first request cannot fit `model`'s context with
-    `max_tokens` to answer (one request to the model; two when it does not fit)."""
+    `max_tokens` to answer (one request to the model; a few more when it does not fit, to
+    measure which tools do: those named in `prefer_tools`, OpenAI names, are kept first)."""
     tools = await server.list_tools()
     messages = [
         {
@@ -55,15 +59,25 @@ async def check_context(
         )
         return
     except openai.BadRequestError as error:
-        if not any(words in str(error.message).lower() for words in _CONTEXT_OVERFLOW):
+        if not is_context_overflow(error):
             raise
         refusal = str(error.message)
     sizes = context_sizes(refusal)
+    fit = await fitting_tools(
+        client,
+        model.get_inference_name(),
+        messages,
+        tools,
+        extra_tools=[COMPLETE_TASK],
+        max_tokens=max_tokens,
+        context=sizes[0] if sizes else None,
+        prefer=prefer_tools,
+    )
     if sizes is None:
         raise McpContextError(
             f"{model.get_inference_name()} refused the agent's first request as too long for "
-            f"its context ({refusal}); it holds the schemas of the {len(tools)} tools of "
-            f"{server.label}. {_advice(tools)}"
+            f"its context ({refusal}); it holds the schemas of the {_tools(len(tools))} of "
+            f"{server.label}. {overflow_advice(fit, None)}"
         )
     context, prompt_tokens = sizes
     without_tools = await _prompt_tokens_without_tools(client, model, messages)
@@ -74,9 +88,10 @@ async def check_context(
     raise McpContextError(
         f"The agent's first request does not fit {model.get_inference_name()}'s context of "
         f"{context} tokens: its prompt takes {prompt_tokens} tokens, {schema_tokens} of them "
-        f"({counted}) the schemas of the {len(tools)} tools of {server.label}, and each turn "
+        f"({counted}) the schemas of the {_tools(len(tools))} of {server.label}, and each turn "
         f"may answer up to max_tokens={max_tokens}. Largest tools (estimated from their share "
-        f"of the schema text): {_largest(tools, schema_tokens)}. {_advice(tools)}"
+        f"of the schema text; the chat template adds its own tokens to each): "
+        f"{_largest(tools, schema_tokens)}. {overflow_advice(fit, prompt_tokens)}"
     )
 
 
@@ -95,28 +110,20 @@ async def _prompt_tokens_without_tools(
     return response.usage.prompt_tokens if response.usage else None
 
 
-def _schema_chars(tool: McpTool) -> int:
-    return len(json.dumps(tool.openai_tool(), ensure_ascii=False))
-
-
 def _estimate(tools: list[McpTool], prompt_tokens: int) -> int:
     """The schemas' share of the prompt, by characters (system prompt and task included)."""
-    schema = sum(_schema_chars(tool) for tool in tools)
+    schema = sum(schema_chars(tool) for tool in tools)
     other = len(DEFAULT_SYSTEM_PROMPT) + len(_PROBE_TASK)
     return round(prompt_tokens * schema / max(schema + other, 1))
 
 
 def _largest(tools: list[McpTool], schema_tokens: int, shown: int = 5) -> str:
-    total = sum(_schema_chars(tool) for tool in tools) or 1
-    ranked = sorted(tools, key=_schema_chars, reverse=True)[:shown]
+    total = sum(schema_chars(tool) for tool in tools) or 1
+    ranked = sorted(tools, key=schema_chars, reverse=True)[:shown]
     return ", ".join(
-        f"{tool.name} ~{round(schema_tokens * _schema_chars(tool) / total)}" for tool in ranked
+        f"{tool.name} ~{round(schema_tokens * schema_chars(tool) / total)}" for tool in ranked
     )
 
 
-def _advice(tools: list[McpTool]) -> str:
-    example = ",".join(tool.name for tool in tools[:2])
-    return (
-        "Offer fewer tools: McpServer(..., allowed_tools=[...]) or `art mcp-train --tools "
-        f"{example}`; or lower max_tokens, or use a model with a longer context."
-    )
+def _tools(count: int) -> str:
+    return f"{count} tool" if count == 1 else f"{count} tools"

@@ -34,3 +34,13 @@ class McpScenarioFileError(McpConfigError):
         self.path = path
         self.line = line
         self.field = field
+
+
+class McpScenarioToolsError(McpConfigError):
+    """Scenarios whose checks require calls to tools the agent is not offered (not in
+    `allowed_tools` / `--tools`, or not on the server): those checks could never pass.
+    `.missing` maps each such tool name to the scenarios (1-based, in order) that call it."""
+
+    def __init__(self, message: str, *, missing: dict[str, list[int]]) -> None:
+        super().__init__(message)
+        self.missing = missing

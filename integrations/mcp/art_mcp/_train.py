@@ -27,10 +27,12 @@ from art_mcp._agent import COMPLETE_TASK, DEFAULT_SYSTEM_PROMPT, rollout
 from art_mcp._checked import (
     Check,
     CheckedScenario,
+    check_offered_tools,
     code_reward,
     final_answer,
     load_scenarios,
     made_calls,
+    required_tools,
 )
 from art_mcp._context import check_context
 from art_mcp._errors import McpConfigError, McpServerError
@@ -114,14 +116,20 @@ async def train(
     the warm start and at the end. `max_minutes` (code and both): no new step starts once it
     would end, with the final evaluation, past this many minutes from the first evaluation.
 
-    Raises `McpContextError` before anything else when the server's tools leave the model no
-    room to answer (see `check_context`); `McpScenarioFileError` for a bad scenario file;
-    `McpConfigError` for a reward that cannot be computed."""
-    await check_context(model, server, max_tokens=max_tokens)
+    Before anything else (no rollout, no scenario generated) raises `McpScenarioFileError` for
+    a bad scenario file, `McpScenarioToolsError` (a `McpConfigError`) when a scenario requires a
+    call to a tool the agent is not offered, and `McpContextError` when the server's tools leave
+    the model no room to answer (see `check_context`: it names a subset that fits, the tools
+    the scenarios call first); `McpConfigError` for a reward that cannot be computed."""
     if scenarios is not None:
         scenarios = list(
             load_scenarios(scenarios) if isinstance(scenarios, str | Path) else scenarios
         )
+        check_offered_tools(
+            scenarios, await server.list_tools(), all_of_server=server.allowed_tools is None
+        )
+    needed = required_tools(scenarios or [])
+    await check_context(model, server, max_tokens=max_tokens, prefer_tools=needed)
     reward = _chosen_reward(reward, scenarios, check, judge, max_minutes)
     # Read now: a bad demonstration fails before any rollout is paid for.
     demos = await demonstrations(server, sft) if sft is not None else None

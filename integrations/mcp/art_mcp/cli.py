@@ -24,7 +24,7 @@ from pathlib import Path
 import art_core as art
 from art_core.report import print_summary
 from art_core.utils.sft import get_file_row_count
-from art_mcp._checked import load_scenarios
+from art_mcp._checked import check_offered_tools, load_scenarios
 from art_mcp._server import McpServer
 from art_mcp._train import train
 
@@ -108,6 +108,11 @@ async def run(args: argparse.Namespace) -> art.AutoRLResult:
     server = server_from_args(args)
     # Read before the backend starts: a bad line fails in a second, naming line and field.
     scenarios = load_scenarios(args.scenario_file) if args.scenario_file else None
+    if scenarios is not None:
+        # Before the backend too: a check calling a tool --tools leaves out could never pass.
+        async with server:
+            offered = await server.list_tools()
+        check_offered_tools(scenarios, offered, all_of_server=args.tools is None)
     if args.sft:
         get_file_row_count(args.sft)  # every line checked; InvalidSFTFileError names a bad one
     backend = art.LocalBackend(path=args.path)

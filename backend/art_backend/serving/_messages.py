@@ -1,0 +1,269 @@
+"""Anthropic's Messages API (POST /v1/messages) as a translation over chat completions.
+
+A Messages request becomes a `ChatCompletionRequest` (`system` -> a system message, `tool_use`
+blocks -> the assistant turn's tool calls, `tool_result` blocks -> tool messages, tools'
+`input_schema` -> function `parameters`, `tool_choice` any/tool -> required/a named function)
+and runs through `ChatService` unchanged: both engines, tool-call parsing, constrained decoding
+and the exact-token records work as for chat completions, so a rollout of Messages calls
+trains like any other. The chat result is written back as a Message, or, streaming, the chat
+chunks as Anthropic's events; errors take Anthropic's shape (`_messages_output.error_body`).
+
+The Anthropic SDKs append `/v1/messages` to their base URL: give them the server's root, or
+`/rollouts/{id}` for a rollout (`r.base_url.removesuffix("/v1")` in a `model.rollout()` scope).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Any
+
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from art_backend._errors import BackendError, InvalidRequestError
+from art_backend._limits import parse_json_object
+from art_backend.serving._chat import ChatService, chat_chunks
+from art_backend.serving._messages_output import (
+    EventWriter,
+    content_blocks,
+    error_response,
+    message_object,
+    message_usage,
+    new_id,
+    stop_reason,
+)
+from art_backend.serving._messages_schemas import (
+    CountTokensRequest,
+    InputMessage,
+    MessageCreateRequest,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from art_backend.serving._schemas import ChatCompletionRequest
+
+# Chat names in errors raised below the translation, and the Messages names a caller sent.
+_MESSAGES_TERMS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences"}
+OPENAI_STOP_LIMIT = 4  # the chat schema's bound; Anthropic allows more, set after validation
+
+
+class MessagesService:
+    """Serves Anthropic's Messages API on top of one `ChatService`."""
+
+    def __init__(self, chat: ChatService) -> None:
+        self.chat = chat
+
+    @staticmethod
+    def parse(body: bytes) -> MessageCreateRequest:
+        """Validate a request body (a 400 naming the field when it is wrong)."""
+        return MessageCreateRequest.model_validate(parse_json_object(body)).came_in(len(body))
+
+    async def create(self, request: MessageCreateRequest, rollout_id: str | None) -> dict:
+        """Run a non-streaming request to the end and return the Message object."""
+        chat_request = chat_request_for(request, stream=False)
+        with _in_messages_terms():
+            chat_body = await self.chat.complete(chat_request, rollout_id)
+        choice = chat_body["choices"][0]
+        stop_sequence = self._stop_sequence(request, choice["finish_reason"], choice["token_ids"])
+        usage = chat_body["usage"]
+        return message_object(
+            message_id=new_id("msg"),
+            model=chat_body["model"],
+            content=content_blocks(choice["message"]),
+            stop_reason=stop_reason(choice["finish_reason"], stop_sequence),
+            stop_sequence=stop_sequence,
+            usage=message_usage(usage["prompt_tokens"], usage["completion_tokens"]),
+            completion_id=chat_body["id"],
+            prompt_token_ids=chat_body["prompt_token_ids"],
+            token_ids=choice["token_ids"],
+        )
+
+    async def stream(
+        self, request: MessageCreateRequest, rollout_id: str | None
+    ) -> AsyncIterator[str]:
+        """Prepare eagerly (so bad input fails before streaming), then yield Anthropic events."""
+        chat_request = chat_request_for(request, stream=True)
+        with _in_messages_terms():
+            lines = await self.chat.stream(chat_request, rollout_id)
+        return self._events(request, lines)
+
+    @staticmethod
+    def parse_count(body: bytes) -> CountTokensRequest:
+        """Validate a count_tokens body: a Messages request that may leave out `max_tokens`."""
+        return CountTokensRequest.model_validate(parse_json_object(body)).came_in(len(body))
+
+    async def count_tokens(self, request: CountTokensRequest) -> dict[str, int]:
+        """POST /v1/messages/count_tokens: the prompt's length as the model's template renders it."""
+        chat_request = chat_request_for(request, stream=False)
+        with _in_messages_terms():
+            generation, _ = await asyncio.to_thread(self.chat.prepare, chat_request)
+        return {"input_tokens": len(generation.prompt_ids)}
+
+    async def _events(
+        self, request: MessageCreateRequest, lines: AsyncIterator[str]
+    ) -> AsyncIterator[str]:
+        writer = EventWriter(request.model)
+        try:
+            async for chunk in chat_chunks(lines):
+                if "error" in chunk:
+                    yield writer.failed(chunk["error"].get("message", "generation failed"))
+                    return
+                for event in writer.chunk(chunk):
+                    yield event
+            stop_sequence = self._stop_sequence(request, writer.finish_reason, writer.token_ids)
+            for event in writer.finish(stop_sequence):
+                yield event
+        finally:
+            # Closing the chat stream cancels the generation when the client went away.
+            close = getattr(lines, "aclose", None)
+            if close is not None:
+                await close()
+
+    def _stop_sequence(
+        self, request: MessageCreateRequest, finish_reason: str | None, token_ids: list[int]
+    ) -> str | None:
+        """The stop sequence that ended the answer, if one did: the engine stops on it and
+        leaves it out of the text, so it is found in the decoded sampled tokens."""
+        if finish_reason != "stop" or not request.stop_sequences:
+            return None
+        sampled = self.chat.engine.tokenizer.decode(token_ids, skip_special_tokens=True)
+        found = [(sampled.find(s), s) for s in request.stop_sequences if s in sampled]
+        return min(found)[1] if found else None
+
+
+# ------------------------------------------------------------------------------- translation
+
+
+def chat_request_for(request: MessageCreateRequest, *, stream: bool) -> ChatCompletionRequest:
+    """The chat completion request a Messages request means."""
+    system = [{"role": "system", "content": request.system_text}] if request.system_text else []
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.input_schema,
+                "strict": tool.strict,
+            },
+        }
+        for tool in request.tools or []
+    ]
+    choice = request.tool_choice
+    tool_choice: Any = None
+    if choice is not None and tools:
+        tool_choice = {"auto": "auto", "any": "required", "none": "none"}.get(choice.type)
+        if choice.type == "tool":
+            tool_choice = {"type": "function", "function": {"name": choice.name}}
+    stops = request.stop_sequences or []
+    body = {
+        "model": request.model,
+        "messages": [*system, *chat_messages(request.messages)],
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+        "stop": stops[:OPENAI_STOP_LIMIT] or None,
+        "tools": tools or None,
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": not (choice is not None and choice.disable_parallel_tool_use),
+        "stream": stream,
+        "stream_options": {"include_usage": True} if stream else None,
+    }
+    try:
+        chat = ChatCompletionRequest.model_validate(
+            {key: value for key, value in body.items() if value is not None}
+        ).came_in(request.body_bytes)
+    except ValidationError as error:  # the schema above should have caught it
+        first = error.errors()[0]
+        raise InvalidRequestError(
+            f"The request cannot be served: {first.get('msg')} (at {first.get('loc')}).",
+            param="messages",
+        ) from error
+    chat.stop = stops or None  # Anthropic allows more stop sequences than OpenAI's four
+    return chat
+
+
+def chat_messages(messages: list[InputMessage]) -> list[dict[str, Any]]:
+    """Anthropic turns as chat messages: an assistant turn's `tool_use` blocks become its tool
+    calls (arguments written as the chat layer writes them, so the next turn extends the
+    recorded one), a user turn's `tool_result` blocks become tool messages before its text."""
+    chat: list[dict[str, Any]] = []
+    for message in messages:
+        texts = [block.text for block in message.content if isinstance(block, TextBlock)]
+        if message.role == "assistant":
+            calls = [_tool_call(b) for b in message.content if isinstance(b, ToolUseBlock)]
+            turn: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) or None}
+            if calls:
+                turn["tool_calls"] = calls
+            elif turn["content"] is None:
+                turn["content"] = ""
+            chat.append(turn)
+            continue
+        chat += [
+            {"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text}
+            for block in message.content
+            if isinstance(block, ToolResultBlock)
+        ]
+        if texts or not any(isinstance(block, ToolResultBlock) for block in message.content):
+            chat.append({"role": message.role, "content": "\n".join(texts)})
+    return chat
+
+
+def _tool_call(block: ToolUseBlock) -> dict[str, Any]:
+    return {
+        "id": block.id,
+        "type": "function",
+        "function": {
+            "name": block.name,
+            "arguments": json.dumps(block.input, ensure_ascii=False),
+        },
+    }
+
+
+@contextlib.contextmanager
+def _in_messages_terms() -> Iterator[None]:
+    """Errors from the chat layer name the Messages fields the caller actually sent."""
+    try:
+        yield
+    except BackendError as error:
+        error.param = _MESSAGES_TERMS.get(error.param or "", error.param)
+        error.message = error.message.replace("max_completion_tokens", "max_tokens")
+        error.args = (error.message,)
+        raise
+
+
+async def in_anthropic_shape(work: Awaitable[Any]) -> Any:
+    """Await a Messages route's work; an error it raises is answered in Anthropic's shape
+    (the app's handlers answer OpenAI's, which an Anthropic SDK cannot read)."""
+    try:
+        return await work
+    except BackendError as error:
+        return error_response(error.status_code, error.message, param=error.param, code=error.code)
+    except ValidationError as error:
+        return _validation_error(error)
+
+
+def _validation_error(error: ValidationError) -> Response:
+    first = error.errors()[0]
+    param = _field_path(tuple(first.get("loc", ())))
+    if first.get("type") == "extra_forbidden":
+        message = f"{param}: Extra inputs are not permitted (not a Messages API field here)"
+    else:
+        reason = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        message = f"{param}: {reason}" if param else reason
+    return error_response(400, message, param=param, code="invalid_value")
+
+
+def _field_path(location: tuple[Any, ...]) -> str | None:
+    """`messages.0.content.1.type` as `messages[0].content[1].type`, without pydantic's union
+    branch names (`str`, `list[...]`, the block tags)."""
+    text = ""
+    for part in location:
+        if isinstance(part, str) and ("[" in part or part in {"str", "int", "body"}):
+            continue
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or None

@@ -1,0 +1,188 @@
+"""Every name ART 0.5.23 exports, imported from our corresponding module and classified.
+
+`art_0_5_23_names.json` is the list (read from the 0.5.23 wheel; how, in its `source`). Each name
+is one of: supported (the same name at our module path works), mapped (it works under another
+name or path, given in MAPPED), refused (it imports, and using it raises UnsupportedOptionError
+with the reason; `art_core/_refused.py`). A name that is none of these fails the test.
+
+The table in docs/art-compatibility.md is generated here; refresh it with
+`ART_UPDATE_COMPAT=1 .venv/bin/python -m pytest tests/compat/test_art_names.py`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from art_core import UnsupportedOptionError, _refused
+
+HERE = Path(__file__).parent
+PAGE = HERE.parents[1] / "docs" / "art-compatibility.md"
+START, END = "<!-- art-names:start -->", "<!-- art-names:end -->"
+NAMES = json.loads((HERE / "art_0_5_23_names.json").read_text())
+
+# ART module -> ours (None: we have no such module; its names are mapped or refused).
+MODULES: dict[str, str | None] = {
+    "art": "art_core",
+    "art.dev": "art_core.dev",
+    "art.local": "art_core.local",
+    "art.utils": "art_core.utils",
+    "art.pipeline_trainer": "art_core.pipeline_trainer",
+    "art.rewards": "art_core.rewards",
+    "art.langgraph": "art_langgraph",
+    "art.mcp": "art_mcp",
+    "art.serverless": None,
+    "art.tinker": None,
+    "art.tinker_native": None,
+    "art.trajectories": "art_core.trajectories",
+    "art.types": "art_core.types",
+    "art.model": "art_core.model",
+    "art.backend": "art_core.backend",
+    "art.gather": "art_core.gather",
+    "art.batches": "art_core.batches",
+    "art.errors": "art_core.errors",
+    "art.utils.litellm": "art_core.utils.litellm",
+    "art.utils.output_dirs": "art_core.utils.output_dirs",
+    "art.pipeline_trainer.trainer": "art_core.pipeline_trainer.trainer",
+    "art.yield_trajectory": None,
+    "art.local.LocalBackend": "art_core.local:LocalBackend",
+    "art.auto_trajectory": "art_core.auto_trajectory",
+}
+
+_CAPTURE = "capture scopes live in art_core.capture (also `art.<name>`)"
+_ALIASES = "ART's type aliases for annotations live beside Trajectory"
+# (ART module, name) -> (our "module:attribute", what differs).
+MAPPED: dict[tuple[str, str], tuple[str, str]] = {
+    ("art", "PipelineRuntimeConfig"): ("art_core.pipeline_trainer:PipelineRuntimeConfig", "in the pipeline trainer's module"),
+    ("art.trajectories", "current_trajectory"): ("art_core.capture:current_trajectory", _CAPTURE),
+    ("art.trajectories", "no_capture"): ("art_core.capture:no_capture", _CAPTURE),
+    ("art.trajectories", "trajectory"): ("art_core.capture:trajectory", _CAPTURE),
+    ("art.trajectories", "trajectory_group"): ("art_core.capture:trajectory_group", _CAPTURE),
+    ("art.trajectories", "get_messages"): ("art_core.trajectories:Trajectory.messages", "a method: `trajectory.messages()`"),
+    ("art.types", "Message"): ("art_core.trajectories:Message", _ALIASES),
+    ("art.types", "MessageOrChoice"): ("art_core.trajectories:MessageOrChoice", _ALIASES),
+    ("art.types", "Messages"): ("art_core.trajectories:Messages", _ALIASES),
+    ("art.types", "MessagesAndChoices"): ("art_core.trajectories:MessagesAndChoices", _ALIASES),
+    ("art.types", "Tools"): ("art_core.trajectories:Tools", _ALIASES),
+    ("art.errors", "ARTError"): ("art_core.errors:ArtError", "the base of our error hierarchy"),
+    ("art.mcp", "MCPTool"): ("art_mcp:McpTool", "MCP integration in integrations/mcp"),
+    ("art.local.LocalBackend", "_experimental_fork_checkpoint"): (
+        "art_core.local:LocalBackend._experimental_fork_checkpoint",
+        "registers the model forked: `model.register(backend, fork_from=, fork_step=)`; call it in place of register",
+    ),
+    ("art.auto_trajectory", "auto_trajectory"): ("art_core.capture:current_trajectory", "deprecated alias kept in art_core.auto_trajectory"),
+    ("art.auto_trajectory", "capture_auto_trajectory"): ("art_core.capture:trajectory", "deprecated alias kept in art_core.auto_trajectory"),
+}  # fmt: skip
+
+
+def _resolve(path: str) -> Any:
+    """`module:attr.attr` -> the object (AttributeError/ImportError when it is not there)."""
+    module_name, _, attributes = path.partition(":")
+    value: Any = importlib.import_module(module_name)
+    for attribute in filter(None, attributes.split(".")):
+        value = getattr(value, attribute)
+    return value
+
+
+def _ours(art_module: str, name: str) -> str | None:
+    ours = MODULES[art_module]
+    if ours is None:
+        return None
+    return f"{ours}.{name}" if ":" in ours else f"{ours}:{name}"
+
+
+def classify(art_module: str, name: str) -> dict[str, str]:
+    """One row: status, our path, note. Raises AssertionError for a name that is none of the three."""
+    ours = _ours(art_module, name)
+    found: Any = None
+    if ours is not None:
+        try:
+            found = _resolve(ours)
+        except (AttributeError, ImportError):
+            found = None
+    if (art_module, name) in MAPPED:
+        target, note = MAPPED[(art_module, name)]
+        _resolve(target)  # must import
+        if (
+            ours is not None
+            and found is not None
+            and target.replace(":", ".") != ours.replace(":", ".")
+        ):
+            note += f"; `{ours.replace(':', '.')}` works too"
+        return {"status": "mapped", "ours": target.replace(":", "."), "note": note}
+    if found is not None and not isinstance(found, _refused.RefusedName):
+        return {"status": "supported", "ours": ours.replace(":", "."), "note": ""}  # type: ignore[union-attr]
+    stand_in = (
+        found if isinstance(found, _refused.RefusedName) else _refused.refused(art_module, name)
+    )
+    assert stand_in is not None, f"{art_module}.{name}: not at {ours}, not mapped, not refused"
+    with pytest.raises(UnsupportedOptionError) as refusal:
+        stand_in()
+    reason = _refused.REFUSED[art_module][name]
+    assert reason in str(refusal.value)
+    where = ours.replace(":", ".") if found is not None else "(not importable here)"  # type: ignore[union-attr]
+    return {"status": "refused", "ours": where, "note": reason}
+
+
+def all_rows() -> list[tuple[str, str, dict[str, str]]]:
+    modules = {**NAMES["modules"], **NAMES["earlier_modules"]}
+    return [
+        (module, name, classify(module, name))
+        for module in modules
+        for name in modules[module]["names"]
+    ]
+
+
+def render(rows: list[tuple[str, str, dict[str, str]]]) -> str:
+    counts = {
+        status: sum(row["status"] == status for _, _, row in rows)
+        for status in ("supported", "mapped", "refused")
+    }
+    earlier = {name for module in NAMES["earlier_modules"].values() for name in module["names"]}
+    lines = [
+        START,
+        f"{len(rows)} names ({len(rows) - len(earlier)} from ART 0.5.23, {len(earlier)} from earlier ART): "
+        f"{counts['supported']} supported, {counts['mapped']} mapped, {counts['refused']} refused.",
+        "",
+        "| ART name | status | ours | note |",
+        "| --- | --- | --- | --- |",
+    ]
+    for module, name, row in rows:
+        ours = f"`{row['ours']}`" if row["ours"].startswith("art") else row["ours"]
+        note = row["note"].replace("|", "\\|")
+        lines.append(f"| `{module}.{name}` | {row['status']} | {ours} | {note} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def test_every_art_name_is_supported_mapped_or_refused_and_the_page_lists_them():
+    table = render(all_rows())
+    page = PAGE.read_text()
+    before, _, rest = page.partition(START)
+    _, _, after = rest.partition(END)
+    generated = before + table + after
+    if os.environ.get("ART_UPDATE_COMPAT") == "1":
+        PAGE.write_text(generated)
+        return
+    assert page == generated, (
+        "docs/art-compatibility.md differs from the generated table: refresh it with "
+        "ART_UPDATE_COMPAT=1 .venv/bin/python -m pytest tests/compat/test_art_names.py"
+    )
+
+
+def test_the_name_list_says_where_it_came_from():
+    assert "0.5.23" in NAMES["source"]["package"]
+    assert len(NAMES["source"]["wheel_sha256"]) == 64
+    assert set(NAMES["modules"]) | set(NAMES["earlier_modules"]) == set(MODULES)
+
+
+def test_every_refusal_names_a_real_art_name():
+    """No stale rows: each refused name is one ART 0.5.23 exports."""
+    modules = NAMES["modules"]
+    for art_module, names in _refused.REFUSED.items():
+        assert set(names) <= set(modules[art_module]["names"]), art_module
