@@ -23,6 +23,8 @@ The map (ART's module paths where ART has the concept: `from art.X import ...` p
     trackers/             step observers named by `report_metrics` (Langfuse in langfuse/)
     utils/                dataset batches, retries, concurrency, one JSONL reader, SFT files
     report, cli           the demo's report; the `art` command
+    serverless, tinker, tinker_native, yield_trajectory
+                          ART's modules we do not implement: their names import and refuse
 
 ART 0.5.23's names we do not implement import, and raise UnsupportedOptionError saying what to
 use when used (`_refused.py`); docs/art-compatibility.md lists every ART name.
@@ -101,6 +103,11 @@ from art_core.trajectories import (
 )
 from art_core.types import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
 from art_core.utils import DatasetBatch, iterate_dataset, limit_concurrency, retry
+
+# As ART's __init__ does: once art_core.yield_trajectory (a module) is loaded, `art.yield_trajectory`
+# stays the (refused) function, as it is in ART. Not in __all__, like every refused name.
+from art_core.yield_trajectory import capture_yielded_trajectory as capture_yielded_trajectory
+from art_core.yield_trajectory import yield_trajectory as yield_trajectory
 
 __all__ = [
     "DEFAULT_RUBRIC",

@@ -4,7 +4,11 @@
 A ported `from art.serverless import ServerlessBackend` then fails where it is used, with a
 sentence, not with an ImportError at the top of the file. `REFUSED` is the one table of them, by
 ART module; a module of ours serves its part through `module_getattr` (PEP 562, set by the
-module itself or by `install()`), so the names stay out of `dir()` and `__all__`. `tests/compat/test_art_names.py` lists them in the compatibility page.
+module itself or by `install()`), so the names stay out of `dir()` and `__all__`. Every ART
+module in the table has ours: `art.X` is `art_core.X` (`art.serverless`, `art.tinker`,
+`art.tinker_native` and `art.yield_trajectory` are modules of nothing else), and `art.mcp` is
+`art_mcp`, which serves its own part (art_core never imports an integration).
+`tests/compat/test_art_names.py` lists them in the compatibility page.
 """
 
 from __future__ import annotations
@@ -34,6 +38,15 @@ _EXCHANGES = (
     "capture scopes record completions server-side (art_core.capture: art.trajectory(), "
     "art.trajectory_from_records()), not as client-side exchange objects"
 )
+_CAPTURE_YIELDED = (
+    "use `await art.trajectory(coroutine)` (or `async with art.trajectory() as t:`), which "
+    "captures the coroutine's completions into one Trajectory"
+)
+_YIELD = (
+    "a rollout hands its Trajectory back by returning it; inside `art.trajectory()` it sets "
+    "reward and metrics on art.current_trajectory(), and the conversation comes from the "
+    "server's records"
+)
 _HISTORIES = (
     "a Trajectory's extra conversations are `additional_histories: list[art.History]`; "
     "the per-API history classes have no counterpart"
@@ -58,14 +71,9 @@ REFUSED: dict[str, dict[str, str]] = {
         "get_tokenizer": f"{_TOKENS}; load a tokenizer with transformers.AutoTokenizer if you need one",
         "tokenize": _TOKENS,
         "tensorize": _TOKENS,
-        "capture_yielded_trajectory": (
-            "use `await art.trajectory(coroutine)` (or `async with art.trajectory() as t:`), which "
-            "captures the coroutine's completions into one Trajectory"
-        ),
-        "yield_trajectory": (
-            "return the Trajectory from the rollout, or fill art.current_trajectory() inside "
-            "`art.trajectory()`"
-        ),
+        # Served from art_core.yield_trajectory, as ART's __init__ imports them from its module.
+        "capture_yielded_trajectory": _CAPTURE_YIELDED,
+        "yield_trajectory": _YIELD,
     },
     "art.dev": {
         "TinkerArgs": _TINKER,
@@ -92,16 +100,23 @@ REFUSED: dict[str, dict[str, str]] = {
         "PipelineAutotuneConfig": _TUNER,
         "StatusReporter": "PipelineTrainer logs its progress with the logging module and step metrics",
     },
+    # Served by art_mcp (integrations/mcp); MCPTool, GeneratedScenario and complete_task_tool map.
     "art.mcp": {
-        "MCPResource": "use art_mcp's MCP client types (integrations/mcp)",
-        "GeneratedScenario": "generated scenarios are art.Scenario (art.generate_scenarios)",
-        "GeneratedScenarioCollection": "generated scenarios are a list[art.Scenario] (art.generate_scenarios)",
-        "complete_task_tool": "give the agent your own finishing tool; art_mcp wraps an MCP server's tools",
+        "MCPResource": (
+            "art_mcp.McpServer.list_resources() returns the MCP SDK's mcp.types.Resource (.uri, "
+            ".name, .description, .mime_type, as ART's class has them); read one with "
+            "McpServer.read_resource(uri)"
+        ),
+        "GeneratedScenarioCollection": (
+            "generated scenarios are a plain list[art.Scenario] (art_mcp.generate_scenarios); "
+            "split, save and load it with art.split_scenarios, art.save_scenarios and "
+            "art.load_scenarios"
+        ),
     },
     "art.serverless": {"ServerlessBackend": _HOSTED},
     "art.yield_trajectory": {
-        "capture_yielded_trajectory": "use `await art.trajectory(coroutine)`, which captures the coroutine's completions",
-        "yield_trajectory": "return the Trajectory from the rollout, or fill art.current_trajectory() inside `art.trajectory()`",
+        "capture_yielded_trajectory": _CAPTURE_YIELDED,
+        "yield_trajectory": _YIELD,
     },
     "art.tinker": {
         "TinkerBackend": _TINKER,

@@ -218,6 +218,11 @@ PUBLIC_SURFACES = {
         "TooManyExceptionsError", "UnknownFieldError", "UnsupportedOptionError",
     ],
     "art_core.local": ["LocalBackend"],
+    # ART's modules of refused names only: they import, and hold nothing public of their own.
+    "art_core.serverless": [],
+    "art_core.tinker": [],
+    "art_core.tinker_native": [],
+    "art_core.yield_trajectory": [],
     "art_core.wire": [
         "SEED_RANGE", "DeleteCheckpointsRequest", "ForkFrom", "GroupPayload", "HistoryPayload",
         "LogRequest", "PromoteRequest", "RegisterRequest", "SFTExample", "SFTRequest",

@@ -2,8 +2,9 @@
 
 `art_0_5_23_names.json` is the list (read from the 0.5.23 wheel; how, in its `source`). Each name
 is one of: supported (the same name at our module path works), mapped (it works under another
-name or path, given in MAPPED), refused (it imports, and using it raises UnsupportedOptionError
-with the reason; `art_core/_refused.py`). A name that is none of these fails the test.
+name or path, given in MAPPED), refused (it imports from our module, and using it raises
+UnsupportedOptionError with the reason; `art_core/_refused.py`). A name that is none of these
+fails the test, and so does a refused name our module does not serve: every ART module has ours.
 
 The table in docs/art-compatibility.md is generated here; refresh it with
 `ART_UPDATE_COMPAT=1 .venv/bin/python -m pytest tests/compat/test_art_names.py`.
@@ -26,8 +27,8 @@ PAGE = HERE.parents[1] / "docs" / "art-compatibility.md"
 START, END = "<!-- art-names:start -->", "<!-- art-names:end -->"
 NAMES = json.loads((HERE / "art_0_5_23_names.json").read_text())
 
-# ART module -> ours (None: we have no such module; its names are mapped or refused).
-MODULES: dict[str, str | None] = {
+# ART module -> ours ("module:Class" for a class's methods).
+MODULES: dict[str, str] = {
     "art": "art_core",
     "art.dev": "art_core.dev",
     "art.local": "art_core.local",
@@ -36,9 +37,9 @@ MODULES: dict[str, str | None] = {
     "art.rewards": "art_core.rewards",
     "art.langgraph": "art_langgraph",
     "art.mcp": "art_mcp",
-    "art.serverless": None,
-    "art.tinker": None,
-    "art.tinker_native": None,
+    "art.serverless": "art_core.serverless",
+    "art.tinker": "art_core.tinker",
+    "art.tinker_native": "art_core.tinker_native",
     "art.trajectories": "art_core.trajectories",
     "art.types": "art_core.types",
     "art.model": "art_core.model",
@@ -49,7 +50,7 @@ MODULES: dict[str, str | None] = {
     "art.utils.litellm": "art_core.utils.litellm",
     "art.utils.output_dirs": "art_core.utils.output_dirs",
     "art.pipeline_trainer.trainer": "art_core.pipeline_trainer.trainer",
-    "art.yield_trajectory": None,
+    "art.yield_trajectory": "art_core.yield_trajectory",
     "art.local.LocalBackend": "art_core.local:LocalBackend",
     "art.auto_trajectory": "art_core.auto_trajectory",
 }
@@ -71,6 +72,16 @@ MAPPED: dict[tuple[str, str], tuple[str, str]] = {
     ("art.types", "Tools"): ("art_core.trajectories:Tools", _ALIASES),
     ("art.errors", "ARTError"): ("art_core.errors:ArtError", "the base of our error hierarchy"),
     ("art.mcp", "MCPTool"): ("art_mcp:McpTool", "MCP integration in integrations/mcp"),
+    ("art.mcp", "GeneratedScenario"): (
+        "art_core:Scenario",
+        "a pydantic model with its fields: `Scenario(task=, difficulty=)` (difficulty 1-10, optional "
+        "`expected`); model_dump() / model_validate() for to_dict() / from_dict()",
+    ),
+    ("art.mcp", "complete_task_tool"): (
+        "art_mcp:COMPLETE_TASK",
+        "the same `complete_task(summary)` tool as an OpenAI tool dict (ART's "
+        "`complete_task_tool.to_tool_schema()`); art_mcp.rollout offers it to the agent itself",
+    ),
     ("art.local.LocalBackend", "_experimental_fork_checkpoint"): (
         "art_core.local:LocalBackend._experimental_fork_checkpoint",
         "registers the model forked: `model.register(backend, fork_from=, fork_step=)`; call it in place of register",
@@ -89,44 +100,39 @@ def _resolve(path: str) -> Any:
     return value
 
 
-def _ours(art_module: str, name: str) -> str | None:
+def _ours(art_module: str, name: str) -> str:
     ours = MODULES[art_module]
-    if ours is None:
-        return None
     return f"{ours}.{name}" if ":" in ours else f"{ours}:{name}"
 
 
 def classify(art_module: str, name: str) -> dict[str, str]:
     """One row: status, our path, note. Raises AssertionError for a name that is none of the three."""
     ours = _ours(art_module, name)
-    found: Any = None
-    if ours is not None:
-        try:
-            found = _resolve(ours)
-        except (AttributeError, ImportError):
-            found = None
+    try:
+        found: Any = _resolve(ours)
+    except (AttributeError, ImportError):
+        found = None
     if (art_module, name) in MAPPED:
         target, note = MAPPED[(art_module, name)]
         _resolve(target)  # must import
-        if (
-            ours is not None
-            and found is not None
-            and target.replace(":", ".") != ours.replace(":", ".")
-        ):
+        if found is not None and target.replace(":", ".") != ours.replace(":", "."):
             note += f"; `{ours.replace(':', '.')}` works too"
         return {"status": "mapped", "ours": target.replace(":", "."), "note": note}
     if found is not None and not isinstance(found, _refused.RefusedName):
-        return {"status": "supported", "ours": ours.replace(":", "."), "note": ""}  # type: ignore[union-attr]
-    stand_in = (
-        found if isinstance(found, _refused.RefusedName) else _refused.refused(art_module, name)
+        return {"status": "supported", "ours": ours.replace(":", "."), "note": ""}
+    assert _refused.refused(art_module, name) is not None, (
+        f"{art_module}.{name}: not at {ours}, not mapped, not refused"
     )
-    assert stand_in is not None, f"{art_module}.{name}: not at {ours}, not mapped, not refused"
+    assert isinstance(found, _refused.RefusedName), (
+        f"{art_module}.{name} is refused but does not import from {ours}: serve "
+        f"`_refused.REFUSED[{art_module!r}]` from {MODULES[art_module]} with "
+        "`__getattr__ = _refused.module_getattr(...)`"
+    )
     with pytest.raises(UnsupportedOptionError) as refusal:
-        stand_in()
+        found()
     reason = _refused.REFUSED[art_module][name]
     assert reason in str(refusal.value)
-    where = ours.replace(":", ".") if found is not None else "(not importable here)"  # type: ignore[union-attr]
-    return {"status": "refused", "ours": where, "note": reason}
+    return {"status": "refused", "ours": ours.replace(":", "."), "note": reason}
 
 
 def all_rows() -> list[tuple[str, str, dict[str, str]]]:
