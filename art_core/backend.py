@@ -342,6 +342,12 @@ class RemoteBackend:
             "POST", f"{self._model_path(model)}/log", _wire(LogRequest, body)
         )
 
+    async def record_tracker_run(self, model: ModelRef, run: Mapping[str, str | None]) -> None:
+        """Record where an experiment tracker shows the model's run (a "tracker" history row:
+        tracker, run_id, url or how_to_open), for the review page."""
+        body = {"tracker": dict(run), "groups": []}
+        await self._request("POST", f"{self._model_path(model)}/log", _wire(LogRequest, body))
+
     async def get_step(self, model: ModelRef) -> int:
         info = await self._request("GET", self._model_path(model))
         return int(info["step"])

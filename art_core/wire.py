@@ -245,6 +245,9 @@ class SFTRequest(_Strict):
     config: TrainSFTConfig = TrainSFTConfig()
 
 
+TRACKER_ROW_FIELDS = frozenset({"tracker", "run_id", "url", "how_to_open"})
+
+
 class LogRequest(_Strict):
     """`model.log(groups, split, metrics=..., step=...)`: groups and/or metrics at a step."""
 
@@ -252,11 +255,21 @@ class LogRequest(_Strict):
     split: str = "val"
     metrics: dict[str, float] = Field(default_factory=dict)  # ART's: e.g. a TrainResult's
     step: int | None = Field(None, ge=0)  # None: the model's current step
+    # An experiment tracker's run of the model, recorded as one "tracker" history row (instead
+    # of a "log" row): {"tracker", "run_id", "url" (online), "how_to_open" (offline)}.
+    tracker: dict[str, str | None] | None = None
 
     @field_validator("split")
     @classmethod
     def _split(cls, value: str) -> str:
         return check_split(value)
+
+    @field_validator("tracker")
+    @classmethod
+    def _tracker(cls, value: dict[str, str | None] | None) -> dict[str, str | None] | None:
+        if value is not None and (set(value) - TRACKER_ROW_FIELDS or not value.get("tracker")):
+            raise ValueError(f"tracker names its 'tracker' and only {sorted(TRACKER_ROW_FIELDS)}")
+        return value
 
 
 class DeleteCheckpointsRequest(_Strict):

@@ -256,7 +256,10 @@ PUBLIC_SURFACES = {
         "PipelineRuntimeConfig", "PipelineState", "PipelineTrainer", "RolloutExecutor", "RolloutFn", "ScenarioT",
         "SingleRolloutFn", "keep_recent_and_top", "make_group_rollout_fn",
     ],
-    "art_core.utils": ["DatasetBatch", "iterate_dataset", "jsonl_lines", "limit_concurrency", "retry"],
+    "art_core.utils": [
+        "DatasetBatch", "iterate_dataset", "jsonl_lines", "limit_concurrency", "retry",
+        "scenario_hash",
+    ],
     "art_core.utils.sft": [
         "InvalidSFTFileError", "create_lr_schedule", "get_file_row_count", "iterate_file",
         "train_sft_from_file",

@@ -3,12 +3,12 @@
 A strategy sees the checkpoints that may be deleted, with the metrics logged at each, and
 returns the steps to keep; the rest are deleted through the backend. The current step and the
 steps rollouts may still sample are never offered, so a deletion cannot pull a served model
-from under a running rollout.
+from under a running rollout; nor is the promoted step (the plain name serves it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
 
 from pydantic import BaseModel, Field
@@ -66,10 +66,14 @@ async def apply_retention(
     *,
     oldest_in_use: int,
     eval_steps: set[int],
+    protected: Collection[int] = (),
 ) -> int:
-    """Offer the checkpoints older than `oldest_in_use` to `strategy`, delete the ones it does
-    not keep; returns how many were deleted. A kept step it was not offered is a ValueError."""
-    eligible = [s for s in await backend.checkpoint_steps(model) if s < oldest_in_use]
+    """Offer the checkpoints older than `oldest_in_use` (and not `protected`) to `strategy`,
+    delete the ones it does not keep; returns how many were deleted. A kept step it was not
+    offered is a ValueError."""
+    eligible = [
+        s for s in await backend.checkpoint_steps(model) if s < oldest_in_use and s not in protected
+    ]
     if not eligible:
         return 0
     metrics: dict[int, dict[str, float]] = {}

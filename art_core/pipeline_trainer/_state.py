@@ -70,7 +70,8 @@ class PipelineRuntimeConfig(StrictModel):
 
 @dataclass
 class PipelineState:
-    """What the pipeline has done so far (ART's names; `failed_rollouts`, `failed_evals` ours)."""
+    """What the pipeline has done so far (ART's names; `failed_rollouts`, `failed_evals`,
+    `refused_promotions` ours)."""
 
     policy_version: int = 0  # the step served now, which new rollouts sample
     next_training_step: int = 0  # policy_version + 1 while a step trains
@@ -85,6 +86,7 @@ class PipelineState:
     max_queue_depth: int = 0
     accepted_steps: int = 0
     deleted_checkpoints: int = 0  # by checkpoint_retention_strategy
+    refused_promotions: int = 0  # steps promote_if kept on disk but did not promote
     collapse_detected: bool = False
     done: bool = False
     completed_eval_steps: set[int] = field(default_factory=set)
@@ -104,7 +106,7 @@ KNOWN_KEYWORDS = [
     "num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize", "pipeline",
     "learning_rate", "loss_fn", "normalize_advantages", "train_config", "max_steps",
     "discard_queue_multiplier", "max_steps_off_policy", "eval_every_n_steps", "eval_at_start",
-    "checkpoint_retention_strategy", "checkpoint_retention_interval", "executor",
+    "checkpoint_retention_strategy", "checkpoint_retention_interval", "executor", "promote_if",
 ]  # fmt: skip
 
 

@@ -26,6 +26,15 @@ Counted, never lost silently (ART's rules): a group whose rewards are all equal 
 whose every rollout raised stops training with `TooManyExceptionsError`. An error of the trainer
 stops the workers and is raised; cancelling `train()` cancels them.
 
+A promotion gate (`promote_if=art.PromotionGate(...)`, ours) judges every step as
+`model.train(groups, promote_if=gate)` does: a step whose held-out metric drops is trained and
+kept on disk but not promoted, so the plain name and `model.get_inference_name()` (what new
+rollouts sample) stay on the promoted step. The gate's numbers (`gate/*`) are in the step's
+metrics the trackers see; refusals are counted in `state.refused_promotions`. A step the gate
+could not judge (its `evaluate` raised) is recorded, not promoted, logged and counted
+(`gate/evaluate_errors`); the pipeline goes on, as it does past a failed `eval_fn`. Staleness
+still counts from the latest trained step, and retention never offers the promoted step.
+
 Evaluation runs between two steps (ART runs it beside training): our `model.log` records at the
 server's current step, so `eval_fn(model, step, config)` must run while `step` is current.
 """
@@ -47,9 +56,10 @@ from collections.abc import (
 )
 from typing import Any, Generic
 
+from art_core._promotion import PromotionGate
 from art_core._strict import check_names
 from art_core.backend import Backend
-from art_core.errors import TooManyExceptionsError
+from art_core.errors import PromotionGateError, TooManyExceptionsError
 from art_core.gather import gather_trajectory_groups
 from art_core.model import TrainableModel
 from art_core.pipeline_trainer._retention import (
@@ -128,7 +138,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     are run), in this process or, given `executor=` (e.g. `art_ray.RayExecutor`), where the
     executor runs it; `eval_fn(model, step, config)` returns trajectories or groups to log as "val" (or
     a mapping split -> them; None if it logged itself). `await trainer.train()` runs until the
-    scenarios run out, `max_steps` steps are trained, or `request_stop()`.
+    scenarios run out, `max_steps` steps are trained, or `request_stop()`. `promote_if`: an
+    `art.PromotionGate` each step is trained through (see the module docstring).
     """
 
     def __init__(
@@ -157,6 +168,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         checkpoint_retention_strategy: CheckpointRetentionStrategy | None = None,
         checkpoint_retention_interval: int = 1,
         executor: RolloutExecutor | None = None,
+        promote_if: PromotionGate | None = None,
         **unsupported: Any,
     ) -> None:
         hints = {
@@ -180,6 +192,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         ):
             if value is not None and value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
+        if promote_if is not None and not isinstance(promote_if, PromotionGate):
+            raise TypeError(
+                "PipelineTrainer(): promote_if must be an art.PromotionGate, got "
+                f"{type(promote_if).__name__}"
+            )
         self.model = model
         self.backend = backend
         self.rollout_fn = rollout_fn
@@ -202,6 +219,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self.eval_at_start = eval_at_start
         self.checkpoint_retention_strategy = checkpoint_retention_strategy
         self.checkpoint_retention_interval = checkpoint_retention_interval
+        self.promote_if = promote_if
         self.state = PipelineState()
         self._scenarios = async_iterator(scenarios)
         self._scenario_lock = asyncio.Lock()
@@ -295,9 +313,23 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self, groups: list[TrajectoryGroup], client_metrics: dict[str, float]
     ) -> TrainResult:
         """The one call that trains; `client_metrics` are added to the step's metrics."""
-        return await self.backend.train(
-            self.model, groups, self.train_config, client_metrics=client_metrics
-        )
+        try:
+            result = await self.backend.train(
+                self.model,
+                groups,
+                self.train_config,
+                client_metrics=client_metrics,
+                promote_if=self.promote_if,
+            )
+        except PromotionGateError as error:
+            if error.result is None:  # the baseline could not be measured: nothing trained
+                raise
+            # The step is trained and recorded but not promoted: counted, and training goes on.
+            logger.warning("%s Training goes on (counted in gate/evaluate_errors).", error)
+            result = error.result
+        if result.metrics.get("gate/refused") == 1.0:
+            self.state.refused_promotions += 1
+        return result
 
     def _served_window(self) -> int:
         """How many steps behind the current one a running rollout may be sampling."""
@@ -315,6 +347,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             step,
             oldest_in_use=step - self._served_window(),
             eval_steps=self.state.completed_eval_steps,
+            # The plain name serves it (a gate refused the steps after it): never deleted.
+            protected={self.model.promoted_step},
         )
 
     def _step_metrics(

@@ -8,7 +8,9 @@ code checks, or the judge's absolute score), before and after; an optional warm 
 runs in between, with its own evaluation. Each step runs `rollouts_per_group` rollouts per
 scenario at temperature 1, scores each group as it finishes (`score_group`: code, RULER, or
 both; a group it returns None for is dropped and counted) and trains through
-`backend.train(model, groups, config=...)`, ART's path. A rollout that raises stays an
+`backend.train(model, groups, config=...)`, ART's path; each trajectory carries
+`metadata["scenario_sha256"]` (`art_core.utils.scenario_hash`) for the step's replay manifest,
+and a RULER-scored one its `judge_cache_key`. A rollout that raises stays an
 exception on its group (up to 10 percent of a step's), a held-out one scores 0 and is counted.
 """
 
@@ -29,6 +31,7 @@ from art_core.rewards._structured import JudgeUsage
 from art_core.rewards.ruler import ruler, ruler_score_group
 from art_core.trajectories import Trajectory, TrajectoryGroup
 from art_core.types import TrainConfig, TrainResult
+from art_core.utils._hashes import scenario_hash
 from art_core.utils._loops import iterate_dataset
 
 Rollout = Callable[[Scenario, float], Awaitable[Trajectory]]  # (scenario, temperature)
@@ -241,7 +244,7 @@ class TrainingRun:
             groups = await gather_trajectory_groups(
                 (
                     TrajectoryGroup(
-                        (self.rollout(s, 1.0) for _ in range(rollouts_per_group)),
+                        (self._hashed_rollout(s) for _ in range(rollouts_per_group)),
                         metadata={"scenario": s.task},
                     )
                     for s in batch.items
@@ -268,6 +271,12 @@ class TrainingRun:
                 f", dropped by the scorer {metrics.get('groups/dropped_before_training', 0):.0f}"
             )
         return results
+
+    async def _hashed_rollout(self, scenario: Scenario) -> Trajectory:
+        """A training rollout at temperature 1, naming its scenario for the replay manifest."""
+        trajectory = await self.rollout(scenario, 1.0)
+        trajectory.metadata.setdefault("scenario_sha256", scenario_hash(scenario))
+        return trajectory
 
     async def result(
         self,

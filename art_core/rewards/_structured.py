@@ -177,11 +177,14 @@ async def structured_completion(
     sampling: dict[str, Any] | None = None,
     timeout: float = 600.0,
     max_retries: int = 3,
+    keys: list[str] | None = None,
 ) -> T:
     """Ask `model` for JSON matching `schema`; `validate(parsed)` returns (value, problems).
 
     `correction(problems)` words the single re-ask. Usage (tokens, cost, cache hits, re-asks)
-    is added to `usage`.
+    is added to `usage`. The request's cache key is appended to `keys` (when given) once the
+    answer is used, so a caller can name the very call it relied on (RULER's
+    `judge_cache_key`).
     """
     sampling = dict(sampling or {})
     label = model_label(model)
@@ -202,6 +205,8 @@ async def structured_completion(
             value, hit_problems = validate(parsed)
             if not hit_problems:
                 usage.cache_hits += 1
+                if keys is not None:
+                    keys.append(key)
                 return value  # type: ignore[return-value]
 
     client = model.openai_client().with_options(timeout=timeout, max_retries=max_retries)
@@ -236,6 +241,8 @@ async def structured_completion(
         if not problems:
             if cache is not None:
                 cache.put(key, {"answer": answer, "model": label, "written_at": time.time()})
+            if keys is not None:
+                keys.append(key)
             return value  # type: ignore[return-value]
     raise JudgeResponseError(
         f"{label} answered twice without a usable {schema_name}: {'; '.join(problems)}.",

@@ -5,7 +5,9 @@
         art.ruler_score_group, judge=judge, swallow_exceptions=True))
 
 GRPO only needs rewards that rank the runs of a group, so a judge that sees them side by side is
-enough; no reward code. The prompt layout is in `_ruler_prompt.py`; the call, its one re-ask,
+enough; no reward code. Each scored trajectory names the judge call it got its reward from:
+`metadata["judge_cache_key"]`, the cache key of that request (two with `reverse_order_check`),
+which the server records in the step's replay manifest. The prompt layout is in `_ruler_prompt.py`; the call, its one re-ask,
 retries, cost and cache in `_structured.py`.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+from pathlib import Path
 from typing import Any
 
 from art_core._strict import StrictModel, check_names
@@ -57,7 +60,7 @@ async def ruler(
     *,
     message_char_budget: int = DEFAULT_MESSAGE_CHAR_BUDGET,
     reverse_order_check: bool = False,
-    cache: bool | str | ResponseCache | None = True,
+    cache: bool | str | Path | ResponseCache | None = True,
     max_tokens: int | None = None,
     sampling: dict[str, Any] | None = None,
     timeout: float = 600.0,
@@ -74,13 +77,46 @@ async def ruler(
     resent, down to 200 characters. `sampling` (e.g. `{"temperature": 0.3}`) defaults to
     greedy (temperature 0).
     """
+    scores, _ = await _ruler_with_keys(
+        message_lists,
+        judge,
+        rubric,
+        tools,
+        message_char_budget=message_char_budget,
+        reverse_order_check=reverse_order_check,
+        cache=cache,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        timeout=timeout,
+        max_retries=max_retries,
+        usage=usage,
+    )
+    return scores
+
+
+async def _ruler_with_keys(
+    message_lists: list[list[dict[str, Any]]],
+    judge: Model | str,
+    rubric: str,
+    tools: list[dict[str, Any]] | None,
+    *,
+    message_char_budget: int,
+    reverse_order_check: bool,
+    cache: bool | str | Path | ResponseCache | None,
+    max_tokens: int | None,
+    sampling: dict[str, Any] | None,
+    timeout: float,
+    max_retries: int,
+    usage: JudgeUsage | None,
+) -> tuple[list[RulerScore], list[str]]:
+    """`ruler`, and the cache keys of the judge calls whose answers gave the scores."""
     if message_char_budget < MIN_MESSAGE_CHAR_BUDGET:
         raise ValueError(
             f"message_char_budget must be >= {MIN_MESSAGE_CHAR_BUDGET} characters, "
             f"got {message_char_budget}"
         )
     if not message_lists:
-        return []
+        return [], []
     model = resolve_model(judge)
     usage = usage if usage is not None else JudgeUsage()
     distinct = distinct_runs(message_lists, tools)
@@ -95,6 +131,7 @@ async def ruler(
         "usage": usage,
     }
     budget = message_char_budget
+    keys: list[str] = []
 
     async def judge_in(order: list[int] | None) -> list[RulerScore]:
         """Judge the runs in `order`; a prompt too long for the judge is cut harder and resent."""
@@ -104,7 +141,7 @@ async def ruler(
                 distinct, rubric=rubric, order=order, message_char_budget=budget
             )
             try:
-                scores = await _judge(prompt, max_tokens, **options)
+                scores = await _judge(prompt, max_tokens, keys=keys, **options)
             except JudgeContextError:
                 if budget <= MIN_MESSAGE_CHAR_BUDGET:
                     raise
@@ -130,13 +167,14 @@ async def ruler(
                 explanation=first.explanation,
                 position_gap=abs(first.score - second.score),
             )
-    return [scores[index].model_copy() for index in distinct.index_of]
+    return [scores[index].model_copy() for index in distinct.index_of], keys
 
 
 async def _judge(
     prompt: JudgePrompt,
     max_tokens: int | None,
     *,
+    keys: list[str],
     model: Model,
     cache: ResponseCache | None,
     sampling: dict[str, Any] | None,
@@ -158,15 +196,18 @@ async def _judge(
         sampling=sampling,
         timeout=timeout,
         max_retries=max_retries,
+        keys=keys,
     )
 
 
-# The keywords `ruler_score_group` passes through to `ruler` (the rest it fills in itself).
-RULER_OPTIONS = [
-    name
+# The keywords `ruler_score_group` passes through to `ruler` (the rest it fills in itself),
+# with `ruler`'s defaults.
+RULER_DEFAULTS = {
+    name: parameter.default
     for name, parameter in inspect.signature(ruler).parameters.items()
     if parameter.kind is inspect.Parameter.KEYWORD_ONLY
-]
+}
+RULER_OPTIONS = list(RULER_DEFAULTS)
 
 
 def validate_scores(parsed: Any, count: int) -> tuple[list[RulerScore] | None, list[str]]:
@@ -231,7 +272,8 @@ async def ruler_score_group(
     """A new group whose rewards are the judge's scores (see `ruler` for `options`).
 
     Each trajectory keeps its previous reward in `metrics["independent_reward"]`, gets
-    `metrics["ruler_score"]` and the explanation in its logs; the judge's usage is added to the
+    `metrics["ruler_score"]`, the explanation in its logs and the judge call's cache key in
+    `metadata["judge_cache_key"]` (a list of two with `reverse_order_check`); the judge's usage is added to the
     group's metrics (summed into the step's), and to `options["usage"]` when given. A judge
     failure raises a `JudgeError`, or with `swallow_exceptions=True` is logged and returns None:
     as `after_each`, the group is dropped and counted in the step's
@@ -245,14 +287,10 @@ async def ruler_score_group(
     tools = next((t.tools for t in group.trajectories if t.tools), None)
     total: JudgeUsage | None = options.pop("usage", None)
     usage = JudgeUsage()
+    settings = {**RULER_DEFAULTS, **options, "usage": usage}
     try:
-        scores = await ruler(
-            [judged_messages(t) for t in group.trajectories],
-            judge,
-            rubric,
-            tools,
-            usage=usage,
-            **options,
+        scores, keys = await _ruler_with_keys(
+            [judged_messages(t) for t in group.trajectories], judge, rubric, tools, **settings
         )
     except JudgeError as error:
         if total is not None:
@@ -267,6 +305,7 @@ async def ruler_score_group(
         return None
     if total is not None:
         total.add(usage)
+    judge_cache_key: str | list[str] = keys[0] if len(keys) == 1 else keys
     scored = []
     for trajectory, result in zip(group.trajectories, scores, strict=True):
         metrics: dict[str, float | int | bool] = {
@@ -281,6 +320,7 @@ async def ruler_score_group(
                 update={
                     "reward": result.score,
                     "metrics": metrics,
+                    "metadata": {**trajectory.metadata, "judge_cache_key": judge_cache_key},
                     "logs": [*trajectory.logs, f"RULER: {result.explanation}"],
                 }
             )

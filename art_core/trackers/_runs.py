@@ -8,13 +8,18 @@ with the same run name. It logs, at each step (the x-axis, `training_step` as AR
     <split>/trajectories    a sample of the step's trajectories: group, id, reward, advantage
                             (train), the exact messages (JSON)
 
-and the run's config once (`run_config`). An SDK that raises never fails training: the call is
+and the run's config once (`run_config`). Which of a row's metrics a tracker sends is its own
+rule (`_sent_metrics`: W&B keeps ART's whitelist, see `wandb/_metrics.py`); the model's history
+keeps them all. When a run starts, where to see it (`run_link`: its URL, or its local folder and
+the command that opens it) goes into the model's history as a "tracker" row, which the review
+page's model page shows (`RemoteBackend.record_tracker_run`). An SDK that raises never fails training: the call is
 dropped, counted in the model's next step metrics (`<tracker>/failed_calls`) and warned about
 once, as Langfuse export does. The SDK-specific parts are three methods of a subclass.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -30,6 +35,10 @@ from art_core.types import TrainResult
 logger = logging.getLogger("art_core.trackers")
 
 TRAJECTORIES_PER_STEP = 16  # the sample each step shows: enough to read, small enough to send
+# What the server itself puts in a log call's row (`StepLog.log`); the rest of it is the user's.
+LOG_SUMMARY_KEYS = frozenset(
+    {"reward", "reward_std", "exceptions", "trajectories", "dropped/non_finite_metrics"}
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,13 @@ def run_config(model: ObservedModel) -> dict[str, Any]:
 def split_metrics(split: str, metrics: Mapping[str, float]) -> dict[str, float]:
     """A history row's metrics under their split, as ART logs them (`train/reward`)."""
     return {f"{split}/{key}": float(value) for key, value in metrics.items()}
+
+
+def user_metric_keys(groups: Sequence[TrajectoryGroup]) -> set[str]:
+    """The metric names the user's groups and trajectories carry (ART's custom metrics)."""
+    keys = {key for group in groups for key in group.metrics}
+    keys.update(key for group in groups for t in group.trajectories for key in t.metrics)
+    return keys
 
 
 def trajectory_rows(
@@ -114,6 +130,7 @@ class TrackerObserver:
         self._lock = threading.Lock()
         self._unreported: dict[tuple[str, str], Counter[str]] = {}
         self._warned = False
+        self._recording: set[asyncio.Task[Any]] = set()  # "tracker" rows on their way
 
     # ------------------------------------------------------------------- the SDK's part
 
@@ -132,6 +149,12 @@ class TrackerObserver:
     def _is_open(self, run: Any) -> bool:
         """False when the SDK finished the run behind our back (it is then resumed)."""
         return True
+
+    def _sent_metrics(
+        self, split: str, metrics: dict[str, float], user_keys: set[str]
+    ) -> dict[str, float]:
+        """The part of a row's metrics this tracker sends (all; W&B keeps ART's whitelist)."""
+        return metrics
 
     def run_link(self, model: ObservedModel) -> str | None:
         """Where to see `model`'s tracker run (a URL, or how to open it locally); None if none."""
@@ -160,7 +183,16 @@ class TrackerObserver:
 
         def finished(result: TrainResult | None) -> None:
             if result is not None:
-                self._record(model, groups, "train", result.step, result.metrics, result.advantages)
+                user_keys = user_metric_keys(groups)
+                self._record(
+                    model,
+                    groups,
+                    "train",
+                    result.step,
+                    result.metrics,
+                    result.advantages,
+                    user_keys,
+                )
 
         return finished
 
@@ -174,7 +206,8 @@ class TrackerObserver:
         metrics: Mapping[str, float],
     ) -> None:
         """A log call's row, as the backend recorded it (its metrics, at its step)."""
-        self._record(model, groups, split, step, metrics, None)
+        user_keys = user_metric_keys(groups) | (set(metrics) - LOG_SUMMARY_KEYS)
+        self._record(model, groups, split, step, metrics, None, user_keys)
 
     def finish(self) -> None:
         """Close every run this observer opened (the SDKs also close them at exit)."""
@@ -193,11 +226,13 @@ class TrackerObserver:
         step: int,
         metrics: Mapping[str, float],
         advantages: Mapping[str, float] | None,
+        user_keys: set[str],
     ) -> None:
         def send() -> None:
             run = self._run_for(model)
             rows = trajectory_rows(groups, advantages, self.trajectories_per_step)
-            self._log(run, step, split, split_metrics(split, metrics), rows)
+            sent = self._sent_metrics(split, split_metrics(split, metrics), user_keys)
+            self._log(run, step, split, sent, rows)
 
         self._safely(model, send)
 
@@ -209,7 +244,35 @@ class TrackerObserver:
             run = self._open(model, run_config(model))
             with self._lock:
                 self.runs[key] = run
+            self._record_run(model, run)
         return run
+
+    def _record_run(self, model: ObservedModel, run: Any) -> None:
+        """Put where to see the new run into the model's history (a "tracker" row), sent on
+        the running event loop by a backend that records it (`record_tracker_run`)."""
+        link = self.run_link(model)
+        try:
+            record = getattr(getattr(model, "backend", None), "record_tracker_run", None)
+            loop = asyncio.get_running_loop()
+        except Exception:  # noqa: BLE001 - an unregistered model, no loop: nothing to record in
+            return
+        if link is None or not callable(record):
+            return
+        online = link.startswith(("http://", "https://"))
+        row = {
+            "tracker": self.name,
+            "run_id": str(getattr(run, "id", "") or run_name_of(model)),
+            "url": link if online else None,
+            "how_to_open": None if online else link,
+        }
+        task = loop.create_task(record(model, row))
+        self._recording.add(task)
+        task.add_done_callback(lambda done: self._recorded(model, done))
+
+    def _recorded(self, model: ObservedModel, task: asyncio.Task[Any]) -> None:
+        self._recording.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._safely(model, lambda: _raise(error))
 
     def _safely(self, model: ObservedModel | None, action: Any) -> None:
         try:
@@ -228,6 +291,10 @@ class TrackerObserver:
                     error,
                     self.name,
                 )
+
+
+def _raise(error: BaseException) -> None:
+    raise error
 
 
 def _key(model: ObservedModel) -> tuple[str, str]:

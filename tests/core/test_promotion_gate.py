@@ -1,4 +1,5 @@
-"""The promotion gate: a step whose held-out metric drops is trained and kept, but not promoted.
+"""The promotion gate: a step whose held-out metric drops is trained and kept, but not promoted
+(by `model.train(groups, promote_if=gate)` and by a `PipelineTrainer(..., promote_if=gate)`).
 
 The held-out evaluation makes real requests to the step under test (`name@N`); its reward is
 rigged by step, so the drop comes exactly where a test puts it.
@@ -17,6 +18,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import art_core as art
+from art_core.pipeline_trainer import PipelineTrainer
 from tests.support.models import fresh_model
 from tests.support.rollouts import groups_for, varied_group
 from tests.support.servers import running_server
@@ -186,6 +188,47 @@ async def test_a_lower_is_better_metric_read_from_the_trajectories(
     assert (await train_step(model, gate)).promoted_step == 1
     refused = await train_step(model, gate)
     assert refused.promoted_step == 1 and refused.metrics["gate/value"] == 1.5
+
+
+async def test_a_pipeline_trained_through_the_gate_leaves_the_plain_name_on_step_1(
+    model: art.TrainableModel,
+):
+    held_out = RiggedHeldOut(drops_at={2})
+    recorder = Recorder()
+    model.observers.append(recorder)
+
+    async def rollout(model: art.TrainableModel, question: str, config: Any) -> art.TrajectoryGroup:
+        return varied_group(await groups_for(model, [question], per_group=2))[0]
+
+    trainer = PipelineTrainer(
+        model, model.backend, rollout, TRAIN_QUESTIONS * 2, config=None,
+        num_rollout_workers=1, min_batch_size=1, max_batch_size=1, max_steps=2,
+        learning_rate=LEARNING_RATE, eval_at_start=False,
+        promote_if=art.PromotionGate(evaluate=held_out, margin=0.05),
+    )  # fmt: skip
+    await trainer.train(handle_signals=False)
+
+    # Step 2 trained and kept, but the plain name stays on step 1.
+    assert model.step == 2 and model.promoted_step == 1
+    assert await plain_name_answers_from(model) == f"{model.name}@1"
+    assert held_out.answered_by.keys() == {0, 1, 2}
+    assert trainer.state.refused_promotions == 1
+    # The gate's counts are in the step metrics the trackers see, beside the pipeline's own.
+    first, second = recorder.results
+    assert first is not None and second is not None
+    assert first.metrics["gate/promoted"] == 1.0 and second.metrics["gate/refused"] == 1.0
+    assert second.metrics["gate/value"] == pytest.approx(0.2)
+    assert "discarded/step/stale_groups" in second.metrics
+    rows = await promotion_rows(model)
+    assert [(r["step"], r["promoted"], r["promoted_step"]) for r in rows] == [
+        (1, True, 1),
+        (2, False, 1),
+    ]
+
+
+def test_a_pipeline_gate_must_be_a_gate(model: art.TrainableModel):
+    with pytest.raises(TypeError, match=r"promote_if must be an art\.PromotionGate"):
+        PipelineTrainer(model, model.backend, None, [], config=None, promote_if=0.5)  # type: ignore[arg-type]
 
 
 # -------------------------------------------------------------------------------- bad input

@@ -10,11 +10,14 @@ import functools
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import art_core as art
+from art_core.rewards import TrainingRun, group_scorer
 from art_core.rewards._ruler_prompt import build_judge_prompt, distinct_runs
+from art_core.utils import scenario_hash
 from tests.support.rollouts import answer_rollout
 from tests.support.scripted_judge import Reply, ScriptedJudge, scores_json
 
@@ -34,7 +37,7 @@ TOOLS = [
 
 def run(answer: str, *, tool_output: str | None = None) -> list[dict]:
     """A conversation: shared system + user, then (optionally) a tool call and its result."""
-    messages = [SYSTEM, USER]
+    messages: list[dict[str, Any]] = [SYSTEM, USER]
     if tool_output is not None:
         call_id = f"call_{abs(hash(answer)) % 10_000}"
         messages += [
@@ -349,6 +352,69 @@ async def test_as_after_each_a_failed_judgement_drops_the_group_and_the_step_cou
     result = await model.train(groups, learning_rate=1e-4)
     assert result.metrics["groups/dropped_before_training"] == 1
     assert result.metrics["judge/requests"] == 1 and result.metrics["judge/prompt_tokens"] == 100
+
+
+def distinct_scores(request: dict) -> Reply:
+    """A judgement of however many runs the prompt shows, each scored differently."""
+    count = len(request["response_format"]["json_schema"]["schema"]["required"])
+    return Reply(scores_json(*(k / count for k in range(count))))
+
+
+async def test_a_scored_trajectory_names_its_judge_call_and_the_step_manifest_records_it(
+    scripted_judge: ScriptedJudge, judge_model: art.Model, tmp_path: Path
+):
+    scripted_judge.default = distinct_scores
+    scored = await art.ruler_score_group(group_of("a", "b"), judge_model, cache=tmp_path)
+    assert scored is not None
+    [key] = {t.metadata["judge_cache_key"] for t in scored.trajectories}
+    # The very key of that call's cache entry (not a second hash of something else).
+    assert [entry.stem for entry in tmp_path.rglob("*.json")] == [key]
+    again = await art.ruler_score_group(group_of("a", "b"), judge_model, cache=tmp_path)
+    assert again is not None and again.trajectories[0].metadata["judge_cache_key"] == key
+    assert len(scripted_judge.requests) == 1  # the second was a hit, under the same key
+    # With the reverse-order check, both calls are named, in the order they were made.
+    checked = await art.ruler_score_group(
+        group_of("a", "b"), judge_model, cache=tmp_path, reverse_order_check=True
+    )
+    assert checked is not None
+    keys = checked.trajectories[0].metadata["judge_cache_key"]
+    assert isinstance(keys, list) and len(keys) == 2 and keys[0] == key
+    assert {entry.stem for entry in tmp_path.rglob("*.json")} == set(keys)
+
+
+async def test_a_training_run_sends_scenario_hashes_and_judge_keys_to_the_replay_manifest(
+    scripted_judge: ScriptedJudge,
+    judge_model: art.Model,
+    remote_backend: art.RemoteBackend,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+):
+    scripted_judge.default = distinct_scores
+    model = art.TrainableModel(
+        name=f"ruler-{uuid.uuid4().hex[:6]}", project="tests", base_model=str(tiny_model_dir)
+    )
+    await model.register(remote_backend)
+    scenario = art.Scenario(task="What is 2 + 2?", difficulty=1)
+
+    async def rollout(scenario: art.Scenario, temperature: float) -> art.Trajectory:
+        return await answer_rollout(model, scenario.task)
+
+    run = TrainingRun(
+        model,
+        rollout,
+        score_group=group_scorer([scenario], judge=judge_model, cache=tmp_path),
+        score_answer=lambda scenario, trajectory: None,  # type: ignore[arg-type,return-value]
+        show_progress=False,
+    )
+    [result] = await run.train(
+        [scenario], steps=1, groups_per_step=1, rollouts_per_group=4,
+        config=art.TrainConfig(learning_rate=1e-4),
+    )  # fmt: skip
+    [key] = [entry.stem for entry in tmp_path.rglob("*.json")]
+    assert result.checkpoint_path is not None
+    record = json.loads((Path(result.checkpoint_path) / "replay.json").read_text())
+    assert record["client"]["judge_cache_key"] == [key]
+    assert record["client"]["scenario_sha256"] == [scenario_hash(scenario)]
 
 
 # ------------------------------------------------------------------- our backend as the judge

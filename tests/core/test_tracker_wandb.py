@@ -3,12 +3,16 @@
 A model trained on the real server with `report_metrics=["wandb"]` and WANDB_MODE=offline: the
 run's record log (`run-<id>.wandb`, W&B's own format, read below) holds the config, every step's
 metrics by split with `training_step` as x-axis, and per step a table of trajectories (reward,
-advantage, the exact messages). A second model object for the same run resumes the same id; an
-SDK that raises is one warning and a counter, and training goes on.
+advantage, the exact messages). Only ART's whitelist of metrics reaches the run (canonical
+keys, costs, the user's own) while the model's history keeps them all; the run's link goes into
+that history as a "tracker" row, shown on the review page. A second model object for the same
+run resumes the same id; an SDK that raises is one warning and a counter, and training goes on.
 """
 
 from __future__ import annotations
 
+import asyncio
+import html
 import json
 import logging
 import struct
@@ -17,11 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import art_core as art
 from tests.support.models import fresh_model
 from tests.support.rollouts import groups_for, varied_group
+from tests.support.servers import RunningServer
 
 wandb = pytest.importorskip("wandb", reason="pip install 'art-trainer[wandb]' ([dev])")
 
@@ -135,6 +141,66 @@ async def test_steps_and_evaluations_land_in_the_offline_run_by_split_with_their
         assert reward == by_id[trajectory_id].reward
         assert advantage == pytest.approx(result.advantages[trajectory_id])
         assert json.loads(messages) == by_id[trajectory_id].messages()
+
+
+async def test_only_arts_whitelist_reaches_wandb_while_the_history_keeps_every_metric(
+    remote_backend: art.RemoteBackend, tiny_model_dir: Path, offline_wandb: Path
+):
+    model = await fresh_model(remote_backend, tiny_model_dir, report_metrics=["wandb"])
+    groups = varied_group(await groups_for(model, QUESTIONS[:1], per_group=2))
+    groups[0].metrics["judge_calls"] = 2.0  # the user's own group metric
+    for trajectory in groups[0].trajectories:
+        trajectory.metrics["correct"] = trajectory.reward  # and trajectory metric (in logs)
+    await model.train(groups)
+    await model.log(groups, split="val", metrics={"my_metric": 2.0, "costs/judge": 0.01})
+    (observer,) = model.observers
+    assert isinstance(observer, WandbObserver)
+    observer.finish()
+
+    history = await remote_backend.history(model)
+    train_row = next(row for row in history if row["type"] == "train")
+    val_row = next(row for row in history if row["type"] == "log")
+    (folder,) = run_folders(offline_wandb)
+    sent = {key for row in read_run(folder)["history"] for key in row}
+    # Canonical keys, the user's metrics (a trajectory's, a log call's) and a cost: in both.
+    for split, key in [("train", "reward"), ("train", "loss"), ("train", "judge_calls"),
+                       ("val", "reward"), ("val", "correct"), ("val", "my_metric"),
+                       ("val", "costs/judge")]:  # fmt: skip
+        assert key in (train_row if split == "train" else val_row)["metrics"]
+        assert f"{split}/{key}" in sent
+    # The server's own internals: in the history only.
+    assert "groups/submitted" in train_row["metrics"] and "train/groups/submitted" not in sent
+    assert "trajectories" in val_row["metrics"] and "val/trajectories" not in sent
+
+
+async def test_the_runs_link_reaches_the_models_history_and_its_review_page(
+    remote_backend: art.RemoteBackend,
+    training_server: RunningServer,
+    tiny_model_dir: Path,
+    offline_wandb: Path,
+):
+    model = await fresh_model(remote_backend, tiny_model_dir, report_metrics=["wandb"])
+    await model.train(varied_group(await groups_for(model, QUESTIONS[:1], per_group=2)))
+    (observer,) = model.observers
+    assert isinstance(observer, WandbObserver)
+    link = observer.run_link(model)
+    for _ in range(100):  # the row is sent beside the step, on the event loop
+        rows = [row for row in await remote_backend.history(model) if row["type"] == "tracker"]
+        if rows:
+            break
+        await asyncio.sleep(0.05)
+    observer.finish()
+
+    (row,) = rows
+    assert (row["tracker"], row["run_id"], row["step"]) == ("wandb", model.name, 1)
+    assert link is not None and "wandb sync" in link
+    assert row.get("url") is None and row["how_to_open"] == link
+    async with httpx.AsyncClient(base_url=training_server.url, timeout=30) as client:
+        page = await client.get(
+            f"/review/{model.project}/{model.name}/", headers=training_server.headers()
+        )
+    assert page.status_code == 200
+    assert "Tracker runs" in page.text and html.escape(link) in page.text
 
 
 async def test_a_second_model_object_with_the_run_name_resumes_the_same_run(

@@ -6,7 +6,8 @@ says "track this", and a tracker that wrote to ~/.cache on every model unasked w
 project, run `name` = its run name, `resume="allow"` (a later model object with that run name
 continues the same run id), `config` once. Metrics go at the history step (Trackio's x-axis);
 each step's sample of trajectories is a list of `trackio.Trace` (OpenAI-style messages,
-metadata: group, trajectory id, reward, advantage) under `<split>/trajectories`.
+metadata: group, trajectory id, reward, advantage) under `<split>/trajectories`. Every metric of
+the history row goes to Trackio (W&B keeps ART's whitelist; a local store has no reason to).
 
 Where it goes is the SDK's rule: TRACKIO_DIR (default ~/.cache/huggingface/trackio), one
 SQLite file per project; `trackio show --project <project>` opens the dashboard on it.

@@ -6,7 +6,8 @@ WANDB_DIR for a later `wandb sync`, no network). The run: `project` = the model'
 `entity` = its entity, `name` and `id` = its run name, `resume="allow"`, so a restarted
 program continues the same run. `training_step` is every metric's x-axis (define_metric), so
 a late evaluation lands at its step; each step's sample of trajectories is a `wandb.Table`
-under `<split>/trajectories`.
+under `<split>/trajectories`. Only ART's whitelist of a row's metrics reaches the run
+(canonical keys, costs, the user's own: `_metrics.py`); the model's history keeps them all.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from art_core._observers import ObservedModel
 from art_core.errors import UnsupportedOptionError
 from art_core.trackers._runs import TrackerObserver, TrajectoryRow, run_name_of
+from art_core.trackers.wandb._metrics import wandb_metrics
 
 logger = logging.getLogger("art_core.trackers")
 
@@ -113,6 +115,12 @@ class WandbObserver(TrackerObserver):
 
     def _is_open(self, run: Any) -> bool:
         return not getattr(run, "_is_finished", False)
+
+    def _sent_metrics(
+        self, split: str, metrics: dict[str, float], user_keys: set[str]
+    ) -> dict[str, float]:
+        """ART's rule: canonical keys, costs and the user's own metrics (`_metrics.py`)."""
+        return wandb_metrics(split, metrics, user_keys)
 
     def run_link(self, model: ObservedModel) -> str | None:
         """The run's URL online; offline, its folder and the command that uploads it."""

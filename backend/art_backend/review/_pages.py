@@ -104,7 +104,7 @@ def model_page(
     reviewer: Reviewer,
 ) -> str:
     urls = Urls(store.project, store.name)
-    parts = [_pending_boxes(urls, pending, approved, reviewer)]
+    parts = [_pending_boxes(urls, pending, approved, reviewer), _tracker_runs(history)]
 
     parts.append(_metric_plots(urls, history, all_metrics=all_metrics))
     parts.append("<h2>Steps</h2>")
@@ -139,6 +139,24 @@ def model_page(
     parts.append(filter_form(urls.search(), {}, with_split=True, splits=splits))
     parts.append(_decision_log(urls, decisions, {p.id for p in pending}))
     return page(f"{store.project}/{store.name}", _crumbs(store), "".join(parts))
+
+
+def _tracker_runs(history: list[dict[str, Any]]) -> str:
+    """Where the experiment trackers show the model's runs ("tracker" rows): a URL as a link,
+    a local run as its folder and the command that opens it."""
+    seen: dict[str, str] = {}
+    for row in history:
+        if row.get("type") == "tracker" and (row.get("url") or row.get("how_to_open")):
+            name, url = e(row.get("tracker", "")), row.get("url")
+            item = (
+                f'<a href="{e(url)}">{name}</a>'
+                if url
+                else f"{name}: <code>{e(row['how_to_open'])}</code>"
+            )
+            seen.setdefault(str(url or row["how_to_open"]), item)
+    if not seen:
+        return ""
+    return f'<p class="tracker-runs">Tracker runs: {"; ".join(seen.values())}</p>'
 
 
 def _metric_plots(urls: Urls, history: list[dict[str, Any]], *, all_metrics: bool) -> str:

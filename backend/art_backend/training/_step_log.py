@@ -39,6 +39,9 @@ class StepLog:
                 "reached (result.step of a train call, or None for the current one).",
                 param="step",
             )
+        if request.tracker is not None:  # where a tracker shows the run: its own row
+            model.store.append_history({**request.tracker, "type": "tracker", "step": step})
+            return {"step": step, "tracker": request.tracker}
         if not request.groups and not request.metrics:
             raise InvalidRequestError(
                 "Nothing to log: pass trajectory groups, metrics= or both.", param="groups"

@@ -7,6 +7,7 @@ process too, as a user runs it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -16,11 +17,16 @@ from pathlib import Path
 import pytest
 
 import art_core as art
+from art_core.utils import scenario_hash
 from tests.support.rollouts import groups_for, varied_group
 
 QUESTIONS = ["What is 1 + 1?", "What is 2 + 3?"]
 NAME = "replayed"
-CLIENT_HASHES = {"scenario_sha256": "ab" * 32, "judge_cache_key": "cd" * 32}
+# As a rollout sets them (RULER sets judge_cache_key itself: tests/core/test_ruler.py).
+CLIENT_HASHES = {
+    "scenario_sha256": scenario_hash({"question": QUESTIONS[0]}),
+    "judge_cache_key": "cd" * 32,
+}
 
 
 def replay(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -179,3 +185,14 @@ def test_the_art_command_runs_replay_and_refuses_step_0(tmp_path: Path):
     )
     assert result.returncode == 2 and result.stdout == ""
     assert "art replay: error: argument --step: 0 is less than 1" in result.stderr
+
+
+def test_scenario_hash_is_the_sha256_of_the_scenario_s_canonical_json():
+    canonical = '{"difficulty":1,"task":"Réserve un vol"}'
+    expected = hashlib.sha256(canonical.encode()).hexdigest()
+    assert scenario_hash({"task": "Réserve un vol", "difficulty": 1}) == expected
+    assert scenario_hash({"difficulty": 1, "task": "Réserve un vol"}) == expected
+    scenario = art.Scenario(task="Réserve un vol", difficulty=1)
+    assert scenario_hash(scenario) == scenario_hash(scenario.model_dump(mode="json"))
+    with pytest.raises(TypeError, match="not JSON data"):
+        scenario_hash({"task": object()})
