@@ -23,9 +23,9 @@ from typing import Any
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from art_backend._errors import BackendError, InvalidRequestError
+from art_backend._errors import BackendError
 from art_backend._limits import parse_json_object
-from art_backend.serving._chat import ChatService, chat_chunks
+from art_backend.serving._chat import ChatService, chat_chunks, translated_request
 from art_backend.serving._messages_output import (
     EventWriter,
     content_blocks,
@@ -173,16 +173,7 @@ def chat_request_for(request: MessageCreateRequest, *, stream: bool) -> ChatComp
         "stream": stream,
         "stream_options": {"include_usage": True} if stream else None,
     }
-    try:
-        chat = ChatCompletionRequest.model_validate(
-            {key: value for key, value in body.items() if value is not None}
-        ).came_in(request.body_bytes)
-    except ValidationError as error:  # the schema above should have caught it
-        first = error.errors()[0]
-        raise InvalidRequestError(
-            f"The request cannot be served: {first.get('msg')} (at {first.get('loc')}).",
-            param="messages",
-        ) from error
+    chat = translated_request(body, request.body_bytes, param="messages")
     chat.stop = stops or None  # Anthropic allows more stop sequences than OpenAI's four
     return chat
 

@@ -27,11 +27,9 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from art_backend._errors import BackendError, InvalidRequestError, ResponseNotFoundError
 from art_backend._limits import parse_json_object
-from art_backend.serving._chat import ChatService, chat_chunks
+from art_backend.serving._chat import ChatService, chat_chunks, translated_request
 from art_backend.serving._responses_output import (
     EventWriter,
     assistant_message,
@@ -284,16 +282,7 @@ class ResponsesService:
             "metadata": request.metadata,
             "user": request.user,
         }
-        try:
-            return ChatCompletionRequest.model_validate(
-                {key: value for key, value in body.items() if value is not None}
-            ).came_in(request.body_bytes)
-        except ValidationError as error:  # the schema above should have caught it
-            first = error.errors()[0]
-            raise InvalidRequestError(
-                f"The request cannot be served: {first.get('msg')} (at {first.get('loc')}).",
-                param="input",
-            ) from error
+        return translated_request(body, request.body_bytes, param="input")
 
     # ------------------------------------------------------------------------------ streaming
 
