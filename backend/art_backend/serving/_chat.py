@@ -15,8 +15,6 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
-
 from art_backend._errors import (
     BackendError,
     ContextLengthError,
@@ -590,34 +588,6 @@ def _raise_if_failed(finished: Any) -> None:
 _LINE_BREAKS_JSON_KEEPS = str.maketrans(
     {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 )
-
-
-def translated_request(
-    body: dict[str, Any], body_bytes: int, *, param: str
-) -> ChatCompletionRequest:
-    """The chat request another API's request was translated into (Responses, Messages): its
-    fields that are None dropped, checked by the chat schema; a failure (which the other API's
-    own schema should have caught) is a 400 naming `param`."""
-    try:
-        return ChatCompletionRequest.model_validate(
-            {key: value for key, value in body.items() if value is not None}
-        ).came_in(body_bytes)
-    except ValidationError as error:
-        first = error.errors()[0]
-        raise InvalidRequestError(
-            f"The request cannot be served: {first.get('msg')} (at {first.get('loc')}).",
-            param=param,
-        ) from error
-
-
-async def chat_chunks(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    """A chat stream's `data:` lines as chunk dicts, until `[DONE]` (what the translations of
-    the other APIs, Responses and Messages, read)."""
-    async for line in lines:
-        payload = line.removeprefix("data: ").strip()
-        if payload == "[DONE]":
-            return
-        yield json.loads(payload)
 
 
 def sse_json(body: Any) -> str:

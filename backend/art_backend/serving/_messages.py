@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from art_backend._errors import BackendError
 from art_backend._limits import parse_json_object
-from art_backend.serving._chat import ChatService, chat_chunks, translated_request
+from art_backend.serving._chat import ChatService
 from art_backend.serving._messages_output import (
     EventWriter,
     content_blocks,
@@ -44,6 +44,7 @@ from art_backend.serving._messages_schemas import (
     ToolUseBlock,
 )
 from art_backend.serving._schemas import ChatCompletionRequest
+from art_backend.serving._translated import chat_chunks, translated_request
 
 # Chat names in errors raised below the translation, and the Messages names a caller sent.
 _MESSAGES_TERMS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences"}

@@ -29,7 +29,7 @@ from typing import Any
 
 from art_backend._errors import BackendError, InvalidRequestError, ResponseNotFoundError
 from art_backend._limits import parse_json_object
-from art_backend.serving._chat import ChatService, chat_chunks, translated_request
+from art_backend.serving._chat import ChatService
 from art_backend.serving._responses_output import (
     EventWriter,
     assistant_message,
@@ -46,6 +46,7 @@ from art_backend.serving._responses_schemas import (
     ToolChoiceFunction,
 )
 from art_backend.serving._schemas import ChatCompletionRequest
+from art_backend.serving._translated import chat_chunks, translated_request
 from art_backend.store._records import estimated_bytes
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
