@@ -102,7 +102,7 @@ from art_core.trajectories import (
     TrajectoryGroup,
 )
 from art_core.types import LoRAConfig, TokenPrice, TrainConfig, TrainResult, TrainSFTConfig
-from art_core.utils import DatasetBatch, iterate_dataset, limit_concurrency, retry
+from art_core.utils import DatasetBatch, GroupSignal, iterate_dataset, limit_concurrency, retry
 
 # As ART's __init__ does: once art_core.yield_trajectory (a module) is loaded, `art.yield_trajectory`
 # stays the (refused) function, as it is in ART. Not in __all__, like every refused name.
@@ -120,6 +120,7 @@ __all__ = [
     "GatheredGroups",
     "GeneratorContextError",
     "GeneratorError",
+    "GroupSignal",
     "History",
     "InvalidTrajectoryError",
     "JudgeContextError",

@@ -34,6 +34,7 @@ from art_core.types import (
     TrainSFTConfig,
     train_config_from_art,
 )
+from art_core.utils._signal import hint_zero_variance
 from art_core.wire import (
     DeleteCheckpointsRequest,
     GroupPayload,
@@ -254,6 +255,8 @@ class RemoteBackend:
         else:
             groups = list(trajectory_groups)
         counts = {key: float(value) for key, value in (client_metrics or {}).items()}
+        # A GroupSignal's counts of the step (skipped scenarios, extra groups), when gathered so.
+        counts.update(getattr(trajectory_groups, "counts", None) or {})
         options = {} if langfuse is None else {"langfuse": langfuse}
         if promote_if is not None and not isinstance(promote_if, PromotionGate):
             raise TypeError(
@@ -275,6 +278,7 @@ class RemoteBackend:
             else:
                 result, gate_error = await promote_if.gated_step(model, self, train_step)
             step.result = result
+        hint_zero_variance(model, result.metrics, signalled="signal/groups" in counts)
         if result.promoted_step is not None and hasattr(model, "promoted_step"):
             model.promoted_step = result.promoted_step
         if gate_error is not None:

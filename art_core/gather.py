@@ -34,6 +34,7 @@ from art_core.trajectories import (
     current_observer,
     gather_or_cancel,
 )
+from art_core.utils._loops import BatchGroups
 
 __all__ = ["GatheredGroups", "gather_trajectories", "gather_trajectory_groups"]
 
@@ -46,10 +47,12 @@ class GatheredGroups(list[TrajectoryGroup]):
     """The groups a gather kept, in order; `dropped` counts those left out (an `after_each`
     returned None, or the group's own awaitable raised).
 
-    `model.train(groups)` reports `dropped` as the step's `groups/dropped_before_training`.
+    `model.train(groups)` reports `dropped` as the step's `groups/dropped_before_training`, and
+    `counts` (a GroupSignal's `signal/...` counts of the step) among the step's metrics.
     """
 
     dropped: int = 0
+    counts: dict[str, float] = {}  # noqa: RUF012 - replaced per instance, never mutated
 
 
 class _Progress:
@@ -241,12 +244,20 @@ async def gather_trajectory_groups(
     return a new group, a list of groups (each kept), or None to drop it (logged, and counted in
     `.dropped`). Exceptions stay on their groups. `max_metrics` limits how many metric means
     the bar shows; `pbar_total_completion_tokens` is deprecated in ART and ignored here too.
+
+    `groups=batch.groups(make_group)` of a batch from `iterate_dataset(..., signal=...)`: each
+    group is recorded in the signal, and all-equal groups are replaced by more of the dataset
+    while the step has fewer than `min_trainable_groups` with mixed rewards (see GroupSignal).
     """
     if pbar_total_completion_tokens:
         warnings.warn(
             "pbar_total_completion_tokens is deprecated (as in ART) and ignored",
             DeprecationWarning,
             stacklevel=2,
+        )
+    if isinstance(groups, BatchGroups) and groups.batch.signal is not None:
+        return await _gather_with_signal(
+            groups, pbar_desc, max_exceptions, show_progress, after_each, max_metrics
         )
     items = list(groups)
     for item in items:
@@ -273,6 +284,78 @@ async def gather_trajectory_groups(
     if judged_out:
         logger.warning("after_each dropped %d of %d groups", judged_out, len(results))
     return kept
+
+
+async def _gather_with_signal(
+    source: BatchGroups[Any],
+    pbar_desc: str | None,
+    max_exceptions: int | float,
+    show_progress: bool,
+    after_each: AfterEach | None,
+    max_metrics: int | None,
+) -> GatheredGroups:
+    """A batch's groups with its GroupSignal: each finished group is recorded against its item;
+    while fewer than `min_trainable_groups` carry signal (counting the running ones as if they
+    will), each all-equal group is replaced by the dataset's next item, up to
+    `max_groups_per_step` groups. Groups come back in the order they were started."""
+    signal = source.batch.signal
+    assert signal is not None
+    target = signal.min_trainable_groups
+    limit = max(signal.max_groups_per_step or 0, len(source.batch.items))
+    progress = _Progress(
+        0, pbar_desc, max_exceptions, show_progress, after_each is not None, max_metrics
+    )
+    started: list[tuple[Any, asyncio.Future[Any]]] = []
+
+    def start(item: Any) -> asyncio.Future[Any]:
+        group = source.make_group(item)
+        if isinstance(group, TrajectoryGroup):
+            progress.started(group, len(group._pending))
+        elif not inspect.isawaitable(group):
+            raise TypeError(
+                f"batch.groups(make_group): make_group returned {type(group).__name__}, not an "
+                "art.TrajectoryGroup or an awaitable of one"
+            )
+        task = asyncio.ensure_future(_forward(group, progress, after_each))
+        started.append((item, task))
+        return task
+
+    token = current_observer.set(progress)
+    try:
+        running = {start(item) for item in source.batch.items}
+        trainable = 0
+        while running:
+            finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                result = task.result()  # TooManyExceptionsError: the siblings are cancelled
+                item = next(item for item, each in started if each is task)
+                kept = result if isinstance(result, list) else []
+                if [signal.record(item, group) for group in kept].count(True):
+                    trainable += 1
+            while (
+                target is not None
+                and trainable + len(running) < target
+                and len(started) < limit
+                and source.batch.draw is not None
+                and (drawn := source.batch.draw()) is not None
+            ):
+                signal.count_extra()
+                running.add(start(drawn[0]))
+    except BaseException:
+        for _, task in started:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in started), return_exceptions=True)
+        raise
+    finally:
+        current_observer.reset(token)
+        progress.close()
+    results = [task.result() for _, task in started]
+    kept_groups = GatheredGroups(
+        group for result in results if isinstance(result, list) for group in result
+    )
+    kept_groups.dropped = sum(1 for result in results if not isinstance(result, list))
+    kept_groups.counts = signal.take_step_metrics()
+    return kept_groups
 
 
 async def gather_trajectories(

@@ -164,7 +164,7 @@ def test_torch_free_rooms_import_no_torch(modules):
 PUBLIC_SURFACES = {
     "art_core": [
         "DEFAULT_RUBRIC", "ArtError", "AutoRLResult", "Backend", "BackendCrashedError",
-        "BackendRequestError", "DatasetBatch", "GatheredGroups", "GeneratorContextError", "GeneratorError",
+        "BackendRequestError", "DatasetBatch", "GatheredGroups", "GeneratorContextError", "GeneratorError", "GroupSignal",
         "History",
         "InvalidTrajectoryError", "JudgeContextError", "JudgeError", "JudgeResponseError",
         "JudgeUnavailableError", "JudgeUsage", "LangfuseConfigError", "LangfuseExporter",
@@ -257,8 +257,8 @@ PUBLIC_SURFACES = {
         "SingleRolloutFn", "keep_recent_and_top", "make_group_rollout_fn",
     ],
     "art_core.utils": [
-        "DatasetBatch", "iterate_dataset", "jsonl_lines", "limit_concurrency", "retry",
-        "scenario_hash",
+        "BatchGroups", "DatasetBatch", "GroupSignal", "carries_signal", "iterate_dataset",
+        "jsonl_lines", "limit_concurrency", "retry", "scenario_hash",
     ],
     "art_core.utils.sft": [
         "InvalidSFTFileError", "create_lr_schedule", "get_file_row_count", "iterate_file",

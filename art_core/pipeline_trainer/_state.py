@@ -17,6 +17,7 @@ from art_core._strict import StrictModel
 from art_core.model import TrainableModel
 from art_core.trajectories import Trajectory, TrajectoryGroup
 from art_core.types import TrainConfig
+from art_core.utils._signal import carries_signal
 
 ScenarioT = TypeVar("ScenarioT")
 ConfigT = TypeVar("ConfigT")
@@ -107,6 +108,7 @@ KNOWN_KEYWORDS = [
     "learning_rate", "loss_fn", "normalize_advantages", "train_config", "max_steps",
     "discard_queue_multiplier", "max_steps_off_policy", "eval_every_n_steps", "eval_at_start",
     "checkpoint_retention_strategy", "checkpoint_retention_interval", "executor", "promote_if",
+    "signal",
 ]  # fmt: skip
 
 
@@ -138,8 +140,7 @@ def policy_version(group: TrajectoryGroup, default: int) -> int:
 
 def zero_variance(group: TrajectoryGroup) -> bool:
     """ART's test: fewer than two rewards, or all equal (GRPO learns nothing from it)."""
-    rewards = group.rewards
-    return len(rewards) <= 1 or all(abs(reward - rewards[0]) <= 1e-12 for reward in rewards)
+    return not carries_signal(group)
 
 
 def eval_groups(items: EvalItems | None) -> list[TrajectoryGroup]:

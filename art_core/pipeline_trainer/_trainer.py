@@ -35,6 +35,11 @@ could not judge (its `evaluate` raised) is recorded, not promoted, logged and co
 (`gate/evaluate_errors`); the pipeline goes on, as it does past a failed `eval_fn`. Staleness
 still counts from the latest trained step, and retention never offers the promoted step.
 
+`signal=art.GroupSignal()` (ours) adds a pass-rate memory to the workers: a scenario whose last
+group was all-equal is passed over the next 1, 2, 4... times it comes round (counted as
+`signal/skipped_scenarios` in the step's metrics). Dynamic sampling needs no option here: each
+step already waits for `min_batch_size` groups with mixed rewards.
+
 Evaluation runs between two steps (ART runs it beside training): our `model.log` records at the
 server's current step, so `eval_fn(model, step, config)` must run while `step` is current.
 """
@@ -88,11 +93,13 @@ from art_core.pipeline_trainer._state import (
 )
 from art_core.trajectories import TrajectoryGroup
 from art_core.types import TrainConfig, TrainResult
+from art_core.utils._signal import GroupSignal
 from art_core.wire import MAX_SERVED_STEPS
 
 logger = logging.getLogger("art_core.pipeline")
 
 _END = object()  # the scenarios ran out (or training stops): no more groups will come
+_SKIPPED = object()  # the GroupSignal passed over this scenario (its recent groups all-equal)
 
 
 def make_group_rollout_fn(
@@ -169,6 +176,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         checkpoint_retention_interval: int = 1,
         executor: RolloutExecutor | None = None,
         promote_if: PromotionGate | None = None,
+        signal: GroupSignal | None = None,
         **unsupported: Any,
     ) -> None:
         hints = {
@@ -197,6 +205,11 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 "PipelineTrainer(): promote_if must be an art.PromotionGate, got "
                 f"{type(promote_if).__name__}"
             )
+        if signal is not None and not isinstance(signal, GroupSignal):
+            raise TypeError(
+                f"PipelineTrainer(): signal must be an art.GroupSignal, got {type(signal).__name__}"
+            )
+        self.group_signal = signal
         self.model = model
         self.backend = backend
         self.rollout_fn = rollout_fn
@@ -369,6 +382,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "queue/groups_depth": float(self._queue.qsize()),
             "queue/groups_depth_max": float(self.queue_maxsize),
             "time/step_trainer_idle_s": idle,
+            **(self.group_signal.take_step_metrics() if self.group_signal else {}),
         }
 
     async def _collect_batch(self, step: int) -> tuple[list[TrajectoryGroup], bool]:
@@ -465,6 +479,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         try:
             while not self.state.done:
                 scenario = await self._next_scenario()
+                if scenario is _SKIPPED:  # its recent groups were all-equal (signal/...)
+                    continue
                 if scenario is _END or not await self._wait_for_policy():
                     return
                 version = self.state.policy_version
@@ -497,6 +513,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     )
                     continue
                 group.metadata[POLICY_VERSION_KEY] = version
+                if self.group_signal is not None:
+                    self.group_signal.record(scenario, group)
                 if not (await self._until_stopped(self._queue.put(group)))[0]:
                     return
                 self.state.max_queue_depth = max(self.state.max_queue_depth, self._queue.qsize())
@@ -526,6 +544,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 return _END
             self.state.scenario_offset += 1
             self.state.total_scenarios_consumed += 1
+            if self.group_signal is not None and self.group_signal.skip(scenario):
+                return _SKIPPED
             return scenario
 
     async def _wait_for_policy(self) -> bool:
