@@ -92,7 +92,7 @@ def build_app(
     if trainer == "unsloth":
         _load_through_unsloth(loaded, picked)
     # The torch engine serves and trains on one copy of the weights; with vLLM serving, this
-    # copy is the trainer's alone.
+    # copy is the trainer's alone. Either way the trainer trains in the dtype load_model chose.
     torch_engine = TorchEngine(
         loaded.model,
         loaded.tokenizer,
@@ -129,7 +129,10 @@ def build_app(
         records=records,
         grammar_compiler=GrammarCompiler(loaded.tokenizer, loaded.eos_token_ids),
     )
-    team = _training_team(train_processes, trainer, base_model, dtype, loaded, serving)
+    # The other ranks load in the dtype this process settled on (`auto` may have been measured:
+    # a rank measuring for itself could pick the other one).
+    settled = str(loaded.dtype).removeprefix("torch.")
+    team = _training_team(train_processes, trainer, base_model, settled, loaded, serving)
     training = TrainingService(
         serving,
         records,

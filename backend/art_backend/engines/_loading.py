@@ -7,10 +7,14 @@ load converts it into a plain `LlamaForCausalLM` folder in a cache (about half a
 loads read that folder (a few seconds). The cache is built under a file lock in a temporary
 sibling folder, sealed with a `manifest.json` of sha256 checksums and renamed into place, so a
 half-written or corrupted cache is never used.
+
+`--dtype auto` on a CPU with native bf16 instructions times this model's shapes in both dtypes
+before the weights load (_dtype_probe.py, cached in the cache root's dtype.json), keeps the faster.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -30,6 +34,7 @@ from urllib.parse import urlparse
 import torch
 
 from art_backend._errors import ModelLoadError
+from art_backend.engines._dtype_probe import choose_cpu_dtype, cpu_flags
 from art_core.names import DEFAULT_MODEL, DEFAULT_MODEL_ALIAS, is_default_model
 
 logger = logging.getLogger("art_backend.loading")
@@ -53,9 +58,12 @@ MANIFEST_FORMAT = 1
 LOCK_TIMEOUT_SECONDS = 900.0
 HUB_PROBE_TIMEOUT_SECONDS = 3.0
 
+# ART_DTYPE_PROBE=0 (or false/no/off): `--dtype auto` keeps the rule on a CPU, nothing measured.
+PROBE_VARIABLE = "ART_DTYPE_PROBE"
 DTYPE_CHOICES = ("auto", "bfloat16", "bf16", "float32", "fp32", "float16", "fp16")
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+DtypeFor = Callable[[Any], tuple[torch.dtype, str]]  # a model's config -> its dtype, and why
 
 
 @dataclass
@@ -69,6 +77,7 @@ class LoadedModel:
     device: torch.device
     context_length: int
     eos_token_ids: list[int]
+    dtype_reason: str = ""  # why `dtype`: asked for, the rule, or the start-up measurement
 
 
 # --- public API -----------------------------------------------------------------------------
@@ -81,14 +90,25 @@ def load_model(
     device: str = "auto",
     cache_dir: Path | None = None,
 ) -> LoadedModel:
-    """Load `base_model` (folder, hub id, or the default alias) on `device` in `dtype`."""
+    """Load `base_model` (folder, hub id, or the default alias) on `device` in `dtype`.
+
+    `auto` on a CPU where the rule says bfloat16 (native bf16 instructions) measures both dtypes
+    at this model's shapes first (_measured_dtype) and loads in bfloat16 only if it is clearly
+    faster. The trainer trains the engine's copy of the model, so it inherits the choice.
+    """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    rule = (torch_dtype, _rule_reason(dtype, torch_device, torch_dtype))
+    # The rule's bfloat16 on a CPU is measured against float32: native bf16 is not always faster.
+    auto = dtype.strip().lower() == "auto"
+    measure = auto and torch_device.type == "cpu" and torch_dtype == torch.bfloat16
+    dtype_for: DtypeFor = _measured_dtype if measure and probe_enabled() else lambda _: rule
     source = resolve_model_source(base_model, cache_dir=cache_dir)
     if isinstance(source, Path):
-        model, tokenizer = _load_local(source, torch_dtype)
+        model, tokenizer, (torch_dtype, reason) = _load_local(source, dtype_for)
     else:
-        model, tokenizer = _load_from_hub(source, torch_dtype)
+        model, tokenizer, (torch_dtype, reason) = _load_from_hub(source, dtype_for)
+    logger.info("dtype %s -> %s: %s", dtype, str(torch_dtype).removeprefix("torch."), reason)
     model.to(torch_device)
     model.eval()
     return LoadedModel(
@@ -99,6 +119,7 @@ def load_model(
         device=torch_device,
         context_length=_context_length(model.config),
         eos_token_ids=_eos_token_ids(model, tokenizer),
+        dtype_reason=reason,
     )
 
 
@@ -143,12 +164,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """Map a dtype name to torch; `auto` is bfloat16 where the hardware does it natively.
+    """Map a dtype name to torch; `auto` is the rule, before measurement (no model needed).
 
     Rule for `auto`: on CUDA, bfloat16 when the GPU supports it natively, else float32. On CPU,
     bfloat16 only when the processor has native bf16 arithmetic (x86 AVX512-BF16 or AMX, ARM
     BF16); elsewhere (for instance AVX2-only machines) float32, because emulated bf16 there
-    rounds weights without being any faster.
+    rounds weights without being any faster. Native instructions are not always faster either
+    (a Xeon with AVX512-BF16 and no AMX trains slower in bf16), so `load_model` measures where
+    this rule says bfloat16 on a CPU, unless ART_DTYPE_PROBE=0; see _dtype_probe.py.
     """
     choice = dtype.strip().lower()
     if choice not in DTYPE_CHOICES:
@@ -177,16 +200,55 @@ def cpu_supports_bf16() -> bool:
         check = getattr(torch.cpu, probe, None)
         if check is not None and check():
             return True
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags())
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & cpu_flags())
+
+
+def probe_enabled() -> bool:
+    """False when ART_DTYPE_PROBE is 0/false/no/off."""
+    return os.environ.get(PROBE_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _measured_dtype(config: Any) -> tuple[torch.dtype, str]:
+    """The probe's dtype for a model of `config`, timed at the Linear shapes of its skeleton
+    on the meta device (no weights); the rule's bfloat16 if the skeleton cannot be built."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+        choice = choose_cpu_dtype(skeleton, cache_root=cache_root(), rule=torch.bfloat16)
+    except Exception as exc:  # noqa: BLE001 - no meta skeleton for this model: the rule stands
+        logger.warning("dtype auto: could not measure (%s); keeping the rule's bfloat16", exc)
+        return (
+            torch.bfloat16,
+            f"the rule, native bf16 instructions on this CPU (not measured: {exc})",
+        )
+    return choice.dtype, choice.reason
+
+
+def _rule_reason(dtype: str, device: torch.device, torch_dtype: torch.dtype) -> str:
+    """Why `torch_dtype` when nothing was measured: asked for, or the rule of `resolve_dtype`."""
+    if dtype.strip().lower() != "auto":
+        return "asked for"
+    bf16 = torch_dtype == torch.bfloat16
+    if device.type == "cuda":
+        return "the GPU does bf16 natively" if bf16 else "the GPU has no native bf16"
+    if not bf16:
+        return "this CPU has no native bf16 instructions (emulated bf16 is slower)"
+    return f"the rule, native bf16 instructions on this CPU ({PROBE_VARIABLE}=0: not measured)"
 
 
 # --- the embedded default -------------------------------------------------------------------
 
 
+def cache_root() -> Path:
+    """`$ART_CACHE_DIR`, else ~/.cache/art-trainer: models/ and the dtype measurement live there."""
+    return Path(os.environ.get("ART_CACHE_DIR") or "~/.cache/art-trainer").expanduser()
+
+
 def default_cache_dir() -> Path:
     """Where converted models live: `$ART_CACHE_DIR/models`, else ~/.cache/art-trainer/models."""
-    root = os.environ.get("ART_CACHE_DIR") or "~/.cache/art-trainer"
-    return Path(root).expanduser() / "models"
+    return cache_root() / "models"
 
 
 def ensure_default_model(*, cache_dir: Path | None = None) -> Path:
@@ -354,28 +416,20 @@ def _manifest_problem(folder: Path, fingerprint: str = "") -> str | None:
 # --- loading --------------------------------------------------------------------------------
 
 
-def _load_local(folder: Path, dtype: torch.dtype) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _load_local(folder: Path, dtype_for: DtypeFor) -> tuple[Any, Any, tuple[torch.dtype, str]]:
+    """The model (in the dtype `dtype_for` picks from its config), its tokenizer, and that pick."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+        return _load_pretrained(folder, dtype_for, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"Could not load the model in {folder}: {exc}") from exc
-    return model, tokenizer
 
 
-def _load_from_hub(hub_id: str, dtype: torch.dtype) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _load_from_hub(hub_id: str, dtype_for: DtypeFor) -> tuple[Any, Any, tuple[torch.dtype, str]]:
     # Without a reachable hub, transformers retries for most of a minute before failing:
     # decide up front and read only the local HF cache in that case.
     offline = _hub_offline_reason()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(hub_id, local_files_only=offline is not None)
-        model = AutoModelForCausalLM.from_pretrained(
-            hub_id, dtype=dtype, local_files_only=offline is not None
-        )
+        return _load_pretrained(hub_id, dtype_for, local_files_only=offline is not None)
     except (OSError, ValueError) as exc:
         where = (
             f"the hub is not available ({offline}) and '{hub_id}' is not in the local "
@@ -386,7 +440,20 @@ def _load_from_hub(hub_id: str, dtype: torch.dtype) -> tuple[Any, Any]:
         raise ModelLoadError(
             f"Cannot load base model '{hub_id}': {where}. {_alternatives()}"
         ) from exc
-    return model, tokenizer
+
+
+def _load_pretrained(
+    name: Path | str, dtype_for: DtypeFor, *, local_files_only: bool
+) -> tuple[Any, Any, tuple[torch.dtype, str]]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=local_files_only)
+    config = AutoConfig.from_pretrained(name, local_files_only=local_files_only)
+    picked = dtype_for(config)  # before the weights load: they load once, in that dtype
+    model = AutoModelForCausalLM.from_pretrained(
+        name, config=config, dtype=picked[0], local_files_only=local_files_only
+    )
+    return model, tokenizer, picked
 
 
 def _alternatives() -> str:
@@ -437,14 +504,3 @@ def _eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
         if isinstance(token_id, int) and token_id not in ids:
             ids.append(token_id)
     return ids
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
-    return set()
