@@ -294,9 +294,10 @@ async def _gather_with_signal(
     after_each: AfterEach | None,
     max_metrics: int | None,
 ) -> GatheredGroups:
-    """A batch's groups with its GroupSignal: each finished group is recorded against its item;
-    while fewer than `min_trainable_groups` carry signal (counting the running ones as if they
-    will), each all-equal group is replaced by the dataset's next item, up to
+    """A batch's groups with its GroupSignal: each finished group is recorded against its item.
+    With `min_trainable_groups`, the step starts as many groups as the last step's share of
+    groups with signal calls for, then, while fewer than that carry signal (counting the running
+    ones as if they will), replaces each all-equal group by the dataset's next item, up to
     `max_groups_per_step` groups. Groups come back in the order they were started."""
     signal = source.batch.signal
     assert signal is not None
@@ -323,6 +324,13 @@ async def _gather_with_signal(
     token = current_observer.set(progress)
     try:
         running = {start(item) for item in source.batch.items}
+        while (
+            len(started) < min(limit, signal.groups_to_start(len(source.batch.items)))
+            and source.batch.draw is not None
+            and (drawn := source.batch.draw()) is not None
+        ):
+            signal.count_extra()  # sampled beside the batch: the last step's share says so
+            running.add(start(drawn[0]))
         trainable = 0
         while running:
             finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)

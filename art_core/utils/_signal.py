@@ -11,8 +11,9 @@ optional and each counted in the step's metrics:
   may become learnable (and a solved one may slip). Counted as `signal/skipped_scenarios`.
 * **Dynamic sampling** (`min_trainable_groups=N`, DAPO's, as in verl and TRL). A step draws more
   scenarios while fewer than N of its groups have mixed rewards, at most `max_groups_per_step`
-  groups in all; each all-equal group is replaced as soon as it finishes, so the extra rollouts
-  run beside the others. Counted as `signal/extra_groups`.
+  groups in all. From the second step on it starts as many groups as the last step's share of
+  groups with mixed rewards says it needs (so the extra rollouts batch with the others), then
+  replaces each all-equal group as soon as it finishes. Counted as `signal/extra_groups`.
 
 Both run through the loops users already write: `iterate_dataset(..., signal=signal)` with
 `gather_trajectory_groups(batch.groups(make_group))`, and `PipelineTrainer(..., signal=signal)`
@@ -28,6 +29,7 @@ replacement of all-equal groups is DAPO's dynamic sampling (arXiv 2503.14476, §
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,7 @@ from art_core.utils._hashes import scenario_hash
 logger = logging.getLogger("art_core.signal")
 
 REWARD_TIE = 1e-12  # rewards closer than this are equal (ART's zero-variance test)
+MAX_OVERSAMPLE = 8  # a step starts at most 8x the groups it needs, whatever the last share was
 
 
 def carries_signal(group: TrajectoryGroup) -> bool:
@@ -98,6 +101,7 @@ class GroupSignal:
         self.records: dict[Hashable, ScenarioRecord] = {}
         self._counts = _zero_counts()
         self._totals = _zero_counts()
+        self._last_share: float | None = None  # the last step's share of groups with signal
 
     # ----------------------------------------------------------------------- per scenario
 
@@ -148,6 +152,15 @@ class GroupSignal:
         self._count("groups")
         return trainable
 
+    def groups_to_start(self, batch_size: int) -> int:
+        """How many groups a step starts with: enough, at the last step's share of groups with
+        mixed rewards, to expect `min_trainable_groups` of them (within the bound)."""
+        target, share = self.min_trainable_groups, self._last_share
+        if target is None or share is None:
+            return batch_size
+        wanted = math.ceil(target / max(share, 1 / MAX_OVERSAMPLE))
+        return max(batch_size, min(wanted, self.max_groups_per_step or wanted))
+
     def count_extra(self) -> None:
         """One more group drawn by dynamic sampling."""
         self._count("extra_groups")
@@ -157,6 +170,8 @@ class GroupSignal:
     def take_step_metrics(self) -> dict[str, float]:
         """The counts since the last call (`signal/...`) and the run's totals (`signal/cum/...`)."""
         step, self._counts = self._counts, _zero_counts()
+        if step["groups"]:
+            self._last_share = step["trainable_groups"] / step["groups"]
         metrics = {f"signal/{name}": float(value) for name, value in step.items()}
         metrics.update({f"signal/cum/{name}": float(v) for name, v in self._totals.items()})
         metrics["signal/settled_scenarios"] = float(
