@@ -4,7 +4,7 @@ Same task, questions in the same order, same settings (groups x rollouts per ste
 1.0, 16 new tokens, LoRA r16/alpha 32 on q,k,v,o, the same lr, DAPO-style token-mean loss,
 beta 0). The held-out set is answered greedily at step 0, every `--eval-every` steps and at the
 end; evaluation time is excluded from both clocks. The target: ours reaches TRL's final held-out
-reward in at most half of TRL's training time. TRL runs first; ours then trains past `--steps`
+reward in at most a quarter of TRL's training time. TRL runs first; ours then trains past `--steps`
 (up to 3x) while its clock is under TRL's time and it has not reached TRL's final reward.
 
 `--pipeline` adds a third contender, "ours_pipeline": the same task and settings trained with
@@ -15,6 +15,8 @@ excluded from its clock as from the others'.
 
 `--seeds N` repeats TRL and ours on N splits of the questions (seeds `--seed`..) and judges the
 target by the median ratio; other engines and `--pipeline` run on the first seed only.
+`--contenders ours,ours_auto,ours_signal` runs more of ours each seed (see `_curve_seeds.py`: the
+dtype by measurement, and `art.GroupSignal`), summarised over seeds per evaluation step.
 
     .venv/bin/python benchmarks/learning_curve.py [--steps 12] [--eval-every 4] [--seeds 3]
 
@@ -38,6 +40,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
+from _curve_seeds import CONTENDERS, contender_settings, median_ratio, over_seeds  # noqa: E402
+from _curve_seeds import markdown as contenders_markdown  # noqa: E402
 from _machine import OtherLoad  # noqa: E402
 from _markdown import publish  # noqa: E402
 from _ours import engine_args, qkvo_model  # noqa: E402
@@ -48,7 +52,7 @@ import art_core as art  # noqa: E402
 
 RESULTS = HERE / "results" / "learning_curve.json"
 START, END = "<!-- learning_curve:start -->", "<!-- learning_curve:end -->"
-TIME_RATIO_TARGET = 0.5
+TIME_RATIO_TARGET = 0.25  # issue 31: a quarter of TRL's time to its final held-out reward
 
 
 async def our_curve(
@@ -57,6 +61,8 @@ async def our_curve(
     *,
     target: float | None = None,
     time_limit: float | None = None,
+    dtype: str | None = None,
+    signal: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The demo's loop, with the training clock stopped during held-out evaluations.
 
@@ -65,8 +71,12 @@ async def our_curve(
     the crossing is measured instead of read as "not reached" (at most 3x `--steps`).
     """
     train_questions, held_out = split(args.train_questions, args.eval_size, seed=args.seed)
+    group_signal = None if signal is None else art.GroupSignal(**signal)
+    metrics: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="art-curve-") as path:
-        backend = art.LocalBackend(path=path, dtype=args.dtype, extra_args=engine_args(engine))
+        backend = art.LocalBackend(
+            path=path, dtype=dtype or args.dtype, extra_args=engine_args(engine)
+        )
         model = qkvo_model("curve")
         await model.register(backend)
         config = art.TrainConfig(learning_rate=args.learning_rate)
@@ -79,7 +89,11 @@ async def our_curve(
         ]
         clock = 0.0
         for batch in art.iterate_dataset(
-            train_questions, args.groups_per_step, num_epochs=100, use_tqdm=False
+            train_questions,
+            args.groups_per_step,
+            num_epochs=100,
+            use_tqdm=False,
+            signal=group_signal,
         ):
             if batch.step >= args.steps and not _goes_on(points, clock, target, time_limit):
                 break
@@ -87,14 +101,18 @@ async def our_curve(
                 break
             started = time.perf_counter()
             groups = await art.gather_trajectory_groups(
-                (
-                    art.TrajectoryGroup(rollout(model, q) for _ in range(args.rollouts_per_group))
-                    for q in batch.items
+                batch.groups(
+                    lambda q: art.TrajectoryGroup(
+                        rollout(model, q) for _ in range(args.rollouts_per_group)
+                    )
                 ),
                 pbar_desc=None,
             )
             result = await model.train(groups, config=config)
             clock += time.perf_counter() - started
+            metrics.append(
+                {k: v for k, v in result.metrics.items() if k.startswith(("signal/", "groups/"))}
+            )
             if result.step % args.eval_every == 0 or result.step == args.steps:
                 reward = (await evaluate(model, held_out)).metrics["reward"]
                 points.append(
@@ -105,7 +123,25 @@ async def our_curve(
                     flush=True,
                 )
         await backend.close()
-    return {"contender": "ours", "engine": engine, "points": points}
+    return {
+        "contender": "ours",
+        "engine": engine,
+        "dtype": dtype or args.dtype,
+        "signal": signal,
+        "points": points,
+        "groups": _group_totals(metrics),
+    }
+
+
+def _group_totals(metrics: list[dict[str, float]]) -> dict[str, float]:
+    """Groups sampled, trained and skipped over the run (the server's and the signal's counts)."""
+    total = lambda key: float(sum(m.get(key, 0.0) for m in metrics))  # noqa: E731
+    return {
+        "trainable": total("groups/trainable"),
+        "zero_variance": total("groups/zero_variance"),
+        "extra_sampled": total("signal/extra_groups"),
+        "skipped_scenarios": total("signal/skipped_scenarios"),
+    }
 
 
 def _goes_on(
@@ -303,7 +339,7 @@ first reaches it after {_seconds(summary["ours_seconds_to_trl_final"])}: time ra
 first, and ours trains on past step {s["steps"]} while its clock is under TRL's time and it is
 short of TRL's final reward, so a crossing is measured, not guessed).{vllm_line}{pipeline_line}
 {seeds_block}Other load (cores used outside the benchmark, mean over each run): {loads or "-"}.
-{END}"""
+{contenders_markdown(result, TIME_RATIO_TARGET)}{END}"""
 
 
 def _seeds_markdown(result: dict[str, Any]) -> str:
@@ -375,6 +411,24 @@ def run_seed(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
             )
         runs[engine]["other_load_cores"] = load.cores
     ours = runs[engines[0]]
+    contenders: dict[str, dict[str, Any]] = {}
+    for name in args.contenders:
+        settings = contender_settings(name, args.dtype, signal_settings(args))
+        if name == "ours" and settings["dtype"] == args.dtype:
+            run = ours  # the run above
+        else:
+            print(f"seed {args.seed}: {name} ({settings}) ...", flush=True)
+            with OtherLoad() as load:
+                run = asyncio.run(
+                    our_curve(
+                        args, engines[0], target=trl_final, time_limit=trl_seconds, **settings
+                    )
+                )
+            run["other_load_cores"] = load.cores
+        reached = time_to_reach(run["points"], trl_final)
+        run["seconds_to_trl_final"] = reached
+        run["time_ratio"] = reached / trl_seconds if reached is not None and trl_seconds else None
+        contenders[name] = run
     pipeline = None
     if args.pipeline:
         print(f"ours with PipelineTrainer, {engines[0]} engine ...", flush=True)
@@ -388,10 +442,11 @@ def run_seed(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
         "settings": {
             k: v
             for k, v in vars(args).items()
-            if k not in ("no_write", "engines", "pipeline", "seeds")
+            if k not in ("no_write", "engines", "pipeline", "seeds", "contenders")
         },
         "ours": ours,
         "trl": trl,
+        "contenders": contenders,
         "summary": {
             "trl_final": trl_final,
             "trl_seconds": trl_seconds,
@@ -420,20 +475,17 @@ def run_seed(args: argparse.Namespace, engines: list[str]) -> dict[str, Any]:
     return result
 
 
-def median_ratio(ratios: list[float | None]) -> float | None:
-    """The median over seeds; a seed whose crossing was not reached counts as the largest."""
-    ordered = sorted(ratios, key=lambda r: float("inf") if r is None else r)
-    return ordered[len(ordered) // 2] if len(ordered) % 2 else _mean_of_middle(ordered)
-
-
-def _mean_of_middle(ordered: list[float | None]) -> float | None:
-    low, high = ordered[len(ordered) // 2 - 1], ordered[len(ordered) // 2]
-    return None if low is None or high is None else (low + high) / 2
-
-
 def _seconds_at(points: list[dict[str, Any]], step: int) -> float | None:
     match = [p["train_seconds"] for p in points if p["step"] == step]
     return match[0] if match else None
+
+
+def signal_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ours_signal contender's GroupSignal keywords."""
+    return {
+        "min_trainable_groups": args.signal_min_trainable,
+        "max_groups_per_step": args.signal_max_groups,
+    }
 
 
 def main() -> None:
@@ -460,8 +512,18 @@ def main() -> None:
     parser.add_argument(
         "--max-steps-off-policy", type=int, default=1, help="the ours_pipeline contender's bound"
     )
+    parser.add_argument(
+        "--contenders",
+        default="ours",
+        help=f"comma list of ours to run beside TRL, each seed: {', '.join(CONTENDERS)}",
+    )
+    parser.add_argument("--signal-min-trainable", type=int, default=6, help="ours_signal's N")
+    parser.add_argument("--signal-max-groups", type=int, default=16, help="ours_signal's bound")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    args.contenders = args.contenders.split(",")
+    for name in args.contenders:
+        contender_settings(name, args.dtype, signal_settings(args))  # unknown names fail now
 
     seeds = list(range(args.seed, args.seed + args.seeds))
     engines = args.engines.split(",")
@@ -488,9 +550,18 @@ def main() -> None:
                 "ours": run["ours"]["other_load_cores"],
                 "trl": run["trl"]["other_load_cores"],
             },
+            "contenders": {
+                name: {
+                    key: curve.get(key)
+                    for key in ("points", "time_ratio", "dtype", "signal", "groups")
+                }
+                | {"other_load_cores": curve["other_load_cores"]}
+                for name, curve in run["contenders"].items()
+            },
         }
         for seed, run in zip(seeds, per_seed, strict=True)
     ]
+    result["over_seeds"] = over_seeds(result["seeds"], args.contenders)
     result["summary"]["median_time_ratio"] = median_ratio(
         [run["summary"]["time_ratio"] for run in per_seed]
     )
