@@ -80,6 +80,9 @@ class TrainConfig(_Config):
     max_grad_norm: float = Field(1.0, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     gradient_checkpointing: bool = False
+    # True: the loss's denominator also counts the all-equal groups' tokens (rows for the
+    # sequence-mean and constant losses), as TRL's does; they still do not train (see the docs).
+    zero_variance_in_denominator: bool = False
     # > 0: the backend holds the submitted groups on its review page (/review) this long, or
     # until a person approves them, then applies their flags and reward overrides.
     review_hold_seconds: float = Field(0.0, ge=0, le=7 * 24 * 3600)
@@ -143,6 +146,7 @@ _SAME_NAME = (
 TRAIN_EXTRA_KEYWORDS = (
     "beta", "max_completion_length", "mask_truncated", "max_length", "micro_batch_tokens",
     "max_grad_norm", "weight_decay", "gradient_checkpointing", "review_hold_seconds",
+    "zero_variance_in_denominator",
 )  # fmt: skip
 # ART's options whose only honourable value here is the default: why, and what to do instead.
 _ONLY_DEFAULT = {

@@ -5,6 +5,8 @@ Contenders beside TRL (each one run per seed, after TRL, on the same split and o
 * `ours`: our trainer in `--dtype` (float32 by default, TRL's dtype): the per-step parity run,
   the same objective on the same rows as TRL's.
 * `ours_auto`: the same with `--dtype auto` (the faster dtype by measurement on this CPU).
+* `ours_trl_denominator`: `ours` with `TrainConfig(zero_variance_in_denominator=True)`: the
+  loss divided by every sampled token of the step, all-equal groups included, as TRL's is.
 * `ours_signal`: `auto` plus `art.GroupSignal(min_trainable_groups, max_groups_per_step)`: the
   step samples more scenarios while fewer than N groups have mixed rewards, and scenarios whose
   last group was all-equal are skipped on their next turns.
@@ -19,17 +21,19 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-CONTENDERS = ("ours", "ours_auto", "ours_signal")
+CONTENDERS = ("ours", "ours_auto", "ours_signal", "ours_trl_denominator")
 
 
 def contender_settings(name: str, dtype: str, signal: dict[str, Any]) -> dict[str, Any]:
-    """our_curve's `dtype` and `signal` for a contender."""
+    """our_curve's `dtype`, `signal` and TrainConfig options for a contender."""
     if name == "ours":
         return {"dtype": dtype, "signal": None}
     if name == "ours_auto":
         return {"dtype": "auto", "signal": None}
     if name == "ours_signal":
         return {"dtype": "auto", "signal": signal}
+    if name == "ours_trl_denominator":  # `ours` with TRL's loss denominator (all-equal groups in)
+        return {"dtype": dtype, "signal": None, "train": {"zero_variance_in_denominator": True}}
     raise SystemExit(f"unknown contender {name!r}: choose from {', '.join(CONTENDERS)}")
 
 

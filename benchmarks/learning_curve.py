@@ -63,6 +63,7 @@ async def our_curve(
     time_limit: float | None = None,
     dtype: str | None = None,
     signal: dict[str, Any] | None = None,
+    train: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The demo's loop, with the training clock stopped during held-out evaluations.
 
@@ -79,7 +80,7 @@ async def our_curve(
         )
         model = qkvo_model("curve")
         await model.register(backend)
-        config = art.TrainConfig(learning_rate=args.learning_rate)
+        config = art.TrainConfig(learning_rate=args.learning_rate, **(train or {}))
         points = [
             {
                 "step": 0,
@@ -128,6 +129,7 @@ async def our_curve(
         "engine": engine,
         "dtype": dtype or args.dtype,
         "signal": signal,
+        "train": train,
         "points": points,
         "groups": _group_totals(metrics),
     }
@@ -553,7 +555,7 @@ def main() -> None:
             "contenders": {
                 name: {
                     key: curve.get(key)
-                    for key in ("points", "time_ratio", "dtype", "signal", "groups")
+                    for key in ("points", "time_ratio", "dtype", "signal", "train", "groups")
                 }
                 | {"other_load_cores": curve["other_load_cores"]}
                 for name, curve in run["contenders"].items()

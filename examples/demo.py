@@ -5,6 +5,7 @@ groups of rollouts per question, `model.train(groups)`, and a held-out evaluatio
 after. Writes a before/after table, a reward-curve PNG and an HTML report under `.art/`.
 
     python examples/demo.py [--steps 10] [--groups-per-step 8] [--rollouts-per-group 8]
+                            [--min-trainable-groups N] [--max-groups-per-step 16]
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import art_core as art
 from art_core.report import Evaluation, mean_metric, print_summary, summarize, write_report
 from art_core.trackers import tracker_links
 from art_core.trackers.trackio import TrackioObserver, trackio_installed
+
+# Chosen by benchmarks/learning_curve.py (ours_auto vs ours_signal over 5 seeds, BENCHMARKS.md).
+DEFAULT_MIN_TRAINABLE = 0  # off: ours_signal (6 of 8, at most 16) lost to ours_auto, 0.29x vs 0.25x
 
 
 async def rollout(model: art.TrainableModel, question: Question) -> art.Trajectory:
@@ -96,29 +100,42 @@ async def main(args: argparse.Namespace) -> None:
     before = await evaluate(model, held_out)
     print(f"  held-out reward {before.metrics['reward']:.3f}, exact {before.metrics['exact']:.3f}")
 
+    # Groups whose rewards are all equal teach nothing: sample more questions until a step has
+    # enough with mixed rewards, and skip questions that stayed all-equal (art.GroupSignal).
+    signal = (
+        art.GroupSignal(
+            min_trainable_groups=args.min_trainable_groups,
+            max_groups_per_step=args.max_groups_per_step,
+        )
+        if args.min_trainable_groups
+        else None
+    )
     for batch in art.iterate_dataset(
         train_questions,
         args.groups_per_step,
         num_epochs=100,
         initial_step=model.step,
         use_tqdm=False,
+        signal=signal,
     ):
         if batch.step >= args.steps:
             break
         groups = await art.gather_trajectory_groups(
-            (
-                art.TrajectoryGroup(rollout(model, q) for _ in range(args.rollouts_per_group))
-                for q in batch.items
+            batch.groups(
+                lambda q: art.TrajectoryGroup(
+                    rollout(model, q) for _ in range(args.rollouts_per_group)
+                )
             ),
             pbar_desc=f"step {batch.step + 1}/{args.steps}",
             max_exceptions=0.1,
         )
         result = await model.train(groups, config=config)
         m = result.metrics
+        extra = f" ({m['signal/extra_groups']:.0f} extra)" if m.get("signal/extra_groups") else ""
         print(
             f"  step {result.step}: train reward {m['reward']:.3f}  exact "
             f"{mean_metric(groups, 'exact'):.2f}  trainable groups {m['groups/trainable']:.0f}/"
-            f"{m['groups/submitted']:.0f}  {m.get('step_seconds', 0):.1f}s train"
+            f"{m['groups/submitted']:.0f}{extra}  {m.get('step_seconds', 0):.1f}s train"
         )
         if args.eval_every and result.step % args.eval_every == 0 and result.step < args.steps:
             middle = await evaluate(model, held_out)
@@ -156,6 +173,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--path", default=".art")
     parser.add_argument("--name", default=None, help="model name (default: a new one per run)")
+    parser.add_argument(
+        "--min-trainable-groups",
+        type=int,
+        default=DEFAULT_MIN_TRAINABLE,
+        help="art.GroupSignal: sample more questions until a step has this many groups with "
+        "mixed rewards (0: off)",
+    )
+    parser.add_argument(
+        "--max-groups-per-step", type=int, default=16, help="art.GroupSignal's bound"
+    )
     return parser.parse_args(argv)
 
 

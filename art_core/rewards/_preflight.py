@@ -486,6 +486,10 @@ def _change_for_flat(
         # Other groups show the reward does tell runs apart: a larger group is more likely to
         # hold a run that differs (P(flat) falls geometrically with the group size).
         reasons.append("the other groups do differ: the reward can tell runs apart")
+        reasons.append(
+            "while training, art.GroupSignal(min_trainable_groups=N) samples more scenarios "
+            "until a step has N groups with mixed rewards and skips scenarios that stay flat"
+        )
         return "larger group"
     if len(values) == 1 and max(everything) <= 0:
         reasons.append(

@@ -144,6 +144,7 @@ async def test_flat_groups_beside_varied_ones_ask_for_a_larger_group(
     assert result.zero_variance_share == 0.5
     assert result.verdict == "may learn slowly: many zero-variance groups" and result.will_learn
     assert result.change == "larger group"
+    assert any("art.GroupSignal(min_trainable_groups=N)" in reason for reason in result.reasons)
 
 
 async def test_failing_rollouts_will_not_learn_and_show_the_error(policy: art.TrainableModel):

@@ -325,6 +325,20 @@ async def test_fork_starts_from_the_source_checkpoint(
     assert await answer(fork) == await answer(model)
 
 
+async def test_zero_variance_in_denominator_counts_the_all_equal_groups_tokens(
+    model: art.TrainableModel,
+):
+    groups = varied_group(await groups_for(model, QUESTIONS))
+    for trajectory in groups[1].trajectories:  # the second group: all-equal, does not train
+        trajectory.reward = 1.0
+    result = await model.train(groups, zero_variance_in_denominator=True)
+    assert result.metrics["groups/zero_variance"] == 1 and result.metrics["groups/trainable"] == 1
+    [row] = [r for r in await model.backend.history(model) if r["type"] == "train"]
+    loss = row["loss"]
+    assert loss["untrained_rows"] == len(groups[1].trajectories)
+    assert loss["untrained_tokens"] >= loss["untrained_rows"]  # every answer has a token
+
+
 async def test_rollout_helper_returns_a_trajectory(model: art.TrainableModel):
     trajectory = await answer_rollout(model, "What is 1 + 1?")
     assert trajectory.messages()[-1]["role"] == "assistant"

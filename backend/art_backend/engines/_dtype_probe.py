@@ -19,8 +19,9 @@ float32). A real decoder layer's call (position embeddings, caches, masks) varie
 Cache: `dtype.json` in the caller's cache root, an entry per CPU model name, bf16 flags, torch
 version, torch threads and Linear shapes; missing, corrupt or unwritable: measured again. Processes
 starting together (torchrun's ranks) measure in turn under a lock and share the first answer.
-Other work on the CPUs torch uses stalls its threads (a 2-core EPYC at a load average of 2 timed
-bf16 1.9x faster or 2x slower by the run): then nothing is measured and the rule stands.
+Other work on the CPUs torch uses stalls its threads (a 2-core EPYC busy with a benchmark timed
+bf16 1.9x faster or 2x slower by the run): when other processes used more than the CPUs torch
+leaves free over a 0.25 s sample (/proc/stat), nothing is measured or cached and the rule stands.
 """
 
 from __future__ import annotations

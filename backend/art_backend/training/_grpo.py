@@ -124,6 +124,10 @@ class LossConfig:
     # truncated importance weight min(exp(logp_old - logp_sampler), truncated_is_max).
     precalculate_logprobs: bool = False
     truncated_is_max: float | None = None
+    # TRL's denominators count the step's all-equal groups too (their advantage is 0): their
+    # sampled tokens and rows, added when TrainConfig(zero_variance_in_denominator=True).
+    untrained_tokens: int = 0
+    untrained_rows: int = 0
 
     def __post_init__(self) -> None:
         if self.eps_low < 0 or self.eps_high < 0:
@@ -181,9 +185,9 @@ def loss_preset(name: str, **overrides: Any) -> LossConfig:
 
 def loss_denominator(mask: torch.Tensor, config: LossConfig) -> torch.Tensor:
     """What the summed loss of these rows is divided by; add it up over micro-batches of one step."""
-    trained_rows = (mask.sum(-1) > 0).sum()
+    trained_rows = (mask.sum(-1) > 0).sum() + config.untrained_rows
     if config.aggregation == "token_mean":  # DAPO: every trained token of the step weighs the same
-        return mask.sum()
+        return mask.sum() + config.untrained_tokens
     if config.aggregation == "constant":  # Dr. GRPO: a constant, so no length bias
         return trained_rows * (config.max_completion_length or 1)
     return trained_rows  # GSPO: every trained sequence weighs the same

@@ -96,6 +96,20 @@ class PreparedStep:
                 )
         return sequences
 
+    def untrained(self) -> tuple[int, int]:
+        """(sampled tokens, sequences) of the trajectories that do not train (all-equal groups):
+        what TRL's loss denominators also count."""
+        tokens = rows = 0
+        for trajectory, ok in zip(self.trajectories, self.trainable, strict=True):
+            if not ok:
+                for sequence in build_sequences(
+                    TrajectoryTurns(trajectory.trajectory_id, trajectory.group_id, 0.0,
+                                    trajectory.turns)
+                ):  # fmt: skip
+                    tokens += int(sequence.trained_mask.sum())
+                    rows += 1
+        return tokens, rows
+
     def answer(self, step: int, checkpoint_path: str | None = None) -> dict[str, Any]:
         """The route's answer; each trajectory's advantage goes back (its Langfuse export)."""
         return {

@@ -190,6 +190,11 @@ class TrainingService(ModelRegistry, StepLog):
             request, read_review_state(model.store.dir), self.records, model_name=model.name
         )
         step.set_advantages(loss_config.scale_rewards, loss_config.advantage_balance)
+        if request.config.zero_variance_in_denominator:
+            tokens, sequences = step.untrained()
+            loss_config = dataclasses.replace(
+                loss_config, untrained_tokens=tokens, untrained_rows=sequences
+            )
         if request.config.truncated_importance_sampling and not loss_config.precalculate_logprobs:
             step.warnings.append(
                 "truncated_importance_sampling was not applied: it weighs the trainer's logprobs "

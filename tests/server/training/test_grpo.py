@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -279,6 +280,24 @@ def test_micro_batches_with_the_steps_denominator_add_up_to_the_whole_batch(pres
     first, _ = policy_loss(new[:2], old[:2], advantages[:2], mask[:2], config, denominator=step)
     second, _ = policy_loss(new[2:], old[2:], advantages[2:], mask[2:], config, denominator=step)
     close(first + second, whole.item())
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "gspo", "cispo"])
+def test_untrained_counts_give_trls_loss_with_the_all_equal_rows_in_the_batch(preset):
+    """zero_variance_in_denominator: the rows of an all-equal group (advantage 0) left out, their
+    tokens and rows counted, give the loss of the batch that holds them, as TRL computes it."""
+    generator = torch.Generator().manual_seed(1)
+    old = -torch.rand(4, 5, generator=generator, dtype=torch.float64) - 0.5
+    new = old + 0.3 * torch.randn(4, 5, generator=generator, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]])
+    advantages = torch.tensor([1.0, -1.0, 0.0, 0.0])  # rows 2 and 3: an all-equal group
+    config = loss_preset(preset, max_completion_length=5)
+    whole, _ = policy_loss(new, old, advantages, mask, config)
+    counted = dataclasses.replace(config, untrained_tokens=int(mask[2:].sum()), untrained_rows=2)
+    part, _ = policy_loss(new[:2], old[:2], advantages[:2], mask[:2], counted)
+    close(part, whole.item())
+    plain, _ = policy_loss(new[:2], old[:2], advantages[:2], mask[:2], config)
+    assert abs(plain.item()) > abs(part.item())  # without the counts the step weighs more
 
 
 def test_no_trained_tokens_gives_a_zero_loss():
