@@ -7,6 +7,7 @@ rules applied to each group (the step it was sampled at, zero reward variance).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -163,3 +164,22 @@ def async_iterator(scenarios: Iterable[Any] | AsyncIterator[Any]) -> AsyncIterat
             yield scenario
 
     return iterate()
+
+
+async def until_stopped(stop: asyncio.Event, awaitable: Awaitable[Any]) -> tuple[bool, Any]:
+    """(True, result) when `awaitable` finishes first; (False, None) once `stop` is set."""
+    if stop.is_set():
+        if asyncio.iscoroutine(awaitable):
+            awaitable.close()
+        return False, None
+    operation = asyncio.ensure_future(awaitable)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((operation, stopped), return_when=asyncio.FIRST_COMPLETED)
+        if operation.done():
+            return True, operation.result()
+        return False, None
+    finally:
+        for task in (operation, stopped):
+            task.cancel()
+        await asyncio.gather(operation, stopped, return_exceptions=True)

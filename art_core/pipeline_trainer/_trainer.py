@@ -89,6 +89,7 @@ from art_core.pipeline_trainer._state import (
     eval_groups,
     policy_version,
     step_train_config,
+    until_stopped,
     zero_variance,
 )
 from art_core.trajectories import TrajectoryGroup
@@ -563,21 +564,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
 
     async def _until_stopped(self, awaitable: Awaitable[Any]) -> tuple[bool, Any]:
         """(True, result) when `awaitable` finishes first; (False, None) once a stop is asked."""
-        if self._stop.is_set():
-            if asyncio.iscoroutine(awaitable):
-                awaitable.close()
-            return False, None
-        operation = asyncio.ensure_future(awaitable)
-        stopped = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait((operation, stopped), return_when=asyncio.FIRST_COMPLETED)
-            if operation.done():
-                return True, operation.result()
-            return False, None
-        finally:
-            for task in (operation, stopped):
-                task.cancel()
-            await asyncio.gather(operation, stopped, return_exceptions=True)
+        return await until_stopped(self._stop, awaitable)
 
     @contextlib.contextmanager
     def _stop_on_signals(self, enabled: bool) -> Iterator[None]:
