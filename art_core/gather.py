@@ -276,10 +276,7 @@ async def gather_trajectory_groups(
     finally:
         current_observer.reset(token)
         progress.close()
-    kept = GatheredGroups(
-        group for result in results if isinstance(result, list) for group in result
-    )
-    kept.dropped = sum(1 for result in results if not isinstance(result, list))
+    kept = _gathered(results)
     judged_out = sum(1 for result in results if result is None)
     if judged_out:
         logger.warning("after_each dropped %d of %d groups", judged_out, len(results))
@@ -306,9 +303,10 @@ async def _gather_with_signal(
     progress = _Progress(
         0, pbar_desc, max_exceptions, show_progress, after_each is not None, max_metrics
     )
-    started: list[tuple[Any, asyncio.Future[Any]]] = []
+    started: dict[asyncio.Future[Any], Any] = {}  # task -> its item, in the order started
+    running: set[asyncio.Future[Any]] = set()
 
-    def start(item: Any) -> asyncio.Future[Any]:
+    def start(item: Any) -> None:
         group = source.make_group(item)
         if isinstance(group, TrajectoryGroup):
             progress.started(group, len(group._pending))
@@ -318,52 +316,55 @@ async def _gather_with_signal(
                 "art.TrajectoryGroup or an awaitable of one"
             )
         task = asyncio.ensure_future(_forward(group, progress, after_each))
-        started.append((item, task))
-        return task
+        started[task] = item
+        running.add(task)
+
+    def draw(count: int) -> None:
+        """Start up to `count` more of the dataset's next items, within the bound (counted)."""
+        for _ in range(min(count, limit - len(started))):
+            drawn = source.batch.draw() if source.batch.draw is not None else None
+            if drawn is None:
+                return
+            signal.count_extra()
+            start(drawn[0])
 
     token = current_observer.set(progress)
     try:
-        running = {start(item) for item in source.batch.items}
-        while (
-            len(started) < min(limit, signal.groups_to_start(len(source.batch.items)))
-            and source.batch.draw is not None
-            and (drawn := source.batch.draw()) is not None
-        ):
-            signal.count_extra()  # sampled beside the batch: the last step's share says so
-            running.add(start(drawn[0]))
+        for item in source.batch.items:
+            start(item)
+        # Sampled beside the batch from the start: the last step's share says so.
+        draw(signal.groups_to_start(len(started)) - len(started))
         trainable = 0
         while running:
-            finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            running.difference_update(finished)
             for task in finished:
                 result = task.result()  # TooManyExceptionsError: the siblings are cancelled
-                item = next(item for item, each in started if each is task)
                 kept = result if isinstance(result, list) else []
-                if [signal.record(item, group) for group in kept].count(True):
+                if any([signal.record(started[task], group) for group in kept]):
                     trainable += 1
-            while (
-                target is not None
-                and trainable + len(running) < target
-                and len(started) < limit
-                and source.batch.draw is not None
-                and (drawn := source.batch.draw()) is not None
-            ):
-                signal.count_extra()
-                running.add(start(drawn[0]))
+            if target is not None:
+                draw(target - trainable - len(running))
     except BaseException:
-        for _, task in started:
+        for task in started:
             task.cancel()
-        await asyncio.gather(*(task for _, task in started), return_exceptions=True)
+        await asyncio.gather(*started, return_exceptions=True)
         raise
     finally:
         current_observer.reset(token)
         progress.close()
-    results = [task.result() for _, task in started]
-    kept_groups = GatheredGroups(
+    gathered = _gathered([task.result() for task in started])
+    gathered.counts = signal.take_step_metrics()
+    return gathered
+
+
+def _gathered(results: list[Any]) -> GatheredGroups:
+    """The kept groups of the gather's results in order; the others counted as dropped."""
+    kept = GatheredGroups(
         group for result in results if isinstance(result, list) for group in result
     )
-    kept_groups.dropped = sum(1 for result in results if not isinstance(result, list))
-    kept_groups.counts = signal.take_step_metrics()
-    return kept_groups
+    kept.dropped = sum(1 for result in results if not isinstance(result, list))
+    return kept
 
 
 async def gather_trajectories(

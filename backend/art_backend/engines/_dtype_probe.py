@@ -41,6 +41,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from art_backend.engines._threads import foreign_cores
+
 logger = logging.getLogger("art_backend.loading")
 
 CACHE_FILE_NAME = "dtype.json"
@@ -112,41 +114,13 @@ def busy_reason(window: float = 0.25) -> str | None:
     """Why timings now would mislead (other processes using more CPUs than torch leaves free,
     sampled over `window` seconds: the load average lags and counts this very process), or None."""
     cpus, threads = os.cpu_count() or 1, torch.get_num_threads()
-    other = _other_cores(window)
+    other = foreign_cores(window)
     if other is None:  # no /proc/stat: the load average, this process included
         other = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     busy = other > max(cpus - threads, 0) + 0.5
     return (
         f"other processes using {other:.1f} cores, torch on {threads} of {cpus}" if busy else None
     )
-
-
-def _other_cores(window: float) -> float | None:
-    """Mean CPU cores used outside this process over `window` seconds (from /proc/stat)."""
-
-    def busy_seconds() -> float | None:
-        try:
-            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        except OSError:
-            return None
-        ticks = [int(value) for value in fields]
-        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-        return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-    before, own_before, started = busy_seconds(), _own_seconds(), time.monotonic()
-    if before is None:
-        return None
-    time.sleep(window)
-    after = busy_seconds()
-    elapsed = time.monotonic() - started
-    if after is None or elapsed <= 0:
-        return None
-    return max(0.0, ((after - before) - (_own_seconds() - own_before)) / elapsed)
-
-
-def _own_seconds() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 def linear_shapes(model: Any) -> Shapes:

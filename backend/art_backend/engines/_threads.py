@@ -81,6 +81,38 @@ def _descendants(proc: Path, pid: str) -> list[str]:
     return found
 
 
+def _reading(
+    proc: Path, cpus: set[int], clock: Callable[[], float]
+) -> tuple[float, int, int] | None:
+    """(time, busy ticks of `cpus`, ticks of this process and its children), None without /proc."""
+    try:
+        machine = (proc / "stat").read_text()
+        ours = _process_ticks((proc / "self" / "stat").read_text())
+    except OSError:
+        return None
+    # Our children are ours too (vLLM's processes under --engine vllm): they are part of
+    # the same job, and the trainer runs while they idle.
+    for child in _descendants(proc, "self"):
+        with contextlib.suppress(OSError, ValueError):
+            ours += _process_ticks((proc / child / "stat").read_text())
+    return clock(), _cpu_ticks(machine, cpus), ours
+
+
+def foreign_cores(window: float, proc: Path = Path("/proc")) -> float | None:
+    """Cores other processes kept busy, over `window` seconds, on the CPUs this process may use;
+    None where /proc is missing. The governor's measurement, taken once."""
+    cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+    before = _reading(proc, cpus, time.monotonic)
+    if before is None:
+        return None
+    time.sleep(window)
+    after = _reading(proc, cpus, time.monotonic)
+    if after is None or after[0] <= before[0]:
+        return None
+    foreign = max(0, (after[1] - before[1]) - (after[2] - before[2]))
+    return foreign / os.sysconf("SC_CLK_TCK") / (after[0] - before[0])
+
+
 class ThreadGovernor:
     """Picks torch's intra-op thread count; `apply()` runs in each thread that computes.
 
@@ -114,17 +146,7 @@ class ThreadGovernor:
         self.enabled = self._last is not None and self.max_threads > 1
 
     def _read(self) -> tuple[float, int, int] | None:
-        try:
-            machine = (self._proc / "stat").read_text()
-            ours = _process_ticks((self._proc / "self" / "stat").read_text())
-        except OSError:
-            return None
-        # Our children are ours too (vLLM's processes under --engine vllm): they are part of
-        # the same job, and the trainer runs while they idle.
-        for child in _descendants(self._proc, "self"):
-            with contextlib.suppress(OSError, ValueError):
-                ours += _process_ticks((self._proc / child / "stat").read_text())
-        return self._clock(), _cpu_ticks(machine, self._cpus), ours
+        return _reading(self._proc, self._cpus, self._clock)
 
     def start(self) -> ThreadGovernor:
         """Re-measure every `interval` seconds on a daemon thread, so a decision is never staler
