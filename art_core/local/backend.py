@@ -27,7 +27,6 @@ from art_core.errors import ArtError, BackendCrashedError
 __all__ = ["LocalBackend"]
 
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may convert the embedded model (~40 s)
-DEFAULT_MAX_BATCH_SIZE = 32
 _KEYWORDS = ["path", "dtype", "device", "max_batch_size", "extra_args"]
 _HINTS = {
     "in_process": "The backend always runs in a child process here (the client never imports torch).",
@@ -45,12 +44,13 @@ class LocalBackend(RemoteBackend):
         *,
         dtype: str = "auto",
         device: str = "auto",
-        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        max_batch_size: int | None = None,
         extra_args: list[str] | None = None,
         **unknown: Any,
     ) -> None:
-        """`dtype`, `device`, `max_batch_size`: the engine's (`art-server --dtype ...`); a
-        model's `_internal_config` may set dtype and max_batch_size where these keep defaults.
+        """`dtype`, `device`, `max_batch_size`: the engine's (`art-server --dtype ...`; None
+        keeps the server's own default batch, 128 rows); a model's `_internal_config` may set
+        dtype and max_batch_size where these keep defaults.
         `extra_args`: more `art-server` options. ART's other keywords raise UnknownFieldError."""
         check_names("LocalBackend()", unknown, _KEYWORDS, hints=_HINTS)
         super().__init__("http://127.0.0.1:0", api_key=secrets.token_urlsafe(24))
@@ -78,7 +78,7 @@ class LocalBackend(RemoteBackend):
         """The first model's `_internal_config` engine settings, where this backend kept defaults."""
         if "dtype" in settings and self.dtype == "auto":
             self.dtype = str(settings["dtype"])
-        if "max_batch_size" in settings and self.max_batch_size == DEFAULT_MAX_BATCH_SIZE:
+        if "max_batch_size" in settings and self.max_batch_size is None:
             self.max_batch_size = int(settings["max_batch_size"])
 
     def _start(self, base_model: str) -> None:
@@ -92,9 +92,9 @@ class LocalBackend(RemoteBackend):
             "--port", str(port),
             "--dtype", self.dtype,
             "--device", self.device,
-            "--max-batch-size", str(self.max_batch_size),
             "--log-level", "warning",
             "--exit-with-parent", str(os.getpid()),
+            *([] if self.max_batch_size is None else ["--max-batch-size", str(self.max_batch_size)]),
             *self.extra_args,
         ]  # fmt: skip
         # The key goes through the environment, never the command line: `ps` shows any

@@ -241,7 +241,9 @@ class TorchEngine(AdapterSlots):
             taken.append(request)
             free_rows -= request.n
             free_tokens -= request.n * self._kv_tokens(request)
-        while len(taken) > 1 and (free_rows < 0 or free_tokens < 0):
+        # Over the bounds: the newest go back to the queue, all of them while a batch runs (an
+        # oversized request waits for the batch to drain, then runs alone).
+        while len(taken) > (0 if self._batch else 1) and (free_rows < 0 or free_tokens < 0):
             free_rows += taken[-1].n
             free_tokens += taken[-1].n * self._kv_tokens(taken[-1])
             self._requeue_front(taken.pop())
