@@ -253,8 +253,14 @@ def test_art_server_runs_and_ends_its_own_vllm(tiny_model_dir: Path, tmp_path: P
         deadline = time.monotonic() + 60
         while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.2)
+        # The server notices at its next look (twice in CI, on a loaded machine, the first
+        # /health after the kill still said ok): it must turn within seconds and stay turned.
+        deadline = time.monotonic() + 30
         health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30)
-        assert health.status_code == 503, health.text
+        while health.status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30)
+        assert health.status_code == 503, (health.text, _described(children))
         assert health.json()["status"] == "engine_stopped"
         assert "vLLM exited with code" in health.json()["error"]
         refused = httpx.post(
@@ -282,6 +288,20 @@ def _vllm_children(pid: int) -> list[int]:
         for child in psutil.Process(pid).children(recursive=True)
         if "vllm" in " ".join(child.cmdline())
     ]
+
+
+def _described(pids: list[int]) -> list[str]:
+    """Each pid's status and command line, for a failure message."""
+    import psutil
+
+    described = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            described.append(f"{pid} {process.status()} {' '.join(process.cmdline())[:120]}")
+        except psutil.Error as error:
+            described.append(f"{pid} {type(error).__name__}")
+    return described
 
 
 def _alive(pid: int) -> bool:
