@@ -11,24 +11,27 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import httpx
 import pytest
 
 import art_core as art
 from tests.support.models import fresh_model
+from tests.support.servers import read_metrics
 
 pytestmark = pytest.mark.torch_engine  # reads the torch engine's batch counter
 
 ROWS_PER_REQUEST = 24  # two requests: 48 rows, over the old 32 and under the server's 128
 
 
-async def widest_batch(backend: art.LocalBackend, model: art.TrainableModel) -> float:
+async def widest_batch(
+    backend: art.LocalBackend, model: art.TrainableModel, tiny_model_dir: Path
+) -> float:
     """Two concurrent requests of 24 choices each, run to max_tokens; the widest decode batch."""
-    client = model.openai_client()
-    eos = model_tokenizer_eos(backend)
+    from transformers import AutoTokenizer  # the client-side tests import no torch at collection
+
+    eos = AutoTokenizer.from_pretrained(tiny_model_dir).eos_token_id
     await asyncio.gather(
         *(
-            client.chat.completions.create(
+            model.openai_client().chat.completions.create(
                 model=model.get_inference_name(),
                 messages=[{"role": "user", "content": f"Say {i}."}],
                 n=ROWS_PER_REQUEST,
@@ -39,18 +42,8 @@ async def widest_batch(backend: art.LocalBackend, model: art.TrainableModel) -> 
             for i in range(2)
         )
     )
-    metrics = httpx.get(
-        f"{backend.base_url}/metrics", headers={"Authorization": f"Bearer {backend._api_key}"}
-    ).text
-    [line] = [line for line in metrics.splitlines() if line.startswith("art_batch_size_max ")]
-    return float(line.split()[1])
-
-
-def model_tokenizer_eos(backend: art.LocalBackend) -> int:
-    from transformers import AutoTokenizer
-
-    assert backend.base_model is not None
-    return int(AutoTokenizer.from_pretrained(backend.base_model).eos_token_id)
+    headers = {"Authorization": f"Bearer {backend._api_key}"}
+    return read_metrics(backend.base_url, headers)["art_batch_size_max"]
 
 
 async def test_a_default_local_backend_decodes_both_requests_in_one_batch(
@@ -59,7 +52,7 @@ async def test_a_default_local_backend_decodes_both_requests_in_one_batch(
     backend = art.LocalBackend(path=tmp_path, dtype="float32")
     try:
         model = await fresh_model(backend, tiny_model_dir)
-        assert await widest_batch(backend, model) == 2 * ROWS_PER_REQUEST
+        assert await widest_batch(backend, model, tiny_model_dir) == 2 * ROWS_PER_REQUEST
     finally:
         await backend.close()
 
@@ -70,7 +63,9 @@ async def test_max_batch_size_from_the_user_or_arts_engine_args_bounds_the_batch
     backend = art.LocalBackend(path=tmp_path / "user", dtype="float32", max_batch_size=30)
     try:
         model = await fresh_model(backend, tiny_model_dir)
-        assert await widest_batch(backend, model) == ROWS_PER_REQUEST  # the second one waits
+        assert (
+            await widest_batch(backend, model, tiny_model_dir) == ROWS_PER_REQUEST
+        )  # the second one waits
     finally:
         await backend.close()
 
@@ -83,6 +78,6 @@ async def test_max_batch_size_from_the_user_or_arts_engine_args_bounds_the_batch
                 engine_args=art.dev.EngineArgs(max_num_seqs=30)
             ),
         )
-        assert await widest_batch(backend, model) == ROWS_PER_REQUEST
+        assert await widest_batch(backend, model, tiny_model_dir) == ROWS_PER_REQUEST
     finally:
         await backend.close()

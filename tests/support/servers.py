@@ -31,9 +31,14 @@ class RunningServer:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def metrics(self) -> dict[str, float]:
-        text = httpx.get(f"{self.url}/metrics", headers=self.headers()).text
-        pairs = (line.split() for line in text.splitlines() if line and not line.startswith("#"))
-        return {name: float(value) for name, value in pairs}
+        return read_metrics(self.url, self.headers())
+
+
+def read_metrics(url: str, headers: dict[str, str]) -> dict[str, float]:
+    """GET `url`/metrics, as name -> value."""
+    text = httpx.get(f"{url}/metrics", headers=headers).text
+    pairs = (line.split() for line in text.splitlines() if line and not line.startswith("#"))
+    return {name: float(value) for name, value in pairs}
 
 
 def free_port() -> int:
