@@ -27,7 +27,7 @@ from art_core.trackers import tracker_links
 from art_core.trackers.trackio import TrackioObserver, trackio_installed
 
 # Chosen by benchmarks/learning_curve.py (ours_auto vs ours_signal over 5 seeds, BENCHMARKS.md).
-DEFAULT_MIN_TRAINABLE = 0  # off: ours_signal (6 of 8, at most 16) 0.27x vs ours_auto 0.255x, 10 runs
+DEFAULT_MIN_TRAINABLE = 0  # off: ours_signal 0.27x vs ours_auto 0.255x (10 runs each)
 
 
 async def rollout(model: art.TrainableModel, question: Question) -> art.Trajectory:
