@@ -48,6 +48,23 @@ def chatml_tokenizer(tokenizer: Any) -> Any:
     return fast
 
 
+def tiny_tokenizer(vocab_size: int = 384) -> Any:
+    """A byte-level BPE trained on `_CORPUS` (any string encodes), as a ChatML tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    return chatml_tokenizer(tokenizer)
+
+
 def build_tiny_model(
     folder: Path,
     *,
@@ -59,21 +76,10 @@ def build_tiny_model(
 ) -> Path:
     """Write a tiny random LlamaForCausalLM and its ChatML tokenizer into `folder`."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    fast = chatml_tokenizer(tokenizer)
+    fast = tiny_tokenizer(vocab_size)
     fast.save_pretrained(folder)
 
     torch.manual_seed(seed)
