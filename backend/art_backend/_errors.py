@@ -70,6 +70,10 @@ class ModelLoadError(BackendError):
     """The base model could not be found or loaded; the message names the alternatives."""
 
 
+class UnsupportedModelError(ModelLoadError):
+    """The torch engine cannot serve this model's family (named in the message)."""
+
+
 class InvalidNameError(InvalidRequestError):
     """A model or adapter name is not allowed (path separators, traversal, odd characters)."""
 

@@ -1,14 +1,33 @@
-"""The engine's KV cache edits: rows merged and dropped, and layers with room to grow in place.
+"""The engine's KV cache: every layer keeps every token, rows merge and drop, layers grow in place.
+
+Which cache layer types transformers uses, and what the engine does with each:
+
+| layer type (config.layer_types) | transformers' dynamic layer | here |
+|---|---|---|
+| full_attention | DynamicLayer | GrowingLayer (below) |
+| sliding_attention (Gemma 3, Mistral, GPT-OSS, Cohere 2) | DynamicSlidingWindowLayer | GrowingLayer |
+| chunked_attention (Llama 4) | DynamicSlidingWindowLayer | refused |
+| indexed_attention, linear_attention, conv, hybrid*, dummy | their own | refused |
+
+Sliding-window layers keep their whole history here instead of the last `window - 1` keys. Rows
+are left-padded (a row's real tokens end at the last column, with no gaps), so the distance
+between two columns is the distance between two tokens, and transformers' sliding-window mask,
+built on the cache's columns, gives each row exactly its own window. transformers' sliding layer
+counts tokens in `cumulative_length` and keeps a per-layer slice that left padding, merging and
+trimming would all have to rewrite (merging two of them failed with a size mismatch: the bug that
+made this table). The cost is memory: a sliding layer holds the full context, not the window
+(Gemma 3 at a few thousand tokens: a few MB a row). Chunked attention's chunks start at absolute
+positions, which left padding shifts, and the other types carry recurrent or shared state: a
+model with any of them is refused at start (`check_servable`), naming its family and layer types.
 
 transformers' DynamicLayer concatenates the whole cache with each new token: at batch 16 and a
-few hundred tokens that copy is over a tenth of a CPU decode step. This layer keeps room for
+few hundred tokens that copy is over a tenth of a CPU decode step. GrowingLayer keeps room for
 `ROOM` more tokens and only copies when the room runs out (amortised O(1) per token). The engine
 converts a prefilled cache's layers to it; `keys`/`values` stay plain tensors (views) to
 everything that reads them, and assigning them (batch selection, merging, trimming) reallocates.
 
-Rows are left-padded: a row's real tokens end at the last column, so a new token is one more
-column for every row. `append_rows` merges newly prefilled rows into the running batch,
-`keep_rows` drops finished ones.
+`append_rows` merges newly prefilled rows into the running batch, `keep_rows` drops finished
+ones.
 """
 
 from __future__ import annotations
@@ -17,9 +36,13 @@ import inspect
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
+
+from art_backend._errors import UnsupportedModelError
 
 ROOM = 64  # tokens of spare room per layer; a copy happens once per ROOM tokens
+SERVED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def _with_room(tensor: torch.Tensor, room: int) -> torch.Tensor:
@@ -99,8 +122,34 @@ def cache_keyword(model: Any) -> str:
     return "cache" if "cache" in parameters else "past_key_values"
 
 
+def layer_types(config: Any) -> list[str]:
+    """The cache layer type of each decoder layer, as transformers' DynamicCache reads them."""
+    types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    return list(types)
+
+
+def check_servable(config: Any) -> None:
+    """Refuse, naming the family, a model whose cache layers the engine cannot pad and merge."""
+    kinds = layer_types(config)
+    refused = sorted(set(kinds) - set(SERVED_LAYER_TYPES))
+    if refused:
+        family = getattr(config, "model_type", type(config).__name__)
+        raise UnsupportedModelError(
+            f"The torch engine cannot serve '{family}' models: their {', '.join(refused)} "
+            f"layers keep a state it cannot batch (it serves {' and '.join(SERVED_LAYER_TYPES)} "
+            "layers). Serve this model with --engine vllm, or pick a supported family "
+            "(docs/models.md lists the tested ones)."
+        )
+
+
+def engine_cache() -> DynamicCache:
+    """An empty cache for a prefill: plain layers that keep every token, whatever the config
+    says (sliding windows come from the mask; see the table above)."""
+    return DynamicCache()
+
+
 def make_growing(cache: Any) -> None:
-    """Convert a prefilled DynamicCache's full-attention layers in place."""
+    """Convert a prefilled engine cache's layers in place."""
     cache.layers = [
         GrowingLayer.from_layer(layer) if type(layer) is DynamicLayer else layer
         for layer in cache.layers

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from art_backend._errors import EngineStoppedError, InvalidRequestError
 from art_backend.engines._adapter_files import (
@@ -35,7 +34,14 @@ from art_backend.engines._engine import (
     GenerationRequest,
     TokenEvent,
 )
-from art_backend.engines._kv_cache import append_rows, cache_keyword, keep_rows, make_growing
+from art_backend.engines._kv_cache import (
+    append_rows,
+    cache_keyword,
+    check_servable,
+    engine_cache,
+    keep_rows,
+    make_growing,
+)
 from art_backend.engines._sampling import (
     apply_bias_and_penalties,
     make_generator,
@@ -122,7 +128,8 @@ class TorchEngine(AdapterSlots):
     # ----------------------------------------------------------------------------------- control
 
     def start(self) -> None:
-        """Start the engine thread."""
+        """Start the engine thread; a model whose cache layers it cannot batch is refused first."""
+        check_servable(self._config)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -373,7 +380,7 @@ class TorchEngine(AdapterSlots):
             input_ids[row, longest - length :] = torch.tensor(request.prompt_ids)
             mask[row, longest - length :] = 1
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self._config)
+        cache = engine_cache()
         adapters = [self._peft_adapter(r.adapter) for r in requests]
         logits = self._forward(input_ids, mask, position_ids, cache, adapters)
         self.metrics.prefill_tokens_total += int(mask.sum())
