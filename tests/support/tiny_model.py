@@ -73,13 +73,19 @@ def build_tiny_model(
     hidden_size: int = 64,
     heads: int = 4,
     kv_heads: int = 2,
+    chat_template: bool = True,
 ) -> Path:
-    """Write a tiny random LlamaForCausalLM and its ChatML tokenizer into `folder`."""
+    """Write a tiny random LlamaForCausalLM and its ChatML tokenizer into `folder`.
+
+    `chat_template=False`: the tokenizer has no chat template, as a base model's (its vocabulary
+    still holds the ChatML tokens, so `--chat-template chatml` fits it)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
     fast = tiny_tokenizer(vocab_size)
+    if not chat_template:
+        fast.chat_template = None
     fast.save_pretrained(folder)
 
     torch.manual_seed(seed)
