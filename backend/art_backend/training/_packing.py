@@ -48,12 +48,14 @@ class PackedBatch:
         return int((self.segments >= 0).sum())
 
     def attention_mask(
-        self, dtype: torch.dtype, device: torch.device | str = "cpu"
+        self, dtype: torch.dtype, device: torch.device | str = "cpu", *, window: int | None = None
     ) -> torch.Tensor:
         """The additive [P, 1, S, S] mask: 0 where a query may attend, the dtype's min elsewhere.
 
-        A query sees earlier keys of the prefix and of its own segment. A padding query sees
-        itself only, so no softmax row is empty (its output is never used).
+        A query sees earlier keys of the prefix and of its own segment; with a sliding `window`,
+        only those fewer than `window` positions back (its own row's positions, so the window is
+        the one it has unpacked). A padding query sees itself only, so no softmax row is empty
+        (its output is never used).
         """
         segments = self.segments.to(device)
         width = segments.shape[1]
@@ -61,10 +63,42 @@ class PackedBatch:
         query = segments[:, :, None]
         key = segments[:, None, :]
         allowed = causal & (key >= 0) & ((key == 0) | (key == query))
+        if window is not None:
+            positions = self.position_ids.to(device)
+            allowed &= positions[:, :, None] - positions[:, None, :] < window
         allowed |= torch.eye(width, dtype=torch.bool, device=device)
         mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
         mask.masked_fill_(~allowed, torch.finfo(dtype).min)
         return mask[:, None]
+
+
+def packed_attention_masks(
+    packed: PackedBatch, config: Any, dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The packed forward's `attention_mask` for a model of `config`.
+
+    A model whose config lists `layer_types` takes one mask per type (transformers' forwards
+    use a dict as given): its sliding layers get the windowed mask. A model with one
+    `sliding_window` for every layer (Mistral) takes the windowed mask alone.
+    """
+    window = _sliding_window(config)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None:
+        return packed.attention_mask(dtype, device)
+    if layer_types:
+        masks = {"full_attention": packed.attention_mask(dtype, device)}
+        masks["sliding_attention"] = packed.attention_mask(dtype, device, window=window)
+        return masks
+    return packed.attention_mask(dtype, device, window=window)
+
+
+def _sliding_window(config: Any) -> int | None:
+    """The window of the model's sliding layers, None when it has none."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    return window if window and getattr(config, "use_sliding_window", True) is not False else None
 
 
 def packing_supported(model: Any) -> bool:
@@ -73,9 +107,10 @@ def packing_supported(model: Any) -> bool:
     transformers' own forward with SDPA or eager attention passes a 4-D mask through unchanged,
     and rotary embeddings read `position_ids`. Refused: flash-attention kernels (they take no
     mask), ALiBi models (their biases come from key indices or the 2-D mask, not positions),
-    models without rotary embeddings, sliding-window layers (a 4-D mask replaces their window,
-    which would be lost), and a forward replaced by another library (Unsloth patches the model,
-    decoder and attention classes).
+    models without rotary embeddings, layer types other than full and sliding attention (chunked
+    attention's chunks, linear attention's state), and a forward replaced by another library
+    (Unsloth patches the model, decoder and attention classes). Sliding-window layers take a
+    windowed mask (`packed_attention_masks`).
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config
@@ -94,11 +129,10 @@ def packing_supported(model: Any) -> bool:
     )
     if not rotary or getattr(config, "alibi", False):
         return False
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types:
-        return all(kind == "full_attention" for kind in layer_types)
-    window = getattr(config, "sliding_window", None)
-    return not window or getattr(config, "use_sliding_window", True) is False
+    if getattr(config, "attention_chunk_size", None):
+        return False
+    layer_types = getattr(config, "layer_types", None) or []
+    return all(kind in ("full_attention", "sliding_attention") for kind in layer_types)
 
 
 def first_trained_columns(rows: Rows) -> list[int]:

@@ -30,6 +30,7 @@ from art_backend.engines._engine import TrainableEngine
 from art_backend.training._grpo import LossConfig, loss_denominator, policy_loss
 from art_backend.training._packing import (
     PackedBatch,
+    packed_attention_masks,
     packed_logprobs_and_entropy,
     packed_micro_batches,
     packing_supported,
@@ -364,7 +365,7 @@ class LoraTrainer:
         width = packed.input_ids.shape[1]
         output = model(
             input_ids=packed.input_ids.to(device),
-            attention_mask=packed.attention_mask(model.dtype, device),
+            attention_mask=packed_attention_masks(packed, model.config, model.dtype, device),
             position_ids=packed.position_ids.to(device),
             use_cache=False,
             logits_to_keep=width - packed.first_kept,

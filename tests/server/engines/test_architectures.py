@@ -128,7 +128,7 @@ async def test_staggered_mixed_length_batches_decode_as_each_request_alone(famil
 
 
 async def test_a_grpo_step_on_the_engines_samples_has_a_ratio_of_one(
-    family: Family, family_dir: Path
+    family_dir: Path,
 ):
     """float32: the trainer's logprobs of the sampled tokens equal the engine's to 1e-3."""
     tokenizer = AutoTokenizer.from_pretrained(family_dir)
@@ -141,7 +141,8 @@ async def test_a_grpo_step_on_the_engines_samples_has_a_ratio_of_one(
             if name in suffixes
         ]
         lora = {"r": 4, "alpha": 8, "target_modules": targets}
-        trainer = LoraTrainer(engine, "policy", lora, seed=1)
+        packed, padded = (LoraTrainer(engine, name, lora, seed=1) for name in ("packed", "padded"))
+        padded.packs_prefixes = False
         sequences: list[Sequence] = []
         for group, words in enumerate((2, 9)):  # the second group's prompt is past the window
             ids = prompt(tokenizer, words)
@@ -153,14 +154,19 @@ async def test_a_grpo_step_on_the_engines_samples_has_a_ratio_of_one(
         rows, dropped = pack_rows(sequences, max_length=4096, mask_truncated=False)
         assert not any(dropped.values())
         settings = OptimizerSettings(learning_rate=1e-3, micro_batch_tokens=4096)
-        metrics = trainer.grpo_step(rows, loss_preset("grpo"), settings, beta=0.0)
+        metrics, padded_metrics = (
+            trainer.grpo_step(rows, loss_preset("grpo"), settings, beta=0.0)
+            for trainer in (packed, padded)
+        )
     finally:
         engine.stop()
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-3)
     assert metrics["grad_norm"] > 0
-    # A group's samples share their prompt: it goes through the model once where the family's
-    # attention takes the packed mask (full attention); sliding-window families train padded.
-    assert (metrics["shared_prefix_tokens"] > 0) == (not family.sliding)
+    # A group's samples share their prompt: it goes through the model once (sliding layers
+    # with a windowed mask), and the step equals the padded one.
+    assert metrics["shared_prefix_tokens"] > 0 == padded_metrics["shared_prefix_tokens"]
+    for key in ("loss", "grad_norm", "entropy", "ratio_mean"):
+        assert metrics[key] == pytest.approx(padded_metrics[key], rel=1e-4, abs=1e-6), key
 
 
 def sampled_sequence(

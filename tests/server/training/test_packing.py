@@ -234,9 +234,11 @@ def test_packing_only_where_the_forward_takes_the_mask_as_it_is(lora_model):
         return model
 
     assert packing_supported(fake({"layer_types": ["full_attention"] * 2}))
-    assert not packing_supported(fake({"layer_types": ["sliding_attention", "full_attention"]}))
-    assert not packing_supported(fake({"sliding_window": 4096}))
-    assert packing_supported(fake({"sliding_window": 4096, "use_sliding_window": False}))
+    # Sliding windows take a windowed mask; chunks and recurrent state do not pack.
+    assert packing_supported(fake({"layer_types": ["sliding_attention", "full_attention"]}))
+    assert packing_supported(fake({"sliding_window": 4096}))
+    assert not packing_supported(fake({"layer_types": ["linear_attention", "full_attention"]}))
+    assert not packing_supported(fake({"attention_chunk_size": 8192}))
     assert not packing_supported(fake({}, module="unsloth.models.llama"))
     assert not packing_supported(fake({}, attention="unsloth.models.llama"))
     # Positions must reach the attention: ALiBi (bias from key indices) and no-RoPE models are out.
