@@ -81,6 +81,25 @@ FAMILIES = [
 ]
 
 
+# A family the torch engine refuses: linear-attention layers carry a recurrent state.
+UNSERVABLE = Family(
+    "qwen3_next",
+    "Qwen3NextConfig",
+    {
+        "head_dim": 16,
+        "layer_types": ["linear_attention", "full_attention"],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+    },
+)
+
+
 def build_family_model(family: Family, folder: Path, *, seed: int = 0) -> Path:
     """Write a tiny random model of `family` and the tiny ChatML tokenizer into `folder`."""
     import torch

@@ -135,7 +135,8 @@ class TorchEngine(AdapterSlots):
     def stop(self, timeout: float = 30.0) -> None:
         """Finish in-flight work, fail what is still queued, and join the thread."""
         self._stopping = True
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # refused at start: never ran
+            self._thread.join(timeout)
         if self.threads is not None:
             self.threads.stop()
 

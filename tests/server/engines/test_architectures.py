@@ -12,17 +12,29 @@ engine's), through shared-prefix packing where the family allows it.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import AutoTokenizer
 
+from art_backend._errors import UnsupportedModelError
 from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams
+from art_backend.engines._kv_cache import check_servable
 from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
 from art_backend.training._rows import Sequence, pack_rows
 from tests.support.adapters import load_model
-from tests.support.tiny_families import FAMILIES, WINDOW, Family, build_family_model
+from tests.support.tiny_families import (
+    FAMILIES,
+    UNSERVABLE,
+    WINDOW,
+    Family,
+    build_family_model,
+)
 
 pytestmark = pytest.mark.torch_engine
 
@@ -186,3 +198,33 @@ def sampled_sequence(
         group_id=group,
         truncated=False,
     )
+
+
+@pytest.mark.parametrize(
+    ("config_class", "family", "layer_type"),
+    [
+        ("Qwen3NextConfig", "qwen3_next", "linear_attention"),  # recurrent state
+        ("Llama4TextConfig", "llama4_text", "chunked_attention"),  # chunks at absolute positions
+        ("FalconH1Config", "falcon_h1", "hybrid"),  # Mamba beside attention
+        ("Gemma3nTextConfig", "gemma3n_text", "dummy"),  # layers reading another layer's KV
+    ],
+)
+def test_a_family_whose_cache_the_engine_cannot_batch_is_named_and_refused(
+    config_class: str, family: str, layer_type: str
+):
+    with pytest.raises(UnsupportedModelError, match=f"'{family}'.*{layer_type}.*--engine vllm"):
+        check_servable(getattr(transformers, config_class)())
+
+
+def test_the_server_refuses_such_a_family_at_start_not_with_a_500_later(tmp_path: Path):
+    folder = build_family_model(UNSERVABLE, tmp_path / "model")
+    result = subprocess.run(
+        [sys.executable, "-m", "art_backend.cli", "--model", str(folder), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "ART_DTYPE_PROBE": "0"},
+    )
+    assert result.returncode != 0
+    assert "cannot serve 'qwen3_next' models" in result.stderr
+    assert "Traceback" not in result.stderr
