@@ -42,6 +42,7 @@ from art_backend._errors import ModelLoadError
 logger = logging.getLogger("art_backend.loading")
 
 GGUF_SUFFIX = ".gguf"
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
 # Part of every converted folder's fingerprint: a change to what conversion writes rebuilds caches.
 CONVERSION_FORMAT = 2
 # The GGUF metadata keys whose token ids end generation (gguf.Keys.Tokenizer EOS_ID, EOT_ID, EOM_ID).
@@ -95,9 +96,10 @@ def find_gguf(path: Path) -> Path | None:
     A folder holding several GGUF files is refused: which one to load is the user's choice.
     """
     if path.is_file():
-        if path.suffix.lower() != GGUF_SUFFIX:
+        # By content too: Ollama keeps its GGUF files as blobs named sha256-<digest>.
+        if path.suffix.lower() != GGUF_SUFFIX and not _starts_like_gguf(path):
             raise ModelLoadError(
-                f"'{path}' is a file but not a .gguf file. Pass a GGUF file, or a model folder "
+                f"'{path}' is a file but not a GGUF file. Pass a GGUF file, or a model folder "
                 "saved with save_pretrained() (config.json + safetensors)."
             )
         return path.resolve()
@@ -109,6 +111,11 @@ def find_gguf(path: Path) -> Path | None:
             f"--model {found[0]}."
         )
     return found[0].resolve() if found else None
+
+
+def _starts_like_gguf(path: Path) -> bool:
+    with path.open("rb") as handle:
+        return handle.read(4) == GGUF_MAGIC
 
 
 def gguf_cache_key(gguf_path: Path) -> tuple[str, str]:

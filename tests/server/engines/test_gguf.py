@@ -201,11 +201,21 @@ def test_a_missing_gguf_file_says_so(tmp_path: Path) -> None:
         resolve_model_source("missing.gguf", cache_dir=tmp_path)
 
 
+def test_a_gguf_file_without_the_suffix_is_recognised_by_its_content(
+    ggufs: Path, tmp_path: Path
+) -> None:
+    blob = tmp_path / "blobs" / "sha256-0123abcd"  # how Ollama stores a model
+    blob.parent.mkdir()
+    shutil.copy(ggufs / "qwen2.gguf", blob)
+
+    assert _converted(blob, tmp_path / "cache").name.startswith("sha256-0123abcd-")
+
+
 def test_a_file_that_is_not_a_gguf_is_refused(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / "broken.gguf").write_bytes(b"not a gguf at all")
 
-    with pytest.raises(ModelLoadError, match=r"not a \.gguf file"):
+    with pytest.raises(ModelLoadError, match="is a file but not a GGUF file"):
         resolve_model_source(str(tmp_path / "notes.txt"), cache_dir=tmp_path / "cache")
     with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
         resolve_model_source(str(tmp_path / "broken.gguf"), cache_dir=tmp_path / "cache")
