@@ -100,8 +100,19 @@ UNSERVABLE = Family(
 )
 
 
-def build_family_model(family: Family, folder: Path, *, seed: int = 0) -> Path:
-    """Write a tiny random model of `family` and the tiny ChatML tokenizer into `folder`."""
+def build_family_model(
+    family: Family,
+    folder: Path,
+    *,
+    seed: int = 0,
+    shape: dict[str, int] | None = None,
+    head_dim: int | None = None,
+) -> Path:
+    """Write a tiny random model of `family` and the tiny ChatML tokenizer into `folder`.
+
+    `shape` (hidden_size, heads, kv_heads) and `head_dim` widen it where an engine needs it
+    (vLLM's CPU attention: `VLLM_SHAPE`, head sizes of 32 and up).
+    """
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
@@ -109,7 +120,7 @@ def build_family_model(family: Family, folder: Path, *, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = tiny_tokenizer()
     tokenizer.save_pretrained(folder)
-    shape: dict[str, Any] = {
+    sizes: dict[str, Any] = {
         "vocab_size": len(tokenizer),
         "hidden_size": 64,
         "intermediate_size": 128,
@@ -125,7 +136,15 @@ def build_family_model(family: Family, folder: Path, *, seed: int = 0) -> Path:
         # would then agree with anything. At 0.2 the next token depends on the whole context.
         "initializer_range": 0.2,
     }
-    config = getattr(transformers, family.config_class)(**{**shape, **family.fields})
+    if shape is not None:
+        sizes["hidden_size"] = shape["hidden_size"]
+        sizes["intermediate_size"] = 2 * shape["hidden_size"]
+        sizes["num_attention_heads"] = shape["heads"]
+        sizes["num_key_value_heads"] = shape["kv_heads"]
+    fields = dict(family.fields)
+    if head_dim is not None:
+        fields["head_dim"] = head_dim
+    config = getattr(transformers, family.config_class)(**{**sizes, **fields})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(folder)
