@@ -2,7 +2,8 @@
 
 A trajectory's `messages_and_choices` mixes plain message dicts (context: system, user, tool
 results) with the `Choice` objects our backend returned (an OpenAI `Choice`, or a LiteLLM
-`Choices` whose `provider_specific_fields` carry the id). A choice carries its `completion_id`,
+`Choices` whose `provider_specific_fields` carry the id, or a `CompletionChoice` of
+`client.completions.create`, a base model's plain-text turn: its `text` is the assistant's). A choice carries its `completion_id`,
 which lets the backend train on the exact tokens it sampled. A plain-dict assistant message
 (`{"role": "assistant", "content": answer}`) is sent as a turn to match: the backend trains it
 on the tokens of the completion it recorded with the same conversation before it and the same
@@ -37,6 +38,7 @@ from typing import Annotated, Any, Protocol
 from openai.types.chat.chat_completion import Choice
 from openai.types.chat.chat_completion_message_param import ChatCompletionMessageParam
 from openai.types.chat.chat_completion_tool_param import ChatCompletionToolParam
+from openai.types.completion_choice import CompletionChoice
 from pydantic import ConfigDict, Field, SkipValidation, field_validator
 
 from art_core._strict import StrictModel
@@ -62,7 +64,7 @@ __all__ = [
 # ART's type aliases (`art.types`), for annotations in user code. The fields below take Any:
 # a dict is kept as given and a Choice as returned, never re-validated.
 Message = Annotated[ChatCompletionMessageParam, SkipValidation]
-MessageOrChoice = Message | Choice
+MessageOrChoice = Message | Choice | CompletionChoice
 Messages = list[Message]
 MessagesAndChoices = list[MessageOrChoice]
 Tools = list[ChatCompletionToolParam]
@@ -452,10 +454,13 @@ def _full_message(item: Any) -> dict[str, Any]:
     if isinstance(item, dict):
         return dict(item)
     message = getattr(item, "message", None)
+    if message is None and isinstance(getattr(item, "text", None), str):
+        return {"role": "assistant", "content": item.text}  # a CompletionChoice: plain text
     if message is None:
         raise InvalidTrajectoryError(
             f"messages_and_choices holds a {type(item).__name__}: use message dicts or the "
-            "`Choice` objects of a chat completion (`response.choices[0]`)."
+            "`Choice` objects of a chat completion (`response.choices[0]`), or of a completion "
+            "(`client.completions.create(...).choices[0]`)."
         )
     if isinstance(message, dict):
         return dict(message)

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from openai.types.chat.chat_completion import Choice
+from openai.types.completion_choice import CompletionChoice
 
 from art_core.trajectories import History, Trajectory
 
@@ -20,7 +21,9 @@ def trajectory_from_records(records: list[dict[str, Any]], **fields: Any) -> Tra
 
     A call whose messages extend an earlier history (same messages, then that call's answer,
     then more) joins it; any other call starts an additional history. Choice 0 is the turn kept;
-    other choices (n > 1) are counted in `metrics["dropped/unused_choices"]`.
+    other choices (n > 1) are counted in `metrics["dropped/unused_choices"]`. A plain-text
+    completion (`/v1/completions`) is a history of its own: its prompt as a user message (empty
+    when it was token ids), then its `CompletionChoice`.
     """
     histories: list[list[Any]] = []
     tools_of: list[list[dict[str, Any]] | None] = []
@@ -30,14 +33,26 @@ def trajectory_from_records(records: list[dict[str, Any]], **fields: Any) -> Tra
         # With n > 1 the agent went on with one choice; the others did not lead to the reward.
         unused_choices += len(record["choices"]) - 1
         choice_data = min(record["choices"], key=lambda c: c["index"])
-        choice = Choice.model_validate(
-            {
-                "index": choice_data["index"],
-                "message": choice_data["message"],
-                "finish_reason": choice_data["finish_reason"],
-                "completion_id": record["id"],
-            }
-        )
+        choice: Choice | CompletionChoice
+        if record.get("object") == "text_completion":
+            messages = [{"role": "user", "content": _first_prompt_text(record["request"])}]
+            choice = CompletionChoice.model_validate(
+                {
+                    "index": choice_data["index"],
+                    "text": choice_data["text"],
+                    "finish_reason": choice_data["finish_reason"],
+                    "completion_id": record["id"],
+                }
+            )
+        else:
+            choice = Choice.model_validate(
+                {
+                    "index": choice_data["index"],
+                    "message": choice_data["message"],
+                    "finish_reason": choice_data["finish_reason"],
+                    "completion_id": record["id"],
+                }
+            )
         target = None
         for index, history in enumerate(histories):
             plain = [item if isinstance(item, dict) else _message_dict(item) for item in history]
@@ -73,8 +88,18 @@ def trajectory_from_records(records: list[dict[str, Any]], **fields: Any) -> Tra
     )
 
 
-def _message_dict(choice: Choice) -> dict[str, Any]:
+def _message_dict(choice: Choice | CompletionChoice) -> dict[str, Any]:
+    if isinstance(choice, CompletionChoice):
+        return {"role": "assistant", "content": choice.text}
     return choice.message.model_dump(exclude_none=True)
+
+
+def _first_prompt_text(request: dict[str, Any]) -> str:
+    """A completion request's first prompt as text ("" when it was token ids)."""
+    prompt = request.get("prompt")
+    if isinstance(prompt, list) and prompt:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else ""
 
 
 def _same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:

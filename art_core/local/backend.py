@@ -27,7 +27,7 @@ from art_core.errors import ArtError, BackendCrashedError
 __all__ = ["LocalBackend"]
 
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may convert the embedded model (~40 s)
-_KEYWORDS = ["path", "dtype", "device", "max_batch_size", "extra_args"]
+_KEYWORDS = ["path", "dtype", "device", "max_batch_size", "chat_template", "extra_args"]
 _HINTS = {
     "in_process": "The backend always runs in a child process here (the client never imports torch).",
     "gpu_cost_per_hour_usd": "Costs here are judges' token prices: art.Model(price=...).",
@@ -45,12 +45,14 @@ class LocalBackend(RemoteBackend):
         dtype: str = "auto",
         device: str = "auto",
         max_batch_size: int | None = None,
+        chat_template: str | os.PathLike[str] | None = None,
         extra_args: list[str] | None = None,
         **unknown: Any,
     ) -> None:
         """`dtype`, `device`, `max_batch_size`: the engine's (`art-server --dtype ...`; None
         keeps the server's own default batch, 128 rows); a model's `_internal_config` may set
-        dtype and max_batch_size where these keep defaults.
+        dtype and max_batch_size where these keep defaults. `chat_template`: a built-in's name
+        (`"chatml"`) or a Jinja file, for a base model without one (`art-server --chat-template`).
         `extra_args`: more `art-server` options. ART's other keywords raise UnknownFieldError."""
         check_names("LocalBackend()", unknown, _KEYWORDS, hints=_HINTS)
         super().__init__("http://127.0.0.1:0", api_key=secrets.token_urlsafe(24))
@@ -58,6 +60,7 @@ class LocalBackend(RemoteBackend):
         self.dtype = dtype
         self.device = device
         self.max_batch_size = max_batch_size
+        self.chat_template = _template_argument(chat_template)
         self.extra_args = list(extra_args or [])
         self.base_model: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
@@ -95,6 +98,7 @@ class LocalBackend(RemoteBackend):
             "--log-level", "warning",
             "--exit-with-parent", str(os.getpid()),
             *([] if self.max_batch_size is None else ["--max-batch-size", str(self.max_batch_size)]),
+            *([] if self.chat_template is None else ["--chat-template", self.chat_template]),
             *self.extra_args,
         ]  # fmt: skip
         # The key goes through the environment, never the command line: `ps` shows any
@@ -174,6 +178,15 @@ class LocalBackend(RemoteBackend):
         """Close the HTTP client and stop the child process (in-flight requests drain first)."""
         await super().close()
         await asyncio.to_thread(self._stop)
+
+
+def _template_argument(chat_template: str | os.PathLike[str] | None) -> str | None:
+    """A built-in template's name as given; a file's path made absolute (the server resolves
+    it, and a relative path would not survive a change of working folder before the start)."""
+    if chat_template is None:
+        return None
+    path = Path(chat_template).expanduser()
+    return str(path.resolve()) if path.is_file() else str(chat_template)
 
 
 def _free_port() -> int:

@@ -21,6 +21,14 @@ from art_backend._errors import (
 )
 from art_backend._limits import DEFAULT_MAX_BODY_MB
 from art_backend._log_redaction import LOG_LEVELS
+from art_backend.engines._chat_templates import (
+    BUILTIN_TEMPLATES,
+    ChatTemplate,
+    has_chat_template,
+    install_chat_template,
+    no_template_message,
+    read_chat_template,
+)
 from art_backend.engines._choice import (
     ENGINE_CHOICES,
     VllmOptions,
@@ -65,11 +73,13 @@ def build_app(
     threads: str = "auto",
     replicas: int = 1,
     routing: str = "sticky",
+    chat_template: str | None = None,
 ):
     """Load the model, start the engine, and return the FastAPI app (engine stops on shutdown).
 
     `replicas` > 1 (or several `vllm.replica_urls`): the engines stand behind one `ReplicaSet`
-    that routes by `routing` (docs/serving.md, "Engine replicas")."""
+    that routes by `routing` (docs/serving.md, "Engine replicas"). `chat_template`: a built-in
+    template's name or a Jinja file, in place of the tokenizer's (`engines._chat_templates`)."""
     from art_backend._app import create_app
     from art_backend.engines._constrained import GrammarCompiler
     from art_backend.engines._loading import load_model
@@ -84,8 +94,10 @@ def build_app(
     vllm = vllm or VllmOptions()
     replica_count(replicas, engine, vllm)  # before anything loads
     fixed_threads = parse_threads(threads)
+    template = read_chat_template(chat_template) if chat_template else None  # before loading
     vllm_python = vllm.url or find_vllm_python(vllm.python)
     loaded = load_model(base_model, dtype=dtype, device=device)
+    _settle_chat_template(loaded, template)
     picked, why = pick_engine(engine, loaded.device.type, vllm_python)
     logger.info("engine: %s (%s)", picked, why)
     count = replica_count(replicas, picked, vllm)  # --engine auto may have picked vLLM
@@ -152,6 +164,21 @@ def build_app(
 
 
 TRAINER_CHOICES = ("torch", "unsloth")
+
+
+def _settle_chat_template(loaded: LoadedModel, template: ChatTemplate | None) -> None:
+    """Install `--chat-template` on the tokenizer (its end-of-turn token stops generation too,
+    on every engine built after this); without any template, say so at start."""
+    if template is not None:
+        for token_id in install_chat_template(loaded.tokenizer, template):
+            if token_id not in loaded.eos_token_ids:
+                loaded.eos_token_ids.append(token_id)
+        logger.info("chat template: %s", template.source)
+    elif not has_chat_template(loaded.tokenizer):
+        logger.warning(
+            "%s Chat Completions, Responses and Messages requests will be refused with a 400.",
+            no_template_message(),
+        )
 
 
 def _check_choices(served_name: str, engine: str, trainer: str) -> None:
@@ -418,6 +445,12 @@ def _parser() -> argparse.ArgumentParser:
         "every 0.5 s (at most OMP_NUM_THREADS); a number fixes it",
     )
     parser.add_argument(
+        "--chat-template",
+        metavar="FILE_OR_NAME",
+        help="the chat template, in place of the tokenizer's (a base model has none): a Jinja "
+        f"file, or a built-in: {', '.join(BUILTIN_TEMPLATES)} (docs/models.md, 'Base models')",
+    )
+    parser.add_argument(
         "--max-body-mb",
         type=float,
         default=DEFAULT_MAX_BODY_MB,
@@ -493,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
             train_processes=args.train_processes,
             replicas=args.replicas,
             routing=args.routing,
+            chat_template=args.chat_template,
             vllm=VllmOptions(
                 python=args.vllm_python,
                 url=args.vllm_url[0] if args.vllm_url else None,

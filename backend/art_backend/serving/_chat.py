@@ -23,6 +23,7 @@ from art_backend._errors import (
     ModelNotServedError,
 )
 from art_backend.engines._aliases import alias_pins
+from art_backend.engines._chat_templates import template_refusal
 from art_backend.engines._engine import (
     Engine,
     FinishEvent,
@@ -35,7 +36,7 @@ from art_backend.engines._tool_calls import (
     prepare_messages,
     template_supports_tools,
 )
-from art_backend.serving._schemas import ChatCompletionRequest
+from art_backend.serving._schemas import BodySized, ChatCompletionRequest
 from art_backend.store._records import CompletionRecords
 from art_core.names import ADAPTER_NAME_PATTERN
 
@@ -206,9 +207,7 @@ class ChatService:
                 tokenize=False,
             )
         except Exception as error:  # jinja raises on conversations the template forbids
-            raise InvalidRequestError(
-                f"The model's chat template rejected these messages: {error}", param="messages"
-            ) from error
+            raise template_refusal(tokenizer, error) from error  # or on no template at all
         return tokenizer.encode(text, add_special_tokens=False)
 
     def _grammar(
@@ -312,7 +311,7 @@ class ChatService:
             self.preparing -= 1
 
     async def _off_loop(
-        self, request: ChatCompletionRequest, work: Callable[..., _Result], *args: Any
+        self, request: BodySized, work: Callable[..., _Result], *args: Any
     ) -> _Result:
         """Run `work` on a worker thread: the large lane when `request` came in a large body."""
         large = request.body_bytes > LARGE_BODY_BYTES

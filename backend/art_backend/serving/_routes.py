@@ -1,5 +1,5 @@
-"""The OpenAI protocol's routes over one chat service: chat completions and responses (also
-under a rollout-scoped base URL), Anthropic's messages beside them, the stored records and
+"""The OpenAI protocol's routes over one chat service: chat completions, (legacy) completions
+and responses (also under a rollout-scoped base URL), Anthropic's messages beside them, the stored records and
 rollouts, the served models, adapters.
 
 Generation routes read their body themselves (parsed off the event loop when large, so other
@@ -16,12 +16,16 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
 
 from art_backend._errors import CompletionNotFoundError, InvalidNameError, InvalidRequestError
 from art_backend._limits import CheckedJsonRoute, parse_json_object
 from art_backend._unicode import TolerantJSONResponse
 from art_backend.engines._adapter_files import ADAPTER_CONFIG, ADAPTER_SAFETENSORS
+from art_backend.engines._chat_templates import has_chat_template
 from art_backend.serving._chat import ChatService
+from art_backend.serving._completions import CompletionsService
+from art_backend.serving._completions_schemas import CompletionRequest
 from art_backend.serving._messages import MessagesService, in_anthropic_shape
 from art_backend.serving._messages_schemas import (
     CountTokensRequest,
@@ -99,6 +103,24 @@ def serving_router(service: ChatService, art_path: Path) -> APIRouter:
         discarded = service.records.discard_rollout(rollout_id)
         return {"object": "rollout.deleted", "id": rollout_id, "discarded": len(discarded)}
 
+    # ------------------------------------------------------------------- completions (legacy)
+
+    # OpenAI's Completions API: plain text in, no chat template (base models); same records.
+    completions = CompletionsService(service)
+    completion_body = _body_description(CompletionRequest)
+
+    async def create_completion(raw: Request, rollout_id: str | None = None):
+        parse, stream, complete = completions.parse, completions.stream, completions.complete
+        return await _answer(raw, rollout_id, parse, stream, complete)
+
+    @router.post("/v1/completions", openapi_extra=completion_body)
+    async def create_plain_completion(raw: Request):
+        return await create_completion(raw)
+
+    @router.post("/rollouts/{rollout_id}/v1/completions", openapi_extra=completion_body)
+    async def create_rollout_completion(rollout_id: str, raw: Request):
+        return await create_completion(raw, rollout_id)
+
     # ------------------------------------------------------------------------------- responses
 
     # The Responses API, translated onto chat completions (records, tools, engines unchanged).
@@ -127,13 +149,7 @@ def serving_router(service: ChatService, art_path: Path) -> APIRouter:
 
     # Anthropic's Messages API, translated onto chat completions; errors in Anthropic's shape.
     messages = MessagesService(service)
-    body_description = {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": inline_json_schema(MessageCreateRequest)}},
-        },
-        "responses": {"200": {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
-    }
+    body_description = _body_description(MessageCreateRequest)
 
     async def create_message(raw: Request, rollout_id: str | None = None):
         work = _answer(raw, rollout_id, messages.parse, messages.stream, messages.create)
@@ -170,10 +186,18 @@ def serving_router(service: ChatService, art_path: Path) -> APIRouter:
     # ---------------------------------------------------------------------------------- models
 
     async def list_models():
+        # Without a chat template (a base model) only /v1/completions can serve it.
+        chat = has_chat_template(service.engine.tokenizer)
         return {
             "object": "list",
             "data": [
-                {"id": name, "object": "model", "created": 0, "owned_by": "art"}
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "art",
+                    "chat_template": chat,
+                }
                 for name in service.served_models()
             ],
         }
@@ -223,6 +247,18 @@ def serving_router(service: ChatService, art_path: Path) -> APIRouter:
     )
 
     return router
+
+
+def _body_description(model: type[BaseModel]) -> dict[str, Any]:
+    """The API description of a generation route that reads its body itself: the JSON body it
+    validates with `model`, and its answer streamed as server-sent events when asked."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": inline_json_schema(model)}},
+        },
+        "responses": {"200": {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+    }
 
 
 async def _encoded_off_loop(content: Any) -> Response:
@@ -282,9 +318,12 @@ def _parse_chat_request(body: bytes) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate(parse_json_object(body)).came_in(len(body))
 
 
+_TOKEN_FIELDS = ("token_ids", "logprobs", "prompt_token_ids")
+
+
 def _without_tokens(record: dict[str, Any]) -> dict[str, Any]:
     choices = [
-        {key: value for key, value in choice.items() if key not in ("token_ids", "logprobs")}
+        {key: value for key, value in choice.items() if key not in _TOKEN_FIELDS}
         for choice in record["choices"]
     ]
     kept = {key: value for key, value in record.items() if key != "prompt_token_ids"}

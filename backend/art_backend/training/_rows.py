@@ -113,11 +113,12 @@ class Rows:
 
 
 def turns_from_record(record: dict[str, Any]) -> list[TurnRecord]:
-    """The turns of one recorded completion (`_records`): one per choice, in index order."""
+    """The turns of one recorded completion (`_records`): one per choice, in index order. A
+    choice of a completion of several prompts (`/v1/completions`) names its own prompt."""
     choices = sorted(record["choices"], key=lambda choice: choice["index"])
     return [
         TurnRecord(
-            prompt_token_ids=list(record["prompt_token_ids"]),
+            prompt_token_ids=list(choice.get("prompt_token_ids", record["prompt_token_ids"])),
             token_ids=list(choice["token_ids"]),
             logprobs=list(choice["logprobs"]),
             finish_reason=choice["finish_reason"],
@@ -165,7 +166,9 @@ class RecordedAnswers:
         self._by_answer: dict[tuple[Any, ...], list[tuple[dict[str, Any], int]]] = {}
         for record in records:
             for number, choice in enumerate(record.get("choices", [])):
-                message = choice.get("message") or {}
+                if "message" not in choice:  # a plain-text completion: no conversation to match
+                    continue
+                message = choice["message"] or {}
                 key = message_key({"role": "assistant", **message})
                 self._by_answer.setdefault(key, []).append((record, number))
 
