@@ -6,6 +6,10 @@ the KV cache on the left) and drops finished ones (their rows are removed from t
 row carries its own adapter name, sampling settings, generator and grammar, so one batch mixes
 `base`, `name@3` and `name@4` without a second copy of the base weights (PEFT mixed-adapter
 forward). A failure while handling one row finishes that row with an error; the others go on.
+
+The cache is ours, not transformers' per-layer-type one: every attention layer keeps every token
+and sliding windows come from the mask (`_kv_cache.py` has the table of cache layer types, which
+it serves and which it refuses at `start`, by family). docs/models.md lists the tested families.
 """
 
 from __future__ import annotations
