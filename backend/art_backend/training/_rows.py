@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from art_backend._errors import InvalidRequestError
+from art_backend.engines._chat_templates import has_chat_template
 from art_backend.engines._tool_calls import prepare_messages, template_supports_tools
 
 DROP_REASONS = ("no_trainable_tokens", "truncated", "over_length")
@@ -381,6 +382,12 @@ def sft_sequence(
     """
     if not messages:
         raise ValueError("an SFT example needs at least one message")
+    if not has_chat_template(tokenizer):
+        raise ValueError(
+            "SFT renders each conversation with the model's chat template, and this model has "
+            "none (a base model): start art-server with --chat-template NAME or FILE "
+            "(docs/models.md, 'Base models')"
+        )
     supports_tools = template_supports_tools(tokenizer.chat_template)
     try:
         prepared = prepare_messages(messages, tools, supports_tools=supports_tools)

@@ -19,6 +19,7 @@ import art_core as art
 from art_backend._errors import InvalidRequestError
 from art_backend.cli import build_app
 from art_backend.engines._chat_templates import BUILTIN_TEMPLATES, install_chat_template
+from art_backend.training._rows import sft_sequence
 from tests.support.processes import art_server_refusal
 from tests.support.servers import RunningServer, running_server
 from tests.support.tiny_model import build_tiny_model
@@ -113,6 +114,13 @@ def test_messages_and_their_token_count_are_refused_in_anthropics_shape(
     with pytest.raises(anthropic.BadRequestError) as counted:
         client.messages.count_tokens(model="tiny", messages=HELLO)  # type: ignore[arg-type]
     assert no_template_hint(counted.value.message)
+
+
+def test_sft_on_a_model_without_a_template_says_which_option_to_use(base_model_dir: Path):
+    tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
+    conversation = [*HELLO, {"role": "assistant", "content": "hello"}]
+    with pytest.raises(ValueError, match="start art-server with --chat-template"):
+        sft_sequence(tokenizer, conversation)
 
 
 # ------------------------------------------------------------------------- --chat-template

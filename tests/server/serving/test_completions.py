@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.completion_choice import CompletionChoice
 from transformers import AutoTokenizer
 
 import art_core as art
@@ -335,3 +336,28 @@ async def test_plain_text_rollouts_of_a_base_model_train_on_exactly_the_sampled_
             model=model.get_inference_name(), messages=[{"role": "user", "content": "hi"}]
         )
     assert "--chat-template" in refused.value.body["message"]
+
+
+async def test_a_capture_scope_keeps_a_plain_text_completion_as_its_choice_and_trains_it(
+    base_backend: art.RemoteBackend, base_model_dir: Path
+):
+    model = art.TrainableModel(name="captured", project="tests", base_model=str(base_model_dir))
+    await model.register(base_backend)
+    client = model.openai_client()
+    completions = []
+    async with art.trajectory_group() as group:
+        for reward in range(3):
+            async with art.trajectory(model=model) as trajectory:
+                completion = await client.completions.create(
+                    model=model.get_inference_name(), prompt=PROMPT, max_tokens=4
+                )
+                completions.append(completion)
+                trajectory.reward = float(reward)
+    assert len(group.trajectories) == 3
+    for trajectory, completion in zip(group.trajectories, completions, strict=True):
+        prompt, choice = trajectory.messages_and_choices
+        assert prompt == {"role": "user", "content": PROMPT}
+        assert isinstance(choice, CompletionChoice) and choice.text == completion.choices[0].text
+        assert (choice.model_extra or {})["completion_id"] == completion.id
+    result = await model.train([group])
+    assert result.metrics["rows"] == 3 and result.metrics["dropped/unknown_completion"] == 0
