@@ -18,7 +18,7 @@ under its cache lock; this module only converts.
 
 Stop tokens: generation ends at any of `stop_token_ids(tokenizer, declared)`: the tokenizer's eos,
 the ids a generation config or the GGUF declares (`tokenizer.ggml.eos_token_id`,
-`eot_token_id`, `eom_token_id`), and every END_OF_TURN_TOKENS entry the tokenizer holds as an
+`eot_token_id`, `eom_token_id`), and every `_stop_tokens.END_OF_TURN_TOKENS` entry the tokenizer holds as an
 added token. A chat model whose files name only a document-end eos (a Gemma 3 GGUF declaring
 `<eos>` and not `<end_of_turn>`) would otherwise talk past the end of its turn.
 """
@@ -30,7 +30,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from art_backend._errors import ModelLoadError
+from art_backend.engines._stop_tokens import stop_token_ids
 
 logger = logging.getLogger("art_backend.loading")
 
@@ -50,32 +51,6 @@ STOP_TOKEN_KEYS = (
     "tokenizer.ggml.eos_token_id",
     "tokenizer.ggml.eot_token_id",
     "tokenizer.ggml.eom_token_id",
-)
-
-
-@dataclass(frozen=True)
-class EndOfTurn:
-    """A special token that ends an assistant turn in some family's chat format."""
-
-    token: str
-    family: str
-    # Not a stop token in a vocabulary that also holds this token: there it means something else.
-    unless: str | None = None
-
-
-# Stop tokens by family. Each counts only when the tokenizer holds it as an added (special) token,
-# so a plain word that happens to be spelled the same never stops generation.
-END_OF_TURN_TOKENS: tuple[EndOfTurn, ...] = (
-    EndOfTurn("<|im_end|>", "ChatML: Qwen, SmolLM, Hermes, Phi-4"),
-    EndOfTurn("<end_of_turn>", "Gemma 1 to 3"),
-    EndOfTurn("<turn|>", "Gemma 4"),
-    EndOfTurn("<|eot_id|>", "Llama 3"),
-    EndOfTurn("<|eom_id|>", "Llama 3.1 and later, after a built-in tool call"),
-    # harmony (gpt-oss) ends each message of a turn with <|end|> and the turn with <|return|>.
-    EndOfTurn("<|end|>", "Phi-3, Phi-4-mini", unless="<|return|>"),
-    EndOfTurn("<|return|>", "gpt-oss (harmony), the final answer"),
-    EndOfTurn("<|call|>", "gpt-oss (harmony), a tool call"),
-    EndOfTurn("<|END_OF_TURN_TOKEN|>", "Cohere Command R"),
 )
 
 
@@ -226,7 +201,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, defaults: GgufDefaults | None =
         tokenizer.chat_template = defaults.chat_template
     if defaults.eos_token and tokenizer.eos_token != defaults.eos_token:
         tokenizer.eos_token = defaults.eos_token
-    declared = [*metadata.declared_stop_ids, *_as_list(config.eos_token_id)]
+    declared = [*metadata.declared_stop_ids, *as_list(config.eos_token_id)]
     stop_ids = stop_token_ids(tokenizer, declared)
     if stop_ids:  # every loader reads the stop list from here; vLLM adds it to a request's stops
         eos: int | list[int] = stop_ids if len(stop_ids) > 1 else stop_ids[0]
@@ -319,27 +294,7 @@ def _size(count: float) -> str:
     return f"{count / 1024:.1f} GB"
 
 
-# --- stop tokens --------------------------------------------------------------------------------
-
-
-def stop_token_ids(tokenizer: Any, declared: Iterable[Any] = ()) -> list[int]:
-    """The tokenizer's eos, then the `declared` ids, then END_OF_TURN_TOKENS the tokenizer holds
-    as added tokens; in that order, without duplicates or ids outside the vocabulary."""
-    added = {entry.content: token_id for token_id, entry in tokenizer.added_tokens_decoder.items()}
-    turn_ends = [
-        added[row.token]
-        for row in END_OF_TURN_TOKENS
-        if row.token in added and (row.unless is None or row.unless not in added)
-    ]
-    vocabulary_size = len(tokenizer)
-    ids: list[int] = []
-    for token_id in [tokenizer.eos_token_id, *declared, *turn_ends]:
-        if isinstance(token_id, int) and 0 <= token_id < vocabulary_size and token_id not in ids:
-            ids.append(token_id)
-    return ids
-
-
-def _as_list(value: Any) -> list[Any]:
+def as_list(value: Any) -> list[Any]:
     """A config's eos_token_id (None, an int or a list of ints) as a list."""
     if value is None:
         return []

@@ -45,8 +45,8 @@ from art_backend.engines._gguf import (
     convert_gguf,
     find_gguf,
     gguf_cache_key,
-    stop_token_ids,
 )
+from art_backend.engines._stop_tokens import stop_token_ids
 from art_core.names import DEFAULT_MODEL, DEFAULT_MODEL_ALIAS, is_default_model
 
 logger = logging.getLogger("art_backend.loading")

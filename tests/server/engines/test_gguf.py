@@ -16,8 +16,8 @@ import httpx
 import pytest
 import torch
 
-from art_backend.engines._gguf import END_OF_TURN_TOKENS, stop_token_ids
 from art_backend.engines._loading import resolve_model_source
+from art_backend.engines._stop_tokens import END_OF_TURN_TOKENS, stop_token_ids
 from art_backend.testing import ModelLoadError, load_model
 from tests.support.servers import running_server
 from tests.support.tiny_gguf import (
