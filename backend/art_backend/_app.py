@@ -187,8 +187,9 @@ def _error(
 
 # What a request to a path no route serves is told: the APIs this server speaks.
 SERVED_APIS = (
-    "OpenAI Chat Completions (POST /v1/chat/completions), OpenAI Responses (POST "
-    "/v1/responses), Anthropic Messages (POST /v1/messages), each also under "
+    "OpenAI Chat Completions (POST /v1/chat/completions), OpenAI Completions (POST "
+    "/v1/completions), OpenAI Responses (POST /v1/responses), Anthropic Messages (POST "
+    "/v1/messages), each also under "
     "/rollouts/{rollout_id}/v1/...; GET /v1/models; the records (GET "
     "/v1/chat/completions/{id}, GET /v1/rollouts/{id}); adapters (POST /v1/adapters); training "
     "(/v1/training/...); /health, /metrics, /openapi.json and the review page (/review/)"

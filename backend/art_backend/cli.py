@@ -403,7 +403,9 @@ def _parser() -> argparse.ArgumentParser:
     """`art-server`'s arguments."""
     parser = argparse.ArgumentParser(prog="art-server", description=__doc__)
     parser.add_argument(
-        "--model", required=True, help="local folder, hub id, or smollm2-135m-instruct"
+        "--model",
+        required=True,
+        help="local folder, GGUF file (or a folder holding one), hub id, or smollm2-135m-instruct",
     )
     parser.add_argument("--name", help="served name of the base model (default: --model)")
     parser.add_argument("--host", default="127.0.0.1")
