@@ -231,7 +231,7 @@ NOTES = (
     "while the others hold has regressed. Ours is below `generate()` in this workload (not "
     "profiled here): the engine samples row by row on the host, each row with its own "
     "generator, where `generate()` samples the batch in one call, and issue 38's GPU profile "
-    "found that per-row sampling most of a decode step. At SmolLM2's size the "
+    "found per-row sampling to be most of a decode step. At SmolLM2's size the "
     "Gemma 3 layout serves at 0.81x against Llama's 0.89x: its sliding layers keep their whole "
     "history in our cache (the window comes from the mask; docs/models.md), while "
     "`generate()`'s sliding layers keep only the window, here 64 of up to 184 tokens."
