@@ -117,7 +117,7 @@ VLLM_TESTS := tests/server/engines/test_vllm_engine.py tests/server/serving/test
 	tests/server/serving/test_server_cancellation.py tests/server/training/test_training_routes.py \
 	tests/server/serving/test_model_alias.py tests/server/serving/test_responses.py \
 	tests/server/test_strict_auto_tools.py tests/server/engines/test_vllm_replicas.py \
-	tests/server/engines/test_families_served.py
+	tests/server/engines/test_families_served.py tests/server/serving/test_completions.py
 
 vllm-env: $(VLLM_VENV)/.installed
 
