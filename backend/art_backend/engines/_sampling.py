@@ -1,58 +1,160 @@
-"""Sampling: turn one row of logits into the next token, OpenAI's parameters applied in order.
+"""Sampling: the whole batch's next tokens in one pass over its logits, on the logits' device.
 
-Order: logit_bias, presence/frequency penalties, grammar mask (applied by the engine), then
-temperature, top-k, top-p, and a draw from the row's own generator (so a seed reproduces).
+Order, as OpenAI's parameters apply: logit_bias and presence/frequency penalties (one sparse
+add), the grammar mask (the engine's, before `sample_batch`), then per row temperature, top-k,
+top-p and a draw. The draw is the exponential race (vLLM's sampler, and the Gumbel-max trick in
+other clothes): with `q ~ Exp(1)` drawn per token, `argmax(p / q)` is a draw from `p`, and unlike
+`torch.multinomial` it needs no host synchronisation. A seeded row draws its `q` from its own
+generator, on the logits' device, so a seed reproduces whatever else shares the batch; unseeded
+rows draw theirs together from the device's default generator. Greedy rows take the argmax.
+
 Reported logprobs are those of the model's raw distribution (before any of the above), which is
-what the trainer compares its new policy against.
+what the trainer compares its new policy against; the top logprobs a row asks for come from one
+`topk` over the batch. Everything a response needs crosses to the host in one copy
+(`SampledBatch.to_host`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from art_backend.engines._engine import SamplingParams
 
 
+@dataclass
+class SampledBatch:
+    """One decode step's draws: token ids, their raw logprobs, and the top logprobs asked for."""
+
+    tokens: torch.Tensor  # [B] long, on the logits' device: the next step's input
+    logprobs: torch.Tensor  # [B] float32
+    top_ids: torch.Tensor | None  # [B, K] long, K the most any row asked for
+    top_values: torch.Tensor | None  # [B, K] float32
+
+    def to_host(self) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+        """Token ids, logprobs and top (id, logprob) pairs per row, in one device-to-host copy."""
+        parts = [self.tokens[:, None].double(), self.logprobs[:, None].double()]
+        if self.top_ids is not None and self.top_values is not None:
+            parts += [self.top_ids.double(), self.top_values.double()]
+        host = torch.cat(parts, dim=1).cpu()
+        tokens = host[:, 0].long().tolist()
+        logprobs = host[:, 1].tolist()
+        width = (host.shape[1] - 2) // 2
+        ids = host[:, 2 : 2 + width].long().tolist()
+        values = host[:, 2 + width :].tolist()
+        tops = [list(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]
+        return tokens, logprobs, tops
+
+
 def apply_bias_and_penalties(
-    logits: torch.Tensor, params: SamplingParams, token_counts: dict[int, int]
+    logits: torch.Tensor, params: list[SamplingParams], token_counts: list[dict[int, int]]
 ) -> None:
-    """Add logit_bias and subtract OpenAI's presence/frequency penalties, in place on a 1-D row."""
-    if params.logit_bias:
-        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
-        logits[ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)
-    if token_counts and (params.presence_penalty or params.frequency_penalty):
-        ids = torch.tensor(list(token_counts), dtype=torch.long)
-        counts = torch.tensor(list(token_counts.values()), dtype=logits.dtype)
-        logits[ids] -= params.frequency_penalty * counts + params.presence_penalty
+    """Add each row's logit_bias and subtract OpenAI's presence/frequency penalties, in place, as
+    one sparse add over the [B, V] batch (rows without either cost nothing)."""
+    rows: list[int] = []
+    ids: list[int] = []
+    values: list[float] = []
+    for row, (row_params, counts) in enumerate(zip(params, token_counts, strict=True)):
+        for token_id, bias in row_params.logit_bias.items():
+            rows.append(row)
+            ids.append(token_id)
+            values.append(bias)
+        if counts and (row_params.presence_penalty or row_params.frequency_penalty):
+            for token_id, count in counts.items():
+                rows.append(row)
+                ids.append(token_id)
+                values.append(-(row_params.frequency_penalty * count + row_params.presence_penalty))
+    if not rows:
+        return
+    device = logits.device
+    index = (torch.tensor(rows, device=device), torch.tensor(ids, device=device))
+    logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device), True)
 
 
-def sample_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """Draw one token id from a processed 1-D logits row."""
-    if params.greedy:
-        return int(torch.argmax(logits))
-    # Shift so the best logit is 0, and divide in float64 (where 1e-320 is not 0): a temperature
-    # near zero then sends the others to -inf, a greedy draw (the limit as T -> 0), not NaN.
-    scaled = (logits.double() - logits.max().double()) / params.temperature
-    if params.top_k and params.top_k < scaled.numel():
-        kth_value = torch.topk(scaled, params.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth_value, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_logits, sorted_ids = torch.sort(scaled, descending=True)
-        probabilities = torch.softmax(sorted_logits, dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p. The best token always stays: a
-        # top_p below float32's smallest number (5e-324) would otherwise remove every token.
-        remove = probabilities.cumsum(dim=-1) - probabilities >= params.top_p
-        remove[0] = False
-        scaled = scaled.scatter(0, sorted_ids[remove], float("-inf"))
-    probabilities = torch.softmax(scaled, dim=-1)
-    return int(torch.multinomial(probabilities, 1, generator=generator))
-
-
-def make_generator(seed: int | None) -> torch.Generator:
-    """A CPU generator for one choice: seeded when asked, otherwise from fresh entropy."""
-    generator = torch.Generator()
-    if seed is None:
-        generator.seed()
+def sample_batch(
+    logits: torch.Tensor,
+    raw_logprobs: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> SampledBatch:
+    """Draw one token per row of processed `logits` [B, V]; `raw_logprobs` gives the reported
+    logprobs. A row with a generator draws from it (same seed, same tokens)."""
+    device = logits.device
+    greedy_tokens = logits.argmax(dim=-1)
+    greedy = torch.tensor([p.greedy for p in params], device=device)
+    if bool(greedy.all()):
+        tokens = greedy_tokens
     else:
-        generator.manual_seed(seed)
-    return generator
+        probabilities = _filtered_probabilities(logits, params)
+        race = probabilities / _exponential_noise(probabilities, generators)
+        tokens = torch.where(greedy, greedy_tokens, race.argmax(dim=-1))
+    chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
+    top = max(p.top_logprobs for p in params)
+    if not top:
+        return SampledBatch(tokens, chosen, None, None)
+    top_values, top_ids = torch.topk(raw_logprobs, top, dim=-1)
+    return SampledBatch(tokens, chosen, top_ids, top_values)
+
+
+def _filtered_probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Softmax of logits / temperature after each row's top-k and top-p (greedy rows: T = 1)."""
+    device = logits.device
+    temperature = torch.tensor(
+        [1.0 if p.greedy else p.temperature for p in params], device=device, dtype=logits.dtype
+    )
+    # Shift so the best logit is 0, and keep the divisor above float32's smallest normal
+    # number: a temperature near zero then sends the others to -inf (a greedy draw, the limit
+    # as T -> 0), never 0 / 0.
+    temperature = temperature.clamp(min=torch.finfo(logits.dtype).tiny)
+    scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature[:, None]
+    vocab_size = scaled.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
+    top_p = [p.top_p for p in params]
+    if any(top_k) or any(value < 1.0 for value in top_p):
+        scaled = _top_k_top_p(scaled, top_k, top_p)
+    return torch.softmax(scaled, dim=-1)
+
+
+def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Mask each row below its k-th best logit (ties kept), then outside the smallest prefix
+    whose probability reaches its top_p (the best token always kept); one sort for the batch."""
+    device = scaled.device
+    sorted_logits, sorted_ids = torch.sort(scaled, dim=-1, descending=True)
+    vocab_size = scaled.shape[1]
+    k = torch.tensor([value or vocab_size for value in top_k], device=device)
+    kth_value = sorted_logits.gather(1, (k - 1)[:, None])
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_value, float("-inf"))
+    probabilities = torch.softmax(sorted_logits, dim=-1)
+    limit = torch.tensor(top_p, device=device, dtype=probabilities.dtype)[:, None]
+    remove = probabilities.cumsum(dim=-1) - probabilities >= limit
+    remove[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(scaled).scatter_(1, sorted_ids, sorted_logits)
+
+
+def _exponential_noise(
+    probabilities: torch.Tensor, generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """Exp(1) noise [B, V]: a seeded row's from its generator, the others' in one draw."""
+    noise = torch.empty_like(probabilities)
+    unseeded = [row for row, generator in enumerate(generators) if generator is None]
+    if len(unseeded) == len(generators):
+        noise.exponential_()
+    else:
+        for row, generator in enumerate(generators):
+            if generator is not None:
+                noise[row].exponential_(generator=generator)
+        if unseeded:
+            index = torch.tensor(unseeded, device=noise.device)
+            noise[index] = torch.empty_like(noise[index]).exponential_()
+    # A draw of exactly 0 would make a masked token's 0 / 0 a NaN, which argmax would pick.
+    return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A seeded choice's own generator on `device`; None for an unseeded one (it draws from the
+    device's default generator, with the batch's other unseeded rows)."""
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)

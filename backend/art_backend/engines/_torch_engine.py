@@ -7,7 +7,8 @@ row carries its own adapter name, sampling settings, generator and grammar, so o
 `base`, `name@3` and `name@4` without a second copy of the base weights (PEFT mixed-adapter
 forward). A failure while handling one row finishes that row with an error; the others go on.
 
-The cache is ours, not transformers' per-layer-type one: every attention layer keeps every token
+Sampling is batched on the logits' device (`_sampling.py`), one host copy per step. The cache is
+ours, not transformers' per-layer-type one: every attention layer keeps every token
 and sliding windows come from the mask (`_kv_cache.py` has the table of cache layer types, which
 it serves and which it refuses at `start`, by family). docs/models.md lists the tested families.
 """
@@ -32,6 +33,7 @@ from art_backend.engines._adapter_files import (
     adaptable_modules,
     linear_shapes,
 )
+from art_backend.engines._constrained import SequenceConstraint, apply_constraints
 from art_backend.engines._engine import (
     EngineMetrics,
     FinishEvent,
@@ -46,11 +48,7 @@ from art_backend.engines._kv_cache import (
     keep_rows,
     make_growing,
 )
-from art_backend.engines._sampling import (
-    apply_bias_and_penalties,
-    make_generator,
-    sample_token,
-)
+from art_backend.engines._sampling import apply_bias_and_penalties, make_generator, sample_batch
 from art_backend.engines._text import decode_increment, find_stop, stop_prefix_length
 from art_backend.engines._threads import ThreadGovernor
 from art_backend.engines._torch_adapters import AdapterSlots
@@ -66,7 +64,7 @@ class _Sequence:
 
     request: GenerationRequest
     choice_index: int
-    generator: torch.Generator
+    generator: torch.Generator | None  # a seeded choice's own; None draws with the batch
     constraint: Any = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -299,7 +297,7 @@ class TorchEngine(AdapterSlots):
                 **{self._cache_keyword: cache},
                 **kwargs,
             )
-        return output.logits[:, -1, :].float().cpu()
+        return output.logits[:, -1, :].float()  # stays on the device: sampling happens there
 
     def _admit(self, requests: list[GenerationRequest]) -> None:
         """Prefill new requests together, sample their first tokens, merge into the batch."""
@@ -349,7 +347,7 @@ class TorchEngine(AdapterSlots):
         cache.batch_select_indices(row_index)
         make_growing(cache)  # from here on, a new token is written in place
         mask = mask[row_index]
-        next_tokens = self._sample_rows(logits[row_index], sequences)
+        next_tokens = self._sample_rows(logits[row_index.to(logits.device)], sequences)
         self._merge(sequences, cache, mask, next_tokens)
 
     def _new_sequences(self, request: GenerationRequest) -> list[_Sequence]:
@@ -361,7 +359,7 @@ class TorchEngine(AdapterSlots):
                 _Sequence(
                     request=request,
                     choice_index=choice_index,
-                    generator=make_generator(seed),
+                    generator=make_generator(seed, self.device),
                     constraint=constraint,
                     length=len(request.prompt_ids),
                 )
@@ -436,46 +434,67 @@ class TorchEngine(AdapterSlots):
         self._next_tokens = self._sample_rows(logits, batch)
 
     def _sample_rows(self, logits: torch.Tensor, sequences: list[_Sequence]) -> torch.Tensor:
-        """Sample one token per row, record it, and finish rows that hit a stop condition."""
+        """Sample one token per row, record it, and finish rows that hit a stop condition.
+
+        The batch is processed and sampled on the logits' device in one pass (`_sampling`); one
+        copy brings the tokens and logprobs to the host for the rows' text and stop checks. The
+        returned tokens stay on the device as the next step's input.
+        """
+        for sequence in sequences:
+            if not sequence.finished and sequence.request.cancelled:
+                self._finish(sequence, "cancelled", None)
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-        next_tokens = torch.zeros(len(sequences), dtype=torch.long)
+        processed = logits.clone()
+        params = [s.request.params for s in sequences]
+        apply_bias_and_penalties(processed, params, [s.token_counts for s in sequences])
+        self._apply_grammars(processed, sequences)
+        sampled = sample_batch(processed, raw_logprobs, params, [s.generator for s in sequences])
+        tokens, logprobs, tops = sampled.to_host()
         for row, sequence in enumerate(sequences):
             if sequence.finished:
                 continue
-            if sequence.request.cancelled:
-                self._finish(sequence, "cancelled", None)
-                continue
+            top = tops[row][: sequence.request.params.top_logprobs]
             try:
-                token = self._sample_one(logits[row], raw_logprobs[row], sequence)
+                self._record_token(sequence, tokens[row], logprobs[row], top)
             except Exception as error:
                 logger.exception("sampling failed for one row")
                 self._finish(sequence, "error", f"sampling failed: {error}")
-                continue
-            next_tokens[row] = token
-        return next_tokens
+        return sampled.tokens
 
-    def _sample_one(
-        self, logits: torch.Tensor, raw_logprobs: torch.Tensor, sequence: _Sequence
-    ) -> int:
-        params = sequence.request.params
-        apply_bias_and_penalties(logits, params, sequence.token_counts)
-        if sequence.constraint is not None:
-            sequence.constraint.apply_to_logits(logits)
-        token = sample_token(logits, params, sequence.generator)
+    def _apply_grammars(self, logits: torch.Tensor, sequences: list[_Sequence]) -> None:
+        """Mask each constrained row's logits with its grammar: llguidance's matchers together,
+        any other constraint alone; a row whose constraint fails finishes with the error."""
+        rows = [
+            row for row, s in enumerate(sequences) if s.constraint is not None and not s.finished
+        ]
+        together = [
+            row for row in rows if isinstance(sequences[row].constraint, SequenceConstraint)
+        ]
+        if together:
+            try:
+                apply_constraints(logits, together, [sequences[r].constraint for r in together])
+            except Exception:  # one matcher failed: find which, row by row
+                logger.exception("batched grammar masks failed; applying them one by one")
+            else:
+                rows = [row for row in rows if row not in set(together)]
+        for row in rows:
+            try:
+                sequences[row].constraint.apply_to_logits(logits[row])
+            except Exception as error:
+                logger.exception("grammar mask failed for one row")
+                self._finish(sequences[row], "error", f"sampling failed: {error}")
+
+    def _record_token(
+        self, sequence: _Sequence, token: int, logprob: float, top: list[tuple[int, float]]
+    ) -> None:
         if sequence.constraint is not None:
             sequence.constraint.advance(token)
-        logprob = float(raw_logprobs[token])
-        top: list[tuple[int, float]] = []
-        if params.top_logprobs:
-            values, ids = torch.topk(raw_logprobs, params.top_logprobs)
-            top = list(zip(ids.tolist(), values.tolist(), strict=True))
         sequence.token_ids.append(token)
         sequence.logprobs.append(logprob)
         sequence.top_logprobs.append(top)
         sequence.token_counts[token] = sequence.token_counts.get(token, 0) + 1
         self.metrics.generated_tokens_total += 1
         self._after_token(sequence, token, logprob, top)
-        return token
 
     def _after_token(
         self, sequence: _Sequence, token: int, logprob: float, top: list[tuple[int, float]]
@@ -535,7 +554,7 @@ class TorchEngine(AdapterSlots):
 
     def _finish_request_early(self, request: GenerationRequest, reason: str, error: str | None):
         for choice_index in range(request.n):
-            sequence = _Sequence(request, choice_index, torch.Generator())
+            sequence = _Sequence(request, choice_index, None)
             self._finish(sequence, reason, error)
 
     def _fail_everything(self, new_requests: list[GenerationRequest], message: str) -> None:
@@ -556,5 +575,5 @@ class TorchEngine(AdapterSlots):
             return
         assert self._cache is not None and self._attention_mask is not None
         self._attention_mask = keep_rows(self._cache, self._attention_mask, keep, self.device)
-        self._next_tokens = self._next_tokens[torch.tensor(keep)]
+        self._next_tokens = self._next_tokens[torch.tensor(keep, device=self._next_tokens.device)]
         self._batch = [self._batch[row] for row in keep]
