@@ -228,13 +228,15 @@ def main() -> None:
 
 NOTES = (
     "Read the ratios down a column, not as a verdict on the engine: a family whose ratio falls "
-    "while the others hold has regressed. Ours is below `generate()` in this workload (not "
-    "profiled here): the engine samples row by row on the host, each row with its own "
-    "generator, where `generate()` samples the batch in one call, and issue 38's GPU profile "
-    "found per-row sampling to be most of a decode step. At SmolLM2's size the "
-    "Gemma 3 layout serves at 0.81x against Llama's 0.89x: its sliding layers keep their whole "
-    "history in our cache (the window comes from the mask; docs/models.md), while "
-    "`generate()`'s sliding layers keep only the window, here 64 of up to 184 tokens."
+    "while the others hold has regressed. Where the gap to `generate()` goes (py-spy on the "
+    "small Llama, engine thread): the model's forward is 83 % of it (prefill 21 %), sampling 13 % "
+    "(the batched sampler itself 6 %), the rows' text and events 3 %; so the gap at the small "
+    "shapes is inside the forward (our cache and mask against `generate()`'s), not yet "
+    "explained. Batched sampling (issue 38) moved these ratios within noise: before it, small "
+    "shapes 0.40-0.72x, SmolLM2 0.89x, Gemma 3 0.81x. At SmolLM2's size the Gemma 3 layout "
+    "serves below Llama: its sliding layers keep their whole history in our cache (the window "
+    "comes from the mask; docs/models.md), while `generate()`'s keep only the window, here 64 of "
+    "up to 184 tokens."
 )
 
 
