@@ -133,6 +133,14 @@ def _prometheus_metrics(service: ChatService) -> str:
             engine_metrics.generated_tokens_total / busy if busy else 0.0,
         ),
         "art_busy_seconds_total": ("counter", busy),
+        "art_decode_forward_seconds_total": (
+            "counter",
+            engine_metrics.decode_forward_seconds_total,
+        ),
+        "art_decode_sampling_seconds_total": (
+            "counter",
+            engine_metrics.decode_sampling_seconds_total,
+        ),
         "art_records": ("gauge", len(service.records)),
         "art_records_bytes": ("gauge", service.records.bytes),
         "art_records_total": ("counter", service.records.recorded),

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -108,6 +109,9 @@ class TorchEngine(AdapterSlots):
         self._config = model.config
         self._cache_keyword = cache_keyword(model)
         self.metrics = EngineMetrics()
+        # ART_ENGINE_PROFILE=1: on a GPU, wait for each forward so that /metrics splits a decode
+        # step exactly between the forward and sampling (one more synchronisation a step).
+        self._profile = os.environ.get("ART_ENGINE_PROFILE", "") not in ("", "0")
         # On a CPU: torch's thread count follows the cores other processes leave idle.
         self.threads = threads
         self.adapters: dict[str, str] = {}  # served name -> PEFT adapter name
@@ -415,6 +419,7 @@ class TorchEngine(AdapterSlots):
         for sequence in batch:
             sequence.length += 1
         adapters = [self._peft_adapter(s.request.adapter) for s in batch]
+        started = time.perf_counter()
         try:
             logits = self._forward(
                 self._next_tokens.unsqueeze(1),
@@ -423,15 +428,20 @@ class TorchEngine(AdapterSlots):
                 self._cache,
                 adapters,
             )
+            if self._profile and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the forward's kernels done: time it whole
         except Exception as error:
             logger.exception("decode step failed")
             for sequence in batch:
                 self._finish(sequence, "error", f"decode step failed: {error}")
             return
+        forwarded = time.perf_counter()
         self.metrics.decode_steps_total += 1
         self.metrics.decode_rows_total += len(batch)
         self.metrics.max_batch_size_seen = max(self.metrics.max_batch_size_seen, len(batch))
         self._next_tokens = self._sample_rows(logits, batch)
+        self.metrics.decode_forward_seconds_total += forwarded - started
+        self.metrics.decode_sampling_seconds_total += time.perf_counter() - forwarded
 
     def _sample_rows(self, logits: torch.Tensor, sequences: list[_Sequence]) -> torch.Tensor:
         """Sample one token per row, record it, and finish rows that hit a stop condition.
