@@ -35,6 +35,10 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 means off
+    min_p: float = 0.0  # drop tokens below min_p x the best token's probability; 0 means off
+    # vLLM's and HF's: seen tokens' logits (prompt and output) divided by it when positive,
+    # multiplied when negative; 1 means off.
+    repetition_penalty: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     presence_penalty: float = 0.0

@@ -1,8 +1,8 @@
 """Sampling: the whole batch's next tokens in one pass over its logits, on the logits' device.
 
-Order, as OpenAI's parameters apply: logit_bias and presence/frequency penalties (one sparse
-add), the grammar mask (the engine's, before `sample_batch`), then per row temperature, top-k,
-top-p and a draw. The draw is the exponential race (vLLM's sampler, and the Gumbel-max trick in
+Order (vLLM's): the repetition penalty on the raw logits of every token the row has seen, prompt
+included; logit_bias and presence/frequency penalties (one sparse add); the grammar mask (the
+engine's, before `sample_batch`); then per row temperature, min-p, top-k, top-p and a draw. The draw is the exponential race (vLLM's sampler, and the Gumbel-max trick in
 other clothes): with `q ~ Exp(1)` drawn per token, `argmax(p / q)` is a draw from `p`, and unlike
 `torch.multinomial` it needs no host synchronisation. A seeded row draws its `q` from its own
 generator, on the logits' device, so a seed reproduces whatever else shares the batch; unseeded
@@ -16,6 +16,7 @@ what the trainer compares its new policy against; the top logprobs a row asks fo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,10 +49,15 @@ class SampledBatch:
 
 
 def apply_bias_and_penalties(
-    logits: torch.Tensor, params: list[SamplingParams], token_counts: list[dict[int, int]]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    token_counts: list[dict[int, int]],
+    prompt_ids: Sequence[Sequence[int]] | None = None,
 ) -> None:
-    """Add each row's logit_bias and subtract OpenAI's presence/frequency penalties, in place, as
-    one sparse add over the [B, V] batch (rows without either cost nothing)."""
+    """In place on the [B, V] batch: each row's repetition penalty over the tokens it has seen
+    (`prompt_ids` and its output), then its logit_bias and OpenAI's presence/frequency penalties
+    as one sparse add. Rows without any of them cost nothing."""
+    _apply_repetition_penalty(logits, params, token_counts, prompt_ids)
     rows: list[int] = []
     ids: list[int] = []
     values: list[float] = []
@@ -70,6 +76,32 @@ def apply_bias_and_penalties(
     device = logits.device
     index = (torch.tensor(rows, device=device), torch.tensor(ids, device=device))
     logits.index_put_(index, torch.tensor(values, dtype=logits.dtype, device=device), True)
+
+
+def _apply_repetition_penalty(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    token_counts: list[dict[int, int]],
+    prompt_ids: Sequence[Sequence[int]] | None,
+) -> None:
+    """A seen token's logit divided by the penalty when positive, multiplied when negative."""
+    rows: list[int] = []
+    ids: list[int] = []
+    penalties: list[float] = []
+    for row, row_params in enumerate(params):
+        if row_params.repetition_penalty == 1.0:
+            continue
+        seen = set(token_counts[row]) | set(prompt_ids[row] if prompt_ids is not None else ())
+        rows += [row] * len(seen)
+        ids += sorted(seen)
+        penalties += [row_params.repetition_penalty] * len(seen)
+    if not rows:
+        return
+    device = logits.device
+    index = (torch.tensor(rows, device=device), torch.tensor(ids, device=device))
+    penalty = torch.tensor(penalties, dtype=logits.dtype, device=device)
+    seen_logits = logits[index]
+    logits[index] = torch.where(seen_logits > 0, seen_logits / penalty, seen_logits * penalty)
 
 
 def sample_batch(
@@ -98,7 +130,8 @@ def sample_batch(
 
 
 def _filtered_probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Softmax of logits / temperature after each row's top-k and top-p (greedy rows: T = 1)."""
+    """Softmax of logits / temperature after each row's min-p, top-k and top-p (greedy rows:
+    T = 1)."""
     device = logits.device
     temperature = torch.tensor(
         [1.0 if p.greedy else p.temperature for p in params], device=device, dtype=logits.dtype
@@ -108,6 +141,10 @@ def _filtered_probabilities(logits: torch.Tensor, params: list[SamplingParams]) 
     # as T -> 0), never 0 / 0.
     temperature = temperature.clamp(min=torch.finfo(logits.dtype).tiny)
     scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature[:, None]
+    if any(p.min_p > 0 for p in params):
+        # p_i >= min_p * p_max  <=>  scaled_i >= log(min_p), the best token's scaled logit being 0.
+        floor = torch.tensor([p.min_p for p in params], device=device, dtype=logits.dtype).log()
+        scaled = scaled.masked_fill(scaled < floor[:, None], float("-inf"))
     vocab_size = scaled.shape[1]
     top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
     top_p = [p.top_p for p in params]

@@ -456,7 +456,12 @@ class TorchEngine(AdapterSlots):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
         processed = logits.clone()
         params = [s.request.params for s in sequences]
-        apply_bias_and_penalties(processed, params, [s.token_counts for s in sequences])
+        apply_bias_and_penalties(
+            processed,
+            params,
+            [s.token_counts for s in sequences],
+            [s.request.prompt_ids for s in sequences],
+        )
         self._apply_grammars(processed, sequences)
         sampled = sample_batch(processed, raw_logprobs, params, [s.generator for s in sequences])
         tokens, logprobs, tops = sampled.to_host()

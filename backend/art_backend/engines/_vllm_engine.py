@@ -346,6 +346,8 @@ class VllmEngine:
             "temperature": params.temperature,
             "top_p": params.top_p,
             "top_k": params.top_k or -1,
+            "min_p": params.min_p,
+            "repetition_penalty": params.repetition_penalty,
             "presence_penalty": params.presence_penalty,
             "frequency_penalty": params.frequency_penalty,
             "stream": stream,

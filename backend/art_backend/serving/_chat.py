@@ -159,6 +159,8 @@ class ChatService:
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             top_k=max(request.top_k or 0, 0),
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
             stop=request.stop_list,
             seed=request.seed,
             presence_penalty=request.presence_penalty,
@@ -357,14 +359,7 @@ class ChatService:
                     continue
                 finished[event.choice_index] = event
                 if event.finish_reason in ("error", "cancelled"):
-                    message = event.error or "the request was cancelled"
-                    error = {
-                        "message": message,
-                        "type": "server_error",
-                        "param": None,
-                        "code": None,
-                    }
-                    yield f"data: {json.dumps({'error': error})}\n\n"
+                    yield sse_error(event.error or "the request was cancelled")
                     continue
                 message = self._message(event, use_tools, request)
                 delta = _final_delta(event, message, use_tools, streamed[event.choice_index])
@@ -587,6 +582,12 @@ def _raise_if_failed(finished: Any) -> None:
 _LINE_BREAKS_JSON_KEEPS = str.maketrans(
     {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 )
+
+
+def sse_error(message: str) -> str:
+    """The `data:` event that ends a stream whose generation failed (OpenAI's error shape)."""
+    error = {"message": message, "type": "server_error", "param": None, "code": None}
+    return f"data: {json.dumps({'error': error})}\n\n"
 
 
 def sse_json(body: Any) -> str:

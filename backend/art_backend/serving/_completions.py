@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -30,7 +29,7 @@ from typing import Any
 from art_backend._errors import ContextLengthError, InvalidRequestError
 from art_backend._limits import parse_json_object
 from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
-from art_backend.serving._chat import ChatService, _raise_if_failed, sse_json
+from art_backend.serving._chat import ChatService, _raise_if_failed, sse_error, sse_json
 from art_backend.serving._completions_schemas import CompletionRequest
 
 Finished = dict[tuple[int, int], FinishEvent]  # (prompt number, choice of that prompt) -> event
@@ -73,6 +72,8 @@ class CompletionsService:
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             top_k=max(request.top_k or 0, 0),
+            min_p=request.min_p,
+            repetition_penalty=request.repetition_penalty,
             stop=request.stop_list,
             seed=request.seed,
             presence_penalty=request.presence_penalty,
@@ -317,14 +318,7 @@ class CompletionsService:
                     continue
                 finished[key] = event
                 if event.finish_reason in ("error", "cancelled"):
-                    message = event.error or "the request was cancelled"
-                    error = {
-                        "message": message,
-                        "type": "server_error",
-                        "param": None,
-                        "code": None,
-                    }
-                    yield f"data: {json.dumps({'error': error})}\n\n"
+                    yield sse_error(event.error or "the request was cancelled")
                     continue
                 sent = streamed.get(key, "")
                 # The text an engine released only with the finish (a held-back stop prefix).

@@ -175,6 +175,8 @@ class ChatCompletionRequest(BodySized):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # vLLM's extension
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)  # vLLM's extension
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1, le=64)

@@ -22,8 +22,12 @@ CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32
 
 
 def reference_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The target, computed the plain way in float64: temperature, top-k (ties kept), top-p."""
+    """The target, computed the plain way in float64: temperature, min-p, top-k (ties kept),
+    top-p."""
     scaled = logits.double() / params.temperature
+    if params.min_p:
+        floor = scaled.max() + math.log(params.min_p)
+        scaled = scaled.masked_fill(scaled < floor, -math.inf)
     if params.top_k:
         scaled = scaled.masked_fill(scaled < torch.topk(scaled, params.top_k).values[-1], -math.inf)
     probabilities = torch.softmax(scaled, dim=-1)
@@ -52,8 +56,10 @@ def draws(params: SamplingParams, count: int, *, seeded: bool) -> torch.Tensor:
         SamplingParams(max_new_tokens=1, temperature=0.6, top_k=5),
         SamplingParams(max_new_tokens=1, temperature=1.3, top_p=0.8),
         SamplingParams(max_new_tokens=1, temperature=0.9, top_k=6, top_p=0.9),
+        SamplingParams(max_new_tokens=1, temperature=1.2, min_p=0.15),
+        SamplingParams(max_new_tokens=1, temperature=0.8, min_p=0.05, top_k=7, top_p=0.95),
     ],
-    ids=["plain", "top_k", "top_p", "both"],
+    ids=["plain", "top_k", "top_p", "both", "min_p", "all"],
 )
 def test_draws_follow_the_filtered_softmax(params: SamplingParams, seeded: bool):
     torch.manual_seed(0)
@@ -139,3 +145,14 @@ def test_a_token_banned_by_bias_is_never_drawn():
     apply_bias_and_penalties(logits, params, [{}] * 2_000)
     tokens = sample_batch(logits, logits, params, [None] * 2_000).tokens
     assert not bool(((tokens == 0) | (tokens == 1)).any())
+
+
+def test_the_repetition_penalty_pushes_down_every_seen_token_prompt_included():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0], [2.0, -1.0, 0.5, 3.0, -2.0]])
+    params = [
+        SamplingParams(max_new_tokens=1, repetition_penalty=2.0),
+        SamplingParams(max_new_tokens=1),  # 1.0: off, though it has seen tokens too
+    ]
+    apply_bias_and_penalties(logits, params, [{3: 1}, {3: 5}], prompt_ids=[[0, 1, 1], [0]])
+    # Seen: 0 and 1 (the prompt), 3 (the output); positive logits halve, negative ones double.
+    assert logits.tolist() == [[1.0, -2.0, 0.5, 1.5, -2.0], [2.0, -1.0, 0.5, 3.0, -2.0]]

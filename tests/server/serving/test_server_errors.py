@@ -37,6 +37,8 @@ BAD_REQUESTS = [
     ),
     (body(temperature=2.5), 400, "temperature", "less than or equal to 2"),
     (body(temperature=-1), 400, "temperature", "greater than or equal to 0"),
+    (body(min_p=1.5), 400, "min_p", "less than or equal to 1"),
+    (body(repetition_penalty=0), 400, "repetition_penalty", "greater than 0"),
     (body(top_p=0), 400, "top_p", "greater than 0"),
     (body(top_p=1.5), 400, "top_p", "less than or equal to 1"),
     (body(max_tokens=0), 400, "max_tokens", "greater than or equal to 1"),
@@ -234,6 +236,7 @@ EDGE_VALUES = [
     {"temperature": 1e-320},
     {"temperature": 5e-324, "top_p": 5e-324, "top_k": 1},
     {"seed": -1},
+    {"min_p": 1.0, "repetition_penalty": 2.0},  # only the best token; seen ones pushed down
     {"seed": -(2**63)},
     {"seed": 2**63 - 1, "n": 2},
 ]
