@@ -150,6 +150,7 @@ def run_trl_train_steps(
     min_new_tokens: int | None = None,
     learning_rate: float = 1e-5,
     seed: int = 0,
+    device: str = "cpu",
 ) -> dict:
     """Run ``warmup + steps`` GRPO optimizer steps with TRL and return medians over the last ``steps``.
 
@@ -158,6 +159,8 @@ def run_trl_train_steps(
     otherwise, because TRL's config defaults ``bf16`` to True when unset.
     ``chat``: wrap each prompt as a single user message so TRL applies the model's chat template.
     ``min_new_tokens``: optional ``generation_kwargs`` override to force full-length completions.
+    ``device``: ``cpu`` (the default) or ``cuda`` (the GPU smoke benchmark: the model on the GPU,
+    its peak GPU memory reported).
     """
     _offline_env()
     import torch
@@ -183,7 +186,7 @@ def run_trl_train_steps(
     out_dir = tempfile.mkdtemp(prefix="trl_peer_")
     args = GRPOConfig(
         output_dir=out_dir,
-        use_cpu=True,
+        use_cpu=device == "cpu",
         bf16=bf16_autocast,
         fp16=False,
         use_vllm=False,
@@ -341,6 +344,9 @@ def run_trl_train_steps(
         "rss_after_load_mb": rss_after_load / 2**20,
         "peak_rss_sampled_mb": sampler.peak / 2**20,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux
+        "peak_gpu_memory_mib": (
+            torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
+        ),
         "steps": [
             {k: v for k, v in s.items() if k != "log"}
             | {

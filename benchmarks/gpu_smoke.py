@@ -11,15 +11,28 @@ to a temporary folder with a byte-level BPE tokenizer synthesised to the config'
 1. `art-server` starts in a child process through `art.LocalBackend` with `--device` passed
    explicitly (its loader refuses a missing CUDA device, so a server that started ran there);
    `--engine` / `--trainer` are passed through when given. `/health` is recorded as it answers.
-2. Serving: 16 concurrent chat requests x 64 new tokens (EOS banned by `logit_bias`, so every
-   request generates exactly 64), on the base model and on the registered LoRA adapter
-   (r16/alpha 32 on q, k, v, o); tokens/s = completion tokens / wall time, median of `--runs`
-   after one warm-up request.
+2. Serving: 16, 64 and 256 concurrent chat requests x 64 new tokens on the base model (EOS
+   banned by `logit_bias`, so every request generates exactly 64), and 16 on the registered LoRA
+   adapter (r16/alpha 32 on q, k, v, o); tokens/s = completion tokens / wall time, median of
+   `--runs` after one warm-up run. The server runs with ART_ENGINE_PROFILE=1, so /metrics splits
+   each decode step exactly into the forward and sampling: the share spent sampling is reported.
 3. Training: `--warmup` + `--steps` GRPO steps of 4 prompts x 4 completions x 64 tokens. The reward
    is synthetic (a completion's index in its group), so every group has variance and every row
    trains: the step measures time, not learning. A step's time is its rollouts plus
    `model.train` (the trainer, the checkpoint write and serving the new step); the trainer's own
    seconds are reported beside it.
+
+4. The peers, in the same invocation on the same model and prompts, after the server stopped
+   (`_gpu_peers.py`): HF `generate()` at 16, 64 and 256 rows (min_new_tokens = 64, the same
+   dtype), and TRL's `GRPOTrainer` for the step (4 x 4 x 64, LoRA r16 q/k/v/o, dapo loss, beta
+   0, lr 1e-5; its peak GPU memory). `--no-peers` skips them.
+
+On a lent GPU, one call of the device tool with `carry: [".whl"]` (`../shared/gpu/fetch-wheels.sh`
+first, here), about 8 minutes for the 0.5B shape:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+      .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD:$PWD/backend && \
+      python3 benchmarks/gpu_smoke.py --out $OUT/gpu_smoke.json > $OUT/gpu_smoke.log 2>&1
 
 Writes benchmarks/results/gpu_smoke.json (on CUDA; gpu_smoke_cpu.json on CPU) with the device's
 name, torch and CUDA versions and the figures, and on CUDA the gpu_smoke section of BENCHMARKS.md.
@@ -31,6 +44,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -81,6 +95,7 @@ TOPICS = [
     "a hidden cave", "a lost crown", "a time machine in a garage", "foxes in the city",
 ]  # fmt: skip
 REQUESTS, MAX_TOKENS = 16, 64
+ROWS_LADDER = [16, 64, 256]  # concurrent requests served on the base model (and generate() rows)
 STEP_PROMPTS, STEP_COMPLETIONS = 4, 4
 REQUEST_TIMEOUT = 900.0
 
@@ -198,13 +213,20 @@ def banned_eos(folder: Path) -> dict[str, int]:
     return {str(vocab[token]): -100 for token in ("<|endoftext|>", "<|im_end|>")}
 
 
-async def concurrent_run(client: Any, model: str, bias: dict[str, int]) -> dict[str, Any]:
-    """16 chat requests at once, 64 tokens each; tokens/s over the wall time of all of them."""
+def story_prompts(rows: int) -> list[str]:
+    """`rows` user prompts, TOPICS cycled: what our server and the generate() peer both get."""
+    return [f"Write a long story about {TOPICS[index % len(TOPICS)]}." for index in range(rows)]
 
-    async def one(topic: str) -> int:
+
+async def concurrent_run(
+    client: Any, model: str, bias: dict[str, int], rows: int = REQUESTS
+) -> dict[str, Any]:
+    """`rows` chat requests at once, 64 tokens each; tokens/s over the wall time of all."""
+
+    async def one(prompt: str) -> int:
         response = await client.chat.completions.create(
             model=model,
-            messages=[{"role": "user", "content": f"Write a long story about {topic}."}],
+            messages=[{"role": "user", "content": prompt}],
             max_tokens=MAX_TOKENS,
             temperature=1.0,
             logit_bias=bias,
@@ -212,7 +234,7 @@ async def concurrent_run(client: Any, model: str, bias: dict[str, int]) -> dict[
         return response.usage.completion_tokens if response.usage else 0
 
     started = time.perf_counter()
-    tokens = await asyncio.gather(*(one(topic) for topic in TOPICS[:REQUESTS]))
+    tokens = await asyncio.gather(*(one(prompt) for prompt in story_prompts(rows)))
     wall = time.perf_counter() - started
     return {
         "wall_seconds": round(wall, 3),
@@ -221,15 +243,50 @@ async def concurrent_run(client: Any, model: str, bias: dict[str, int]) -> dict[
     }
 
 
-async def serving(client: Any, model: str, bias: dict[str, int], runs: int) -> dict[str, Any]:
-    await concurrent_run(client, model, bias)  # warm-up: first CUDA kernels, allocator growth
-    measured = [await concurrent_run(client, model, bias) for _ in range(runs)]
+async def serving(
+    client: Any,
+    model: str,
+    bias: dict[str, int],
+    runs: int,
+    rows: int = REQUESTS,
+    metrics: tuple[str, dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """Median tokens/s of `runs` runs of `rows` requests; with the server's `url`, the share of
+    its decode steps spent sampling over them (`metrics`: its URL and headers, for /metrics)."""
+    await concurrent_run(client, model, bias, rows)  # warm-up: first kernels, allocator growth
+    before = _step_parts(*metrics) if metrics else None
+    measured = [await concurrent_run(client, model, bias, rows) for _ in range(runs)]
     for run in measured:
-        print(f"   {model}: {run}", flush=True)
-    return {
+        print(f"   {model}, {rows} rows: {run}", flush=True)
+    result = {
         "median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in measured),
         "runs": measured,
     }
+    if metrics is not None and before is not None:
+        after = _step_parts(*metrics)
+        forward, sampling, rows_host = (b - a for a, b in zip(before, after, strict=True))
+        step = max(forward + sampling + rows_host, 1e-9)
+        result["sampling_share_of_decode_step"] = round(sampling / step, 4)
+        result["rows_host_share_of_decode_step"] = round(rows_host / step, 4)
+    return result
+
+
+def _step_parts(url: str, headers: dict[str, str]) -> tuple[float, float, float]:
+    """The server's decode forward, sampling and rows seconds so far (/metrics)."""
+    import httpx
+
+    response = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
+    response.raise_for_status()
+    values = {}
+    for line in response.text.splitlines():
+        if line.startswith("art_decode_"):
+            name, value = line.split()[:2]
+            values[name] = float(value)
+    return (
+        values["art_decode_forward_seconds_total"],
+        values["art_decode_sampling_seconds_total"],
+        values["art_decode_rows_seconds_total"],
+    )
 
 
 async def grpo_step(art: Any, model: Any, client: Any, bias: dict[str, int]) -> dict[str, Any]:
@@ -274,6 +331,8 @@ async def run_on_server(folder: Path, args: argparse.Namespace) -> dict[str, Any
     server_args = [*(["--engine", args.engine] if args.engine else [])]
     server_args += ["--trainer", args.trainer] if args.trainer else []
     result: dict[str, Any] = {"server_args": ["--device", args.device, *server_args]}
+    # The server (LocalBackend's child) inherits it: decode steps split exactly on a GPU.
+    os.environ["ART_ENGINE_PROFILE"] = "1"
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-art-") as art_path:
         backend = art.LocalBackend(
             path=art_path, dtype=args.dtype, device=args.device, extra_args=server_args
@@ -294,9 +353,14 @@ async def run_on_server(folder: Path, args: argparse.Namespace) -> dict[str, Any
             print(f"== server up in {result['startup_seconds']} s: {result['health']}", flush=True)
             client = model.openai_client(timeout=REQUEST_TIMEOUT, max_retries=0)
             bias = banned_eos(folder)
-            print(f"== serving: {REQUESTS} concurrent requests x {MAX_TOKENS} tokens", flush=True)
+            key = backend._api_key  # LocalBackend's own key for its child server
+            metrics = (backend.base_url, {"Authorization": f"Bearer {key}"} if key else {})
+            print(f"== serving: {ROWS_LADDER} concurrent requests x {MAX_TOKENS}", flush=True)
             result["serving"] = {
-                "base": await serving(client, str(folder), bias, args.runs),
+                "base": {
+                    str(rows): await serving(client, str(folder), bias, args.runs, rows, metrics)
+                    for rows in ROWS_LADDER
+                },
                 "adapter": await serving(client, model.get_inference_name(), bias, args.runs),
             }
             result["gpu_memory_used_mib_after_serving"] = gpu_memory_used_mib()
@@ -323,9 +387,56 @@ async def run_on_server(folder: Path, args: argparse.Namespace) -> dict[str, Any
 # ------------------------------------------------------------------------------------ report
 
 
+def run_peers(folder: Path, args: argparse.Namespace, dtype: str) -> dict[str, Any]:
+    """HF generate() over the serving ladder and TRL's GRPO step, on the same model and dtype."""
+    from _gpu_peers import generate_peer, trl_peer
+
+    print(f"== peer: generate() at {ROWS_LADDER} rows x {MAX_TOKENS} tokens", flush=True)
+    generate = generate_peer(
+        folder,
+        device=args.device,
+        dtype=dtype,
+        prompts=story_prompts(len(TOPICS)),
+        rows_ladder=ROWS_LADDER,
+        new_tokens=MAX_TOKENS,
+        runs=args.runs,
+    )
+    print(f"== peer: TRL GRPOTrainer, 1 warm-up + {args.steps} steps", flush=True)
+    prompts = [f"Tell me about {topic}." for topic in TOPICS[:STEP_PROMPTS]]
+    trl = trl_peer(
+        folder,
+        device=args.device,
+        dtype=dtype,
+        prompts=prompts,
+        new_tokens=MAX_TOKENS,
+        steps=args.steps,
+    )
+    print(f"   TRL: step {trl.get('median_step_s')} s", flush=True)
+    return {"generate": generate, "trl": trl}
+
+
+def ratios(server: dict[str, Any], peers: dict[str, Any] | None) -> dict[str, float]:
+    """Ours / generate() tokens/s at each ladder size; our GRPO step's seconds / TRL's."""
+    if not peers:
+        return {}
+    result = {}
+    for rows, ours in server["serving"]["base"].items():
+        theirs = peers["generate"][rows]["median_tokens_per_second"]
+        result[f"serving_{rows}_rows"] = round(ours["median_tokens_per_second"] / theirs, 3)
+    trl_step = peers["trl"].get("median_step_s")
+    if trl_step:
+        result["grpo_step"] = round(server["training"]["median_step_seconds"] / trl_step, 3)
+    return result
+
+
+def _rule_dtype(args: argparse.Namespace) -> str:
+    from art_backend.testing import resolve_device, resolve_dtype
+
+    return str(resolve_dtype(args.dtype, resolve_device(args.device)))
+
+
 def markdown(report: dict[str, Any]) -> str:
     model, server = report["model"], report["server"]
-    serving, training = server["serving"], server["training"]
     where = (
         f"{model['gpu_name']} (CUDA {model['torch_cuda']}, driver {report['nvidia_driver']})"
         if report["device"] == "cuda"
@@ -339,17 +450,55 @@ def markdown(report: dict[str, Any]) -> str:
 dtype `{report["dtype"]}`, art-server `{" ".join(server["server_args"])}`, /health
 `{json.dumps(server["health"])}`.
 
-| measure | value |
-|---|---:|
-| {REQUESTS} concurrent requests x {MAX_TOKENS} tokens, base model (tok/s, median of {report["runs"]}) | {serving["base"]["median_tokens_per_second"]:.1f} |
-| the same on the LoRA adapter (tok/s) | {serving["adapter"]["median_tokens_per_second"]:.1f} |
-| GRPO step, {STEP_PROMPTS} x {STEP_COMPLETIONS} x {MAX_TOKENS} tokens (s, median of {report["steps"]}) | {training["median_step_seconds"]:.2f} |
-| of which rollouts (s) | {training["median_rollout_seconds"]:.2f} |
-| of which `model.train` (trainer + checkpoint + serving the new step) (s) | {training["median_train_seconds"]:.2f} |
-| the trainer's own seconds | {training["median_trainer_seconds"]:.2f} |
+{_table(report)}
 
 Raw numbers: `{report["results_file"]}`.
 {END}"""
+
+
+def _table(report: dict[str, Any]) -> str:
+    """The figures, each beside its peer's and the ratio, where the peers ran."""
+    server, peers, ratio = report["server"], report.get("peers") or {}, report.get("ratios", {})
+    serving, training = server["serving"], server["training"]
+    lines = [
+        "| measure | ours | peer | ours / peer |",
+        "|---|---:|---:|---:|",
+    ]
+    for rows, ours in serving["base"].items():
+        theirs = peers.get("generate", {}).get(rows, {}).get("median_tokens_per_second")
+        share = ours.get("sampling_share_of_decode_step", 0.0)
+        host = ours.get("rows_host_share_of_decode_step", 0.0)
+        lines.append(
+            f"| {rows} concurrent requests x {MAX_TOKENS} tokens, base model, tok/s (of a decode "
+            f"step: sampling {share:.0%}, the rows' host work {host:.0%}) | "
+            f"{ours['median_tokens_per_second']:.1f} | "
+            f"{_figure(theirs, '.1f')} (`generate()`, {rows} rows) | "
+            f"{_figure(ratio.get(f'serving_{rows}_rows'), '.2f', 'x')} |"
+        )
+    lines.append(
+        f"| {REQUESTS} requests on the LoRA adapter, tok/s | "
+        f"{serving['adapter']['median_tokens_per_second']:.1f} | | |"
+    )
+    trl = peers.get("trl", {})
+    lines += [
+        f"| GRPO step, {STEP_PROMPTS} x {STEP_COMPLETIONS} x {MAX_TOKENS} tokens, s (median of "
+        f"{report['steps']}) | {training['median_step_seconds']:.2f} | "
+        f"{_figure(trl.get('median_step_s'), '.2f')} (TRL `GRPOTrainer`) | "
+        f"{_figure(ratio.get('grpo_step'), '.2f', 'x')} |",
+        f"| of which rollouts, s | {training['median_rollout_seconds']:.2f} | "
+        f"{_figure(trl.get('median_rollout_s'), '.2f')} | |",
+        f"| of which `model.train` (trainer + checkpoint + serving the step), s | "
+        f"{training['median_train_seconds']:.2f} | {_figure(trl.get('median_train_s'), '.2f')} | |",
+        f"| the trainer's own seconds | {training['median_trainer_seconds']:.2f} | | |",
+        f"| peak GPU memory, MiB | {_figure(server.get('gpu_memory_used_mib_after_training'), '.0f')} "
+        f"(device, after training) | {_figure(trl.get('peak_gpu_memory_mib'), '.0f')} "
+        "(allocated) | |",
+    ]
+    return "\n".join(lines)
+
+
+def _figure(value: float | None, spec: str, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{suffix}"
 
 
 def main() -> None:
@@ -364,6 +513,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="GRPO steps run first, not counted")
     parser.add_argument("--out", type=Path, help="results file (default: benchmarks/results/...)")
     parser.add_argument("--no-write", action="store_true", help="print, write nothing")
+    parser.add_argument("--no-peers", action="store_true", help="skip generate() and TRL")
     parser.add_argument("--build-into", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -392,13 +542,13 @@ def main() -> None:
         model_info = json.loads(built.stdout.strip().splitlines()[-1])
         print(f"   {model_info}", flush=True)
         server = asyncio.run(run_on_server(folder, args))
-
-    from art_backend.testing import resolve_device, resolve_dtype
+        dtype = str(server["health"].get("dtype") or _rule_dtype(args)).removeprefix("torch.")
+        peers = None if args.no_peers else run_peers(folder, args, dtype)
 
     report = {
         "benchmark": "gpu_smoke",
         "device": args.device,
-        "dtype": str(resolve_dtype(args.dtype, resolve_device(args.device))).removeprefix("torch."),
+        "dtype": dtype,
         "runs": args.runs,
         "steps": args.steps,
         "warmup": args.warmup,
@@ -413,6 +563,8 @@ def main() -> None:
         "nvidia_driver": nvidia_driver() if args.device == "cuda" else None,
         "model": model_info,
         "server": server,
+        "peers": peers,
+        "ratios": ratios(server, peers),
     }
     out = (
         args.out or RESULTS / f"gpu_smoke{'' if args.device == 'cuda' else '_cpu'}.json"

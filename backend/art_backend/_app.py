@@ -141,6 +141,7 @@ def _prometheus_metrics(service: ChatService) -> str:
             "counter",
             engine_metrics.decode_sampling_seconds_total,
         ),
+        "art_decode_rows_seconds_total": ("counter", engine_metrics.decode_rows_seconds_total),
         "art_records": ("gauge", len(service.records)),
         "art_records_bytes": ("gauge", service.records.bytes),
         "art_records_total": ("counter", service.records.recorded),

@@ -112,11 +112,13 @@ class EngineMetrics:
     prefill_tokens_total: int = 0  # prompt tokens actually run through the model
     prefill_shared_requests_total: int = 0  # requests whose prompt another one prefilled for them
     busy_seconds_total: float = 0.0
-    # A decode step's two halves (torch engine): the model's forward, then sampling with the host
-    # copy and the rows' text. On a GPU kernels run asynchronously, so the split is exact only
-    # with ART_ENGINE_PROFILE=1 (the engine then waits for the forward before timing sampling).
+    # A decode step's three parts (torch engine): the model's forward; sampling on the device
+    # with its one host copy; the rows' tokens, text and stop checks on the host. On a GPU
+    # kernels run asynchronously, so the split is exact only with ART_ENGINE_PROFILE=1 (the
+    # engine then waits for the forward before timing sampling).
     decode_forward_seconds_total: float = 0.0
     decode_sampling_seconds_total: float = 0.0
+    decode_rows_seconds_total: float = 0.0
 
 
 @runtime_checkable

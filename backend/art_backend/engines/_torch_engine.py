@@ -49,7 +49,12 @@ from art_backend.engines._kv_cache import (
     keep_rows,
     make_growing,
 )
-from art_backend.engines._sampling import apply_bias_and_penalties, make_generator, sample_batch
+from art_backend.engines._sampling import (
+    SampledBatch,
+    apply_bias_and_penalties,
+    make_generator,
+    sample_batch,
+)
 from art_backend.engines._text import decode_increment, find_stop, stop_prefix_length
 from art_backend.engines._threads import ThreadGovernor
 from art_backend.engines._torch_adapters import AdapterSlots
@@ -439,17 +444,27 @@ class TorchEngine(AdapterSlots):
         self.metrics.decode_steps_total += 1
         self.metrics.decode_rows_total += len(batch)
         self.metrics.max_batch_size_seen = max(self.metrics.max_batch_size_seen, len(batch))
-        self._next_tokens = self._sample_rows(logits, batch)
+        drawn = self._draw(logits, batch)
+        sampled = time.perf_counter()
+        self._record_rows(batch, drawn)
+        self._next_tokens = drawn[0].tokens
         self.metrics.decode_forward_seconds_total += forwarded - started
-        self.metrics.decode_sampling_seconds_total += time.perf_counter() - forwarded
+        self.metrics.decode_sampling_seconds_total += sampled - forwarded
+        self.metrics.decode_rows_seconds_total += time.perf_counter() - sampled
 
     def _sample_rows(self, logits: torch.Tensor, sequences: list[_Sequence]) -> torch.Tensor:
         """Sample one token per row, record it, and finish rows that hit a stop condition.
 
-        The batch is processed and sampled on the logits' device in one pass (`_sampling`); one
-        copy brings the tokens and logprobs to the host for the rows' text and stop checks. The
-        returned tokens stay on the device as the next step's input.
+        The batch is processed and sampled on the logits' device in one pass (`_draw`); one
+        copy brings the tokens and logprobs to the host for the rows' text and stop checks
+        (`_record_rows`). The returned tokens stay on the device as the next step's input.
         """
+        drawn = self._draw(logits, sequences)
+        self._record_rows(sequences, drawn)
+        return drawn[0].tokens
+
+    def _draw(self, logits: torch.Tensor, sequences: list[_Sequence]) -> tuple[SampledBatch, Any]:
+        """The batch's draws on the device, and their host copy (tokens, logprobs, tops)."""
         for sequence in sequences:
             if not sequence.finished and sequence.request.cancelled:
                 self._finish(sequence, "cancelled", None)
@@ -464,7 +479,11 @@ class TorchEngine(AdapterSlots):
         )
         self._apply_grammars(processed, sequences)
         sampled = sample_batch(processed, raw_logprobs, params, [s.generator for s in sequences])
-        tokens, logprobs, tops = sampled.to_host()
+        return sampled, sampled.to_host()
+
+    def _record_rows(self, sequences: list[_Sequence], drawn: tuple[SampledBatch, Any]) -> None:
+        """Each live row's token, text and stop checks, on the host; a failing row finishes."""
+        tokens, logprobs, tops = drawn[1]
         for row, sequence in enumerate(sequences):
             if sequence.finished:
                 continue
@@ -474,7 +493,6 @@ class TorchEngine(AdapterSlots):
             except Exception as error:
                 logger.exception("sampling failed for one row")
                 self._finish(sequence, "error", f"sampling failed: {error}")
-        return sampled.tokens
 
     def _apply_grammars(self, logits: torch.Tensor, sequences: list[_Sequence]) -> None:
         """Mask each constrained row's logits with its grammar: llguidance's matchers together,

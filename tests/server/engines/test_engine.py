@@ -274,12 +274,17 @@ def test_the_torch_engine_implements_both_seams(engine) -> None:
     assert engine.vocab_size >= len(engine.tokenizer)  # every token id has a logit
 
 
-async def test_a_decode_step_is_split_between_the_forward_and_sampling(engine, tokenizer):
-    """/metrics' art_decode_forward_seconds_total and art_decode_sampling_seconds_total: the two
-    halves of every decode step, within the engine's busy time (gpu_smoke reads the share)."""
+async def test_a_decode_step_is_split_into_the_forward_sampling_and_the_rows(engine, tokenizer):
+    """/metrics' art_decode_{forward,sampling,rows}_seconds_total: the three parts of every
+    decode step, within the engine's busy time (gpu_smoke reports the shares)."""
     await run(engine, greedy(prompt_ids(tokenizer, "time the halves"), max_new_tokens=8))
     metrics = engine.metrics
     assert metrics.decode_steps_total >= 7
     assert metrics.decode_forward_seconds_total > 0 and metrics.decode_sampling_seconds_total > 0
-    halves = metrics.decode_forward_seconds_total + metrics.decode_sampling_seconds_total
-    assert halves <= metrics.busy_seconds_total
+    assert metrics.decode_rows_seconds_total > 0
+    parts = (
+        metrics.decode_forward_seconds_total
+        + metrics.decode_sampling_seconds_total
+        + metrics.decode_rows_seconds_total
+    )
+    assert parts <= metrics.busy_seconds_total
