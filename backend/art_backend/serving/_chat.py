@@ -28,7 +28,6 @@ from art_backend.engines._engine import (
     Engine,
     FinishEvent,
     GenerationRequest,
-    SamplingParams,
     TokenEvent,
 )
 from art_backend.engines._tool_calls import (
@@ -36,6 +35,7 @@ from art_backend.engines._tool_calls import (
     prepare_messages,
     template_supports_tools,
 )
+from art_backend.serving._sampling_params import sampling_params
 from art_backend.serving._schemas import BodySized, ChatCompletionRequest
 from art_backend.store._records import CompletionRecords
 from art_core.names import ADAPTER_NAME_PATTERN
@@ -145,27 +145,11 @@ class ChatService:
                 param=field,
             )
 
-        vocab_size = self.engine.vocab_size
-        logit_bias = {int(token): value for token, value in (request.logit_bias or {}).items()}
-        for token in logit_bias:
-            if not 0 <= token < vocab_size:
-                raise InvalidRequestError(
-                    f"logit_bias names token {token}, outside the vocabulary [0, {vocab_size}).",
-                    param="logit_bias",
-                )
         grammar = self._grammar(request, tools, tool_choice)
-        params = SamplingParams(
+        params = sampling_params(
+            request,
+            self.engine.vocab_size,
             max_new_tokens=max_new_tokens,
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=max(request.top_k or 0, 0),
-            min_p=request.min_p,
-            repetition_penalty=request.repetition_penalty,
-            stop=request.stop_list,
-            seed=request.seed,
-            presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty,
-            logit_bias=logit_bias,
             top_logprobs=request.top_logprobs or 0,
             grammar=grammar,
         )

@@ -28,9 +28,10 @@ from typing import Any
 
 from art_backend._errors import ContextLengthError, InvalidRequestError
 from art_backend._limits import parse_json_object
-from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from art_backend.engines._engine import FinishEvent, GenerationRequest, TokenEvent
 from art_backend.serving._chat import ChatService, _raise_if_failed, sse_error, sse_json
 from art_backend.serving._completions_schemas import CompletionRequest
+from art_backend.serving._sampling_params import sampling_params
 
 Finished = dict[tuple[int, int], FinishEvent]  # (prompt number, choice of that prompt) -> event
 
@@ -59,26 +60,10 @@ class CompletionsService:
         """Check the prompts against the model and build one engine request per prompt."""
         adapter = self.chat.resolve_adapter(request.model)
         engine = self.chat.engine
-        vocab_size = engine.vocab_size
-        logit_bias = {int(token): value for token, value in (request.logit_bias or {}).items()}
-        for token in logit_bias:
-            if not 0 <= token < vocab_size:
-                raise InvalidRequestError(
-                    f"logit_bias names token {token}, outside the vocabulary [0, {vocab_size}).",
-                    param="logit_bias",
-                )
-        params = SamplingParams(
+        params = sampling_params(
+            request,
+            engine.vocab_size,
             max_new_tokens=1,  # set per prompt below
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=max(request.top_k or 0, 0),
-            min_p=request.min_p,
-            repetition_penalty=request.repetition_penalty,
-            stop=request.stop_list,
-            seed=request.seed,
-            presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty,
-            logit_bias=logit_bias,
             top_logprobs=request.logprobs or 0,
         )
         prompts = request.prompts
