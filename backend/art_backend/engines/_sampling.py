@@ -114,12 +114,12 @@ def sample_batch(
     logprobs. A row with a generator draws from it (same seed, same tokens)."""
     device = logits.device
     greedy_tokens = logits.argmax(dim=-1)
-    greedy = torch.tensor([p.greedy for p in params], device=device)
-    if bool(greedy.all()):
+    if all(p.greedy for p in params):  # decided on the host: no device synchronisation
         tokens = greedy_tokens
     else:
         probabilities = _filtered_probabilities(logits, params)
         race = probabilities / _exponential_noise(probabilities, generators)
+        greedy = torch.tensor([p.greedy for p in params], device=device)
         tokens = torch.where(greedy, greedy_tokens, race.argmax(dim=-1))
     chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
     top = max(p.top_logprobs for p in params)

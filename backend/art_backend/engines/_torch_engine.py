@@ -497,20 +497,21 @@ class TorchEngine(AdapterSlots):
     def _apply_grammars(self, logits: torch.Tensor, sequences: list[_Sequence]) -> None:
         """Mask each constrained row's logits with its grammar: llguidance's matchers together,
         any other constraint alone; a row whose constraint fails finishes with the error."""
-        rows = [
+        constrained = [
             row for row, s in enumerate(sequences) if s.constraint is not None and not s.finished
         ]
-        together = [
-            row for row in rows if isinstance(sequences[row].constraint, SequenceConstraint)
-        ]
+        together: list[int] = []
+        alone: list[int] = []
+        for row in constrained:
+            batched = isinstance(sequences[row].constraint, SequenceConstraint)
+            (together if batched else alone).append(row)
         if together:
             try:
                 apply_constraints(logits, together, [sequences[r].constraint for r in together])
             except Exception:  # one matcher failed: find which, row by row
                 logger.exception("batched grammar masks failed; applying them one by one")
-            else:
-                rows = [row for row in rows if row not in set(together)]
-        for row in rows:
+                alone = constrained
+        for row in alone:
             try:
                 sequences[row].constraint.apply_to_logits(logits[row])
             except Exception as error:
