@@ -17,6 +17,15 @@ from typing import Any
 from tests.support.tiny_model import tiny_tokenizer
 
 WINDOW = 8  # tokens a sliding-window layer attends to: every test prompt is longer
+# The shared tiny shape (tests/support/tiny_gguf.py writes its GGUFs in it too).
+TINY_SHAPE: dict[str, int] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+}
 
 
 @dataclass(frozen=True)
@@ -122,12 +131,7 @@ def build_family_model(
     tokenizer.save_pretrained(folder)
     sizes: dict[str, Any] = {
         "vocab_size": len(tokenizer),
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 2048,
+        **TINY_SHAPE,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,

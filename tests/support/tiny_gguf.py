@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.tiny_families import TINY_SHAPE
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -139,59 +141,34 @@ class Family:
     tied: bool
 
 
-def _qwen2_config(vocab_size: int) -> Any:
-    from transformers import Qwen2Config
+def _config(class_name: str, **fields: Any) -> Any:
+    """A config factory (vocab_size -> config) of the tiny shape with `fields` on top."""
+    import transformers
 
-    return Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-    )
-
-
-def _llama_config(vocab_size: int) -> Any:
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )
-
-
-def _gemma3_config(vocab_size: int) -> Any:
-    from transformers import Gemma3TextConfig
-
-    return Gemma3TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        sliding_window=64,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
+    return lambda vocab_size: getattr(transformers, class_name)(
+        vocab_size=vocab_size, **TINY_SHAPE, **fields
     )
 
 
 FAMILIES = {
-    "qwen2": Family(lambda: byte_level_vocabulary("qwen2"), _qwen2_config, CHATML_TEMPLATE, False),
-    "llama": Family(
-        lambda: byte_level_vocabulary("llama-bpe"), _llama_config, CHATML_TEMPLATE, True
+    "qwen2": Family(
+        lambda: byte_level_vocabulary("qwen2"),
+        _config("Qwen2Config", tie_word_embeddings=False),
+        CHATML_TEMPLATE,
+        False,
     ),
-    "gemma3": Family(sentencepiece_vocabulary, _gemma3_config, GEMMA_TEMPLATE, True),
+    "llama": Family(
+        lambda: byte_level_vocabulary("llama-bpe"),
+        _config("LlamaConfig", tie_word_embeddings=True),
+        CHATML_TEMPLATE,
+        True,
+    ),
+    "gemma3": Family(
+        sentencepiece_vocabulary,
+        _config("Gemma3TextConfig", head_dim=16, sliding_window=64, tie_word_embeddings=True),
+        GEMMA_TEMPLATE,
+        True,
+    ),
 }
 
 
