@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,26 +183,23 @@ class CompletionsService:
         prepared: PreparedCompletion,
         finished: Finished,
     ) -> dict[str, Any]:
-        several = len(prepared.generations) > 1
         choices = []
-        for number, generation in enumerate(prepared.generations):
-            for choice in range(request.n):
-                event = finished[number, choice]
-                logprobs = None
-                if request.logprobs is not None:
-                    logprobs = self._logprobs(event.token_ids, event.logprobs, event.top_logprobs)
-                choices.append(
-                    {
-                        "index": number * request.n + choice,
-                        "text": prepared.echoed[number] + event.text,
-                        "logprobs": logprobs,
-                        "finish_reason": event.finish_reason,
-                        "token_ids": event.token_ids,
-                        # Names the record: a CompletionChoice alone identifies a trainable turn.
-                        "completion_id": completion_id,
-                        **({"prompt_token_ids": generation.prompt_ids} if several else {}),
-                    }
-                )
+        for index, number, event, own_prompt in _choice_events(request, prepared, finished):
+            logprobs = None
+            if request.logprobs is not None:
+                logprobs = self._logprobs(event.token_ids, event.logprobs, event.top_logprobs)
+            choices.append(
+                {
+                    "index": index,
+                    "text": prepared.echoed[number] + event.text,
+                    "logprobs": logprobs,
+                    "finish_reason": event.finish_reason,
+                    "token_ids": event.token_ids,
+                    # Names the record: a CompletionChoice alone identifies a trainable turn.
+                    "completion_id": completion_id,
+                    **own_prompt,
+                }
+            )
         return {
             "id": completion_id,
             "object": "text_completion",
@@ -336,21 +333,17 @@ class CompletionsService:
         rollout_id: str | None,
         started_at: float,
     ) -> None:
-        several = len(prepared.generations) > 1
-        choices = []
-        for number, generation in enumerate(prepared.generations):
-            for choice in range(request.n):
-                event = finished[number, choice]
-                choices.append(
-                    {
-                        "index": number * request.n + choice,
-                        "text": event.text,
-                        "finish_reason": event.finish_reason,
-                        "token_ids": event.token_ids,
-                        "logprobs": event.logprobs,
-                        **({"prompt_token_ids": generation.prompt_ids} if several else {}),
-                    }
-                )
+        choices = [
+            {
+                "index": index,
+                "text": event.text,
+                "finish_reason": event.finish_reason,
+                "token_ids": event.token_ids,
+                "logprobs": event.logprobs,
+                **own_prompt,
+            }
+            for index, _, event, own_prompt in _choice_events(request, prepared, finished)
+        ]
         self.chat.records.add(
             {
                 "id": completion_id,
@@ -366,6 +359,18 @@ class CompletionsService:
                 "usage": _usage(prepared, finished),
             }
         )
+
+
+def _choice_events(
+    request: CompletionRequest, prepared: PreparedCompletion, finished: Finished
+) -> Iterator[tuple[int, int, FinishEvent, dict[str, Any]]]:
+    """Each choice's index, prompt number and finish event, in index order (prompt p's choice
+    j is p * n + j), and its own `prompt_token_ids` when the request had several prompts."""
+    several = len(prepared.generations) > 1
+    for number, generation in enumerate(prepared.generations):
+        own_prompt = {"prompt_token_ids": generation.prompt_ids} if several else {}
+        for choice in range(request.n):
+            yield number * request.n + choice, number, finished[number, choice], own_prompt
 
 
 class _Events:
