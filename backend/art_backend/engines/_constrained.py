@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -46,6 +47,8 @@ _CACHED_GRAMMARS = 64
 # this, as it refuses to match bytes that are not UTF-8 (a token may hold half a character),
 # and llguidance writes special tokens as such bytes, so they are matched too.
 _ANY_BYTES_LARK = 'ANY_BYTES: ~"" | ""\n'
+
+logger = logging.getLogger("art_backend.engine")
 
 
 class GrammarCompiler:
@@ -350,6 +353,28 @@ def apply_constraints(
         logits.add_(bias)
     else:
         logits.index_add_(0, torch.tensor(rows, device=logits.device), bias)
+
+
+def mask_rows(logits: torch.Tensor, constraints: dict[int, Any]) -> dict[int, Exception]:
+    """Mask `logits[row]` with each row's constraint, in place: llguidance's matchers together
+    (`apply_constraints`), any other constraint alone. Returns the rows whose constraint failed,
+    with the error; the other rows are masked whatever one of them did."""
+    together = [row for row, c in constraints.items() if isinstance(c, SequenceConstraint)]
+    alone = [row for row, c in constraints.items() if not isinstance(c, SequenceConstraint)]
+    if together:
+        try:
+            apply_constraints(logits, together, [constraints[row] for row in together])
+        except Exception:  # one matcher failed: find which, row by row
+            logger.exception("batched grammar masks failed; applying them one by one")
+            alone = list(constraints)
+    failed: dict[int, Exception] = {}
+    for row in alone:
+        try:
+            constraints[row].apply_to_logits(logits[row])
+        except Exception as error:
+            logger.exception("grammar mask failed for one row")
+            failed[row] = error
+    return failed
 
 
 @functools.cache

@@ -34,7 +34,7 @@ from art_backend.engines._adapter_files import (
     adaptable_modules,
     linear_shapes,
 )
-from art_backend.engines._constrained import SequenceConstraint, apply_constraints
+from art_backend.engines._constrained import mask_rows
 from art_backend.engines._engine import (
     EngineMetrics,
     FinishEvent,
@@ -495,28 +495,15 @@ class TorchEngine(AdapterSlots):
                 self._finish(sequence, "error", f"sampling failed: {error}")
 
     def _apply_grammars(self, logits: torch.Tensor, sequences: list[_Sequence]) -> None:
-        """Mask each constrained row's logits with its grammar: llguidance's matchers together,
-        any other constraint alone; a row whose constraint fails finishes with the error."""
-        constrained = [
-            row for row, s in enumerate(sequences) if s.constraint is not None and not s.finished
-        ]
-        together: list[int] = []
-        alone: list[int] = []
-        for row in constrained:
-            batched = isinstance(sequences[row].constraint, SequenceConstraint)
-            (together if batched else alone).append(row)
-        if together:
-            try:
-                apply_constraints(logits, together, [sequences[r].constraint for r in together])
-            except Exception:  # one matcher failed: find which, row by row
-                logger.exception("batched grammar masks failed; applying them one by one")
-                alone = constrained
-        for row in alone:
-            try:
-                sequences[row].constraint.apply_to_logits(logits[row])
-            except Exception as error:
-                logger.exception("grammar mask failed for one row")
-                self._finish(sequences[row], "error", f"sampling failed: {error}")
+        """Mask each live constrained row with its grammar; a row whose constraint fails
+        finishes with the error."""
+        constrained = {
+            row: s.constraint
+            for row, s in enumerate(sequences)
+            if s.constraint is not None and not s.finished
+        }
+        for row, error in mask_rows(logits, constrained).items():
+            self._finish(sequences[row], "error", f"sampling failed: {error}")
 
     def _record_token(
         self, sequence: _Sequence, token: int, logprob: float, top: list[tuple[int, float]]
