@@ -1,13 +1,66 @@
-"""One exception hierarchy for the backend. Each maps to an OpenAI-shaped HTTP error."""
+"""Every error the server raises on purpose, as one tree. Each maps to an OpenAI-shaped HTTP error
+(`_app.py` answers `{"error": {"message", "type", "param", "code"}}` with the class's status).
+
+```text
+BackendError                      500 server_error: the base of everything raised on purpose
+├── InvalidRequestError           400 invalid_request_error: malformed, or a value out of range
+│   ├── ContextLengthError            prompt + max_tokens past the context (code
+│   │                                 context_length_exceeded)
+│   ├── InvalidGrammarError           a schema or tool that does not compile into a grammar
+│   ├── InvalidNameError              a model or adapter name that is not allowed
+│   │   └── UnsafePathError           a store path that would leave --path (a symlink)
+│   └── StepsNotComparableError       two steps `art diff` cannot compare
+├── AuthenticationError           401 authentication_error: missing or wrong API key
+├── CrossSiteRequestError         403 permission_error: a review form without its CSRF token
+├── NotFoundError                 404 not_found_error: what the request names is not here
+│   ├── ModelNotServedError           no such served model (param model, code model_not_found)
+│   ├── ModelNotRegisteredError       training or logging for an unregistered model
+│   ├── CompletionNotFoundError       no stored record of that completion
+│   ├── ResponseNotFoundError         no stored response with that id
+│   └── StoreNotFoundError            a project, model, step, group or trajectory not stored
+├── ConflictError                 409 conflict_error: clashes with the server's state
+├── CheckpointLoadError           409 invalid_request_error: a checkpoint that does not load
+│   └── TrainerStateError             its trainer state is unreadable or does not fit
+├── EngineStoppedError            503 server_error: the engine stopped under the request
+├── ModelLoadError                    at start: the base model cannot be found or loaded
+│   └── UnsupportedModelError         a family the torch engine cannot serve
+├── UnslothUnavailableError           at start: `--trainer unsloth` where Unsloth cannot run
+├── ReplayInputMissingError           `art replay`: a file it needs is gone
+└── BaseModelMismatchError            `art replay`: not the base model the step trained on
+
+RequestBodyTooLarge               413 (a Starlette HTTPException: raised by the body-size
+                                  middleware before any route runs)
+```
+
+`tests/server/test_errors.py` checks that this tree is every exception class the server defines,
+with these parents.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from starlette.exceptions import HTTPException
+
 
 class BackendError(Exception):
-    """Base class: every error the backend raises on purpose."""
+    """Base class: every error the backend raises on purpose.
+
+    A subclass states its HTTP answer in its header, `class X(Base, status_code=404,
+    error_type="not_found_error")`; one that does not inherits its parent's.
+    """
 
     status_code = 500
     error_type = "server_error"
+
+    def __init_subclass__(
+        cls, *, status_code: int | None = None, error_type: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        if status_code is not None:
+            cls.status_code = status_code
+        if error_type is not None:
+            cls.error_type = error_type
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -16,18 +69,11 @@ class BackendError(Exception):
         self.code = code
 
 
-class InvalidRequestError(BackendError):
+# ----------------------------------------------------------------------------------------- 400
+
+
+class InvalidRequestError(BackendError, status_code=400, error_type="invalid_request_error"):
     """The request is malformed or a parameter is out of range (HTTP 400)."""
-
-    status_code = 400
-    error_type = "invalid_request_error"
-
-
-class ConflictError(BackendError):
-    """The request clashes with the server's state (HTTP 409); the message says how to resolve it."""
-
-    status_code = 409
-    error_type = "conflict_error"
 
 
 class ContextLengthError(InvalidRequestError):
@@ -41,11 +87,34 @@ class InvalidGrammarError(InvalidRequestError):
     """A response_format schema or tool schema cannot be compiled into a grammar (HTTP 400)."""
 
 
-class NotFoundError(BackendError):
-    """What the request names is not here (HTTP 404); each subclass says what."""
+class InvalidNameError(InvalidRequestError):
+    """A model or adapter name is not allowed (path separators, traversal, odd characters)."""
 
-    status_code = 404
-    error_type = "not_found_error"
+
+class UnsafePathError(InvalidNameError):
+    """A path that would leave the store's root (a symlink pointing outside it) (HTTP 400)."""
+
+
+class StepsNotComparableError(InvalidRequestError):
+    """Two steps that cannot be compared: the same step twice, or no example in common (400)."""
+
+
+# ----------------------------------------------------------------------------------- 401, 403
+
+
+class AuthenticationError(BackendError, status_code=401, error_type="authentication_error"):
+    """Missing or wrong API key (HTTP 401)."""
+
+
+class CrossSiteRequestError(BackendError, status_code=403, error_type="permission_error"):
+    """A form without the page's CSRF token (HTTP 403): a page elsewhere cannot flag or approve."""
+
+
+# ----------------------------------------------------------------------------------------- 404
+
+
+class NotFoundError(BackendError, status_code=404, error_type="not_found_error"):
+    """What the request names is not here (HTTP 404); each subclass says what."""
 
 
 class ModelNotServedError(NotFoundError):
@@ -55,15 +124,46 @@ class ModelNotServedError(NotFoundError):
         super().__init__(message, param="model", code="model_not_found")
 
 
+class ModelNotRegisteredError(NotFoundError):
+    """Training or logging for a model this backend has not registered (HTTP 404)."""
+
+
 class CompletionNotFoundError(NotFoundError):
     """No stored record of that completion: never served here, or evicted (HTTP 404)."""
 
 
-class AuthenticationError(BackendError):
-    """Missing or wrong API key (HTTP 401)."""
+class ResponseNotFoundError(NotFoundError):
+    """No stored response has this id (HTTP 404)."""
 
-    status_code = 401
-    error_type = "authentication_error"
+
+class StoreNotFoundError(NotFoundError):
+    """A project, model, step, group or trajectory that is not in the store (HTTP 404): what the
+    review pages, `art diff` and `art replay` raise, naming what is there."""
+
+
+# ----------------------------------------------------------------------------------------- 409
+
+
+class ConflictError(BackendError, status_code=409, error_type="conflict_error"):
+    """The request clashes with the server's state (HTTP 409); the message says how to resolve it."""
+
+
+class CheckpointLoadError(BackendError, status_code=409, error_type="invalid_request_error"):
+    """A checkpoint on disk that cannot be loaded onto this model (HTTP 409); says why."""
+
+
+class TrainerStateError(CheckpointLoadError):
+    """A checkpoint's trainer state that cannot be read safely or does not fit (HTTP 409)."""
+
+
+# ----------------------------------------------------------------------------------------- 503
+
+
+class EngineStoppedError(BackendError, status_code=503):
+    """The engine was shut down while the request waited or ran (HTTP 503)."""
+
+
+# ----------------------------------------------------- raised at start or by `art replay`
 
 
 class ModelLoadError(BackendError):
@@ -74,43 +174,8 @@ class UnsupportedModelError(ModelLoadError):
     """The torch engine cannot serve this model's family (named in the message)."""
 
 
-class InvalidNameError(InvalidRequestError):
-    """A model or adapter name is not allowed (path separators, traversal, odd characters)."""
-
-
-class EngineStoppedError(BackendError):
-    """The engine was shut down while the request waited or ran (HTTP 503)."""
-
-    status_code = 503
-    error_type = "server_error"
-
-
-class ModelNotRegisteredError(NotFoundError):
-    """Training or logging for a model this backend has not registered (HTTP 404)."""
-
-
 class UnslothUnavailableError(BackendError):
     """`--trainer unsloth` was asked for where Unsloth cannot run; the message says what to do."""
-
-
-class CheckpointLoadError(BackendError):
-    """A checkpoint on disk that cannot be loaded onto this model (HTTP 409); says why."""
-
-    status_code = 409
-    error_type = "invalid_request_error"
-
-
-class TrainerStateError(CheckpointLoadError):
-    """A checkpoint's trainer state that cannot be read safely or does not fit (HTTP 409)."""
-
-
-class StoreNotFoundError(NotFoundError):
-    """A project, model, step, group or trajectory that is not in the store (HTTP 404): what the
-    review pages, `art diff` and `art replay` raise, naming what is there."""
-
-
-class StepsNotComparableError(InvalidRequestError):
-    """Two steps that cannot be compared: the same step twice, or no example in common (400)."""
 
 
 class ReplayInputMissingError(BackendError):
@@ -121,12 +186,11 @@ class BaseModelMismatchError(BackendError):
     """The base model's files `art replay` was given are not those the step trained on."""
 
 
-class CrossSiteRequestError(BackendError):
-    """A form without the page's CSRF token (HTTP 403): a page elsewhere cannot flag or approve."""
-
-    status_code = 403
-    error_type = "permission_error"
+# ---------------------------------------------------------------------------- before routes
 
 
-class ResponseNotFoundError(NotFoundError):
-    """No stored response has this id (HTTP 404)."""
+class RequestBodyTooLarge(HTTPException):
+    """The request body passed `--max-body-mb` (HTTP 413; the app's handler gives it OpenAI's shape)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)

@@ -25,12 +25,11 @@ from typing import Any
 
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from art_backend._errors import InvalidGrammarError, InvalidRequestError
+from art_backend._errors import InvalidGrammarError, InvalidRequestError, RequestBodyTooLarge
 from art_backend._unicode import LONE_SURROGATE
 
 MIB = 1024 * 1024
@@ -51,13 +50,6 @@ MAX_SCHEMA_NODES = 50_000
 
 
 # ------------------------------------------------------------------------------------- body
-
-
-class RequestBodyTooLarge(HTTPException):
-    """The request body passed `--max-body-mb` (HTTP 413; the app's handler gives it OpenAI's shape)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(413, _too_large_message(max_bytes))
 
 
 class BodySizeLimitMiddleware:
@@ -89,7 +81,7 @@ class BodySizeLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise RequestBodyTooLarge(self.max_bytes)
+                    raise RequestBodyTooLarge(_too_large_message(self.max_bytes))
             return message
 
         async def watching_send(message: Message) -> None:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from art_backend._errors import InvalidNameError
+from art_backend._errors import InvalidNameError, UnsafePathError
 from art_core.names import is_name, is_split
 
 STEP_FILE = "step.json"
@@ -73,10 +73,6 @@ def fault_point(name: str) -> None:
     point, _, seconds = os.environ.get(FAULT_ENV, "").partition(":")
     if point == name:
         time.sleep(float(seconds or 60))
-
-
-class UnsafePathError(InvalidNameError):
-    """A path that would leave the store's root (a symlink pointing outside it) (HTTP 400)."""
 
 
 def inside(root: Path, *parts: str) -> Path:
