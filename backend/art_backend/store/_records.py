@@ -1,9 +1,9 @@
 """Exact-token capture: every completion served is recorded under its id and its rollout id.
 
-Eviction rule (memory stays bounded): a record is kept until (1) the trainer consumes its
-rollout (`pop_rollout`), or (2) it is older than `ttl_seconds` (default 1 hour; checked on
-every read and write, so an expired record never lingers), or (3) the store holds more than
-`max_records` completions (default 20,000) or more than `max_bytes` of records (default 512 MiB,
+Eviction rule (memory stays bounded): a record is kept until (1) its rollout is discarded
+(`discard_rollout`: a failed rollout), or (2) it is older than `ttl_seconds` (default 1
+hour; checked on every read and write, so an expired record never lingers), or (3) the store
+holds more than `max_records` completions (default 20,000) or more than `max_bytes` of records (default 512 MiB,
 estimated when each is added). Under (3) the records a trainer may still need go last: first
 the oldest records without a rollout id or already used by a train step (`release`), and only
 when none is left the oldest records of rollouts not yet trained; so other requests, however
@@ -133,12 +133,6 @@ class CompletionRecords:
         """Why a recent record is no longer stored (None: never stored here, or long ago)."""
         with self._lock:
             return self._evicted.get(completion_id)
-
-    def pop_rollout(self, rollout_id: str) -> list[dict[str, Any]]:
-        """Hand a rollout's records to the trainer and forget them (not counted as evictions)."""
-        with self._lock:
-            ids = self._by_rollout.pop(rollout_id, [])
-            return [self._forget_locked(i) for i in ids if i in self._records]
 
     def discard_rollout(self, rollout_id: str) -> list[dict[str, Any]]:
         """Forget a failed rollout's records, and any that arrive for it later (a request the

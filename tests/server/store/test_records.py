@@ -41,14 +41,6 @@ def test_ttl_evicts_old_records_and_counts():
     assert records.evictions == 1
 
 
-def test_pop_rollout_hands_records_over_once_without_counting_evictions():
-    records = CompletionRecords()
-    records.add(record("a", "r"))
-    assert [r["id"] for r in records.pop_rollout("r")] == ["a"]
-    assert records.pop_rollout("r") == [] and records.get("a") is None
-    assert records.evictions == 0
-
-
 @pytest.mark.parametrize("good", ["r1", "run-3.step_2:group-4", "A" * 128])
 def test_valid_rollout_ids(good):
     assert validate_rollout_id(good) == good
@@ -75,11 +67,11 @@ def big_record(completion_id: str, rollout_id: str | None = None, size: int = 10
     return {**record(completion_id, rollout_id), "request": {"metadata": "m" * size}}
 
 
-def test_records_are_counted_in_bytes_and_released_when_handed_over():
+def test_records_are_counted_in_bytes_and_released_when_discarded():
     records = CompletionRecords()
     records.add(big_record("a", "r", size=100_000))
     assert records.bytes >= 100_000 and records.bytes == estimated_bytes(records.get("a"))
-    records.pop_rollout("r")
+    records.discard_rollout("r")
     assert records.bytes == 0
 
 
