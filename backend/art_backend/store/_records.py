@@ -3,8 +3,8 @@
 Eviction rule (memory stays bounded): a record is kept until (1) its rollout is discarded
 (`discard_rollout`: a failed rollout), or (2) it is older than `ttl_seconds` (default 1
 hour; checked on every read and write, so an expired record never lingers), or (3) the store
-holds more than `max_records` completions (default 20,000) or more than `max_bytes` of records (default 512 MiB,
-estimated when each is added). Under (3) the records a trainer may still need go last: first
+holds more than `max_records` completions (default 20,000) or more than `max_bytes` of records
+(default 512 MiB, estimated when each is added). Under (3) the records a trainer may still need go last: first
 the oldest records without a rollout id or already used by a train step (`release`), and only
 when none is left the oldest records of rollouts not yet trained; so other requests, however
 large, never evict a rollout waiting for its train step. A record larger than `max_bytes` alone
