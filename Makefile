@@ -21,7 +21,7 @@ pinned = -c $(1)
 locked_by = $(1)
 endif
 
-.PHONY: demo test test-busy test-slow test-vllm vllm-env bench lint format clean chromium lock docs
+.PHONY: demo test test-busy test-slow test-vllm vllm-env bench lint format clean chromium lock docs layout-doc
 
 # torch goes in first, pinned, so that no later install resolves a multi-GB CUDA build.
 $(VENV)/.installed: pyproject.toml $(call locked_by,$(LOCK))
@@ -88,6 +88,10 @@ bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/ruler_prompt.py
 	$(PY) benchmarks/langgraph_overhead.py
 	$(PY) benchmarks/mcp_rollouts.py
+
+# docs/layout.md's map of the library, made from each module's docstring (a test fails when stale).
+layout-doc: $(VENV)/.installed
+	$(PY) -m tests.support.layout_doc
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix .
