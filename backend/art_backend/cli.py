@@ -29,19 +29,15 @@ from art_backend.engines._chat_templates import (
     no_template_message,
     read_chat_template,
 )
-from art_backend.engines._choice import (
+from art_backend.engines._engine_choice import (
     ENGINE_CHOICES,
-    VllmOptions,
-    health_probe,
-    parse_threads,
     pick_engine,
-    replica_count,
-    thread_governor,
-    torch_replicas,
-    vllm_replicas,
     wait_passively_beside_vllm,
 )
+from art_backend.engines._replica_setup import health_probe, replica_count, torch_replicas
 from art_backend.engines._replicas import ROUTINGS, Probe, replica_set
+from art_backend.engines._thread_settings import parse_threads, thread_governor
+from art_backend.engines._vllm_options import VllmOptions, vllm_replicas
 from art_core.names import base_model_aliases, is_served_name
 
 if TYPE_CHECKING:

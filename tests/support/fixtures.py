@@ -64,7 +64,7 @@ def engine_options(request: pytest.FixtureRequest, test_engine: str) -> dict:
     """What a test server is built with to run on the session's engine."""
     if test_engine != "vllm":
         return {}
-    from art_backend.engines._choice import VllmOptions
+    from art_backend.engines._vllm_options import VllmOptions
 
     return {"engine": "vllm", "vllm": VllmOptions(url=request.getfixturevalue("vllm_url"))}
 

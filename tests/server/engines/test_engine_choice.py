@@ -13,8 +13,8 @@ import sys
 import llguidance
 import pytest
 
-from art_backend.engines._choice import pick_engine
 from art_backend.engines._constrained import GrammarCompiler, lark_text
+from art_backend.engines._engine_choice import pick_engine
 from art_backend.engines._vllm_engine import _top_list
 from art_backend.testing import VllmSettings, find_vllm_python
 from tests.support.processes import art_server_refusal
@@ -66,7 +66,7 @@ def test_the_torch_path_never_imports_vllm(tiny_model_dir, tmp_path):
 def test_beside_vllm_on_a_cpu_our_trainer_waits_passively_unless_told_otherwise(monkeypatch):
     """vLLM's CPU build polls a core between requests; spinning trainer threads beside it
     trained a step in 7.1 s against 3.6 s passive (wait_passively_beside_vllm)."""
-    from art_backend.engines import _choice
+    from art_backend.engines import _engine_choice as _choice
 
     monkeypatch.setattr(_choice, "_OPENMP_SET_HERE", set())
     for engine, device in [("torch", "cpu"), ("auto", "cpu"), ("vllm", "cuda")]:

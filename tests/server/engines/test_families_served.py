@@ -17,7 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 import art_core as art
-from art_backend.engines._choice import VllmOptions
+from art_backend.engines._vllm_options import VllmOptions
 from tests.support.adapters import load_model
 from tests.support.models import fresh_model
 from tests.support.rollouts import groups_for, varied_group

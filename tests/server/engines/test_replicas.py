@@ -257,7 +257,8 @@ def test_the_last_replica_out_fails_the_server(tiny_model_dir: Path, tmp_path: P
 
 
 def test_replicas_flags_are_checked_before_anything_loads():
-    from art_backend.engines._choice import VllmOptions, replica_count
+    from art_backend.engines._replica_setup import replica_count
+    from art_backend.engines._vllm_options import VllmOptions
 
     assert replica_count(2, "torch", VllmOptions()) == 2
     assert replica_count(1, "vllm", VllmOptions(url="a", replica_urls=["b"])) == 2

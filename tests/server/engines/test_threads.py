@@ -19,7 +19,7 @@ import httpx
 import pytest
 import torch
 
-from art_backend.engines._choice import parse_threads, thread_governor
+from art_backend.engines._thread_settings import parse_threads, thread_governor
 from art_backend.engines._threads import ThreadGovernor, _cpu_ticks, _process_ticks
 from art_backend.testing import InvalidRequestError
 from tests.support.processes import art_server_refusal

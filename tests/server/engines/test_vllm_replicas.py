@@ -63,7 +63,7 @@ def replicated(
     vllm_url: str,
     second_vllm: Any,
 ) -> Iterator[RunningServer]:
-    from art_backend.engines._choice import VllmOptions
+    from art_backend.engines._vllm_options import VllmOptions
 
     vllm = VllmOptions(url=vllm_url, replica_urls=[second_vllm.base_url])
     path = tmp_path_factory.mktemp("art-vllm-replicas")
