@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from art_backend._errors import BackendError, InvalidRequestError, ResponseNotFoundError
-from art_backend._limits import parse_json_object
-from art_backend.serving._chat import ChatService
-from art_backend.serving._responses_output import (
+from art_backend.serving._request import parse_request
+from art_backend.serving._translation import translated_events, translated_request
+from art_backend.serving.chat._schemas import ChatCompletionRequest
+from art_backend.serving.chat._service import ChatService
+from art_backend.serving.responses._output import (
     EventWriter,
     assistant_message,
     new_id,
@@ -39,14 +41,12 @@ from art_backend.serving._responses_output import (
     response_status,
     response_usage,
 )
-from art_backend.serving._responses_schemas import (
+from art_backend.serving.responses._schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
     ResponseCreateRequest,
     ToolChoiceFunction,
 )
-from art_backend.serving._schemas import ChatCompletionRequest
-from art_backend.serving._translated import chat_chunks, translated_request
 from art_backend.store._records import estimated_bytes
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -146,7 +146,7 @@ class ResponsesService:
     @staticmethod
     def parse(body: bytes) -> ResponseCreateRequest:
         """Validate a request body (a 400 naming the field when it is wrong)."""
-        return ResponseCreateRequest.model_validate(parse_json_object(body)).came_in(len(body))
+        return parse_request(ResponseCreateRequest, body)
 
     # ------------------------------------------------------------------------------- requests
 
@@ -287,7 +287,7 @@ class ResponsesService:
 
     # ------------------------------------------------------------------------------ streaming
 
-    async def _events(
+    def _events(
         self,
         request: ResponseCreateRequest,
         earlier: list[dict[str, Any]],
@@ -295,22 +295,14 @@ class ResponsesService:
         lines: AsyncIterator[str],
     ) -> AsyncIterator[str]:
         writer = EventWriter(request)
-        try:
-            async for chunk in chat_chunks(lines):
-                if "error" in chunk:
-                    yield writer.failed(chunk["error"].get("message", "generation failed"))
-                    return
-                for event in writer.chunk(chunk):
-                    yield event
+
+        async def finish() -> list[str]:
             body = writer.body()
             # Stored before the last event, so a client that continues it at once finds it.
             await self._keep(request, body, earlier, [*new, assistant_message(writer.message)])
-            yield writer.finish(body)
-        finally:
-            # Closing the chat stream cancels the generation when the client went away.
-            close = getattr(lines, "aclose", None)
-            if close is not None:
-                await close()
+            return [writer.finish(body)]
+
+        return translated_events(lines, writer, finish)
 
 
 # ---------------------------------------------------------------------------------- helpers

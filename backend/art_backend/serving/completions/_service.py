@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from art_backend._errors import ContextLengthError, InvalidRequestError
-from art_backend._limits import parse_json_object
 from art_backend.engines._engine import FinishEvent, GenerationRequest, TokenEvent
-from art_backend.serving._chat import ChatService, _raise_if_failed, sse_error, sse_json
-from art_backend.serving._completions_schemas import CompletionRequest
+from art_backend.serving._request import parse_request
 from art_backend.serving._sampling_params import sampling_params
+from art_backend.serving._sse import sse_error, sse_json
+from art_backend.serving.chat._service import ChatService, raise_if_failed
+from art_backend.serving.completions._schemas import CompletionRequest
 
 Finished = dict[tuple[int, int], FinishEvent]  # (prompt number, choice of that prompt) -> event
 
@@ -52,7 +53,7 @@ class CompletionsService:
 
     def parse(self, body: bytes) -> CompletionRequest:
         """The request in a body, validated (a 400 naming the field otherwise)."""
-        return CompletionRequest.model_validate(parse_json_object(body)).came_in(len(body))
+        return parse_request(CompletionRequest, body)
 
     # ---------------------------------------------------------------------------------- prepare
 
@@ -168,7 +169,7 @@ class CompletionsService:
             raise
         finally:
             events.close()
-        _raise_if_failed(finished.values())
+        raise_if_failed(finished.values())
         completion_id, created = _new_id(), int(time.time())
         body = self._body(completion_id, created, request, prepared, finished)
         record = (completion_id, created, request, prepared, finished, rollout_id, started_at)

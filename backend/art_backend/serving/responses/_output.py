@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from art_backend.serving._chat import sse_json
-from art_backend.serving._responses_schemas import ResponseCreateRequest, ToolChoiceFunction
+from art_backend.serving._sse import sse_json
+from art_backend.serving.responses._schemas import ResponseCreateRequest, ToolChoiceFunction
 
 
 class EventWriter:

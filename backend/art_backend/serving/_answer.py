@@ -1,0 +1,89 @@
+"""How every generation route answers (chat completions, completions, responses, messages): the
+body read and parsed (off the event loop when large, so other clients do not stall), then the
+answer streamed as server-sent events or given once, cancelled when the client goes away.
+
+Generation routes read their body themselves (to bound its size and parse it off the loop);
+`body_description` writes the body they validate into the API description.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
+
+from art_backend.serving._request import inline_json_schema
+from art_backend.store._records import validate_rollout_id
+
+DISCONNECT_POLL_SECONDS = 0.5
+PARSE_ON_LOOP_MAX_BYTES = 256 * 1024  # larger bodies are parsed on a worker thread
+
+RequestT = TypeVar("RequestT")
+
+
+async def parsed_request(
+    raw: Request, rollout_id: str | None, parse: Callable[[bytes], RequestT]
+) -> tuple[str | None, RequestT]:
+    """The rollout id (the rollout-scoped URL wins over the header, both validated) and the body
+    parsed by `parse`; megabytes are parsed off the event loop so other clients do not stall."""
+    rollout_id = rollout_id or raw.headers.get("x-rollout-id")
+    if rollout_id is not None:
+        validate_rollout_id(rollout_id)
+    body = await raw.body()
+    if len(body) > PARSE_ON_LOOP_MAX_BYTES:
+        return rollout_id, await asyncio.to_thread(parse, body)
+    return rollout_id, parse(body)
+
+
+async def answer(
+    raw: Request,
+    rollout_id: str | None,
+    parse: Callable[[bytes], Any],
+    stream: Callable[[Any, str | None], Awaitable[AsyncIterator[str]]],
+    complete: Callable[[Any, str | None], Coroutine[Any, Any, Any]],
+) -> Any:
+    """One generation route (chat completions, responses, messages): parse the body, then
+    stream it as server-sent events or answer once, cancelled if the client goes away."""
+    rollout_id, request = await parsed_request(raw, rollout_id, parse)
+    if request.stream:
+        events = await stream(request, rollout_id)
+        return StreamingResponse(events, media_type="text/event-stream")
+    return await unless_disconnected(raw, complete(request, rollout_id))
+
+
+async def unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> Any:
+    """Await `work`, cancelling it (and so its rows in the engine) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+        if done:
+            return task.result()
+        if await raw.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The API description of a JSON body a route reads itself and validates with `model`."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": inline_json_schema(model)}},
+        }
+    }
+
+
+def body_description(model: type[BaseModel]) -> dict[str, Any]:
+    """The API description of a generation route that reads its body itself: the JSON body it
+    validates with `model`, and its answer streamed as server-sent events when asked."""
+    return {
+        **request_body(model),
+        "responses": {"200": {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+    }
