@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
@@ -68,6 +68,34 @@ async def unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> A
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
+
+def add_generation_routes(
+    router: APIRouter,
+    path: str,
+    create: Callable[[Request, str | None], Awaitable[Any]],
+    *,
+    names: tuple[str, str],
+    openapi_extra: dict[str, Any] | None = None,
+) -> None:
+    """POST `path` and the same under a rollout-scoped base URL (`/rollouts/{rollout_id}` before
+    it), both answered by `create(raw, rollout_id)`; `names` are the two routes' (the API
+    description's operations)."""
+
+    # No return annotation: FastAPI would describe the answer by it.
+    async def plain(raw: Request):
+        return await create(raw, None)
+
+    async def in_rollout(rollout_id: str, raw: Request):
+        return await create(raw, rollout_id)
+
+    for route_path, endpoint, name in (
+        (path, plain, names[0]),
+        (f"/rollouts/{{rollout_id}}{path}", in_rollout, names[1]),
+    ):
+        router.add_api_route(
+            route_path, endpoint, methods=["POST"], name=name, openapi_extra=openapi_extra
+        )
 
 
 def request_body(model: type[BaseModel]) -> dict[str, Any]:

@@ -116,7 +116,7 @@ def refuse_deferred_loading() -> Any:
     return field_validator("defer_loading")(_loaded_now)
 
 
-def check_tool_choice(choice: Any, tool_names: Iterable[str], *, named: str | None) -> None:
+def check_tool_choice(choice: Any, tool_names: Iterable[str], *, named: str | None = None) -> None:
     """A `tool_choice` other than none/auto needs `tools`, and the tool it names (`named`) must
     be one of them; a ValueError saying which otherwise."""
     tool_names = set(tool_names)

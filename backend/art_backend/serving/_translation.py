@@ -3,13 +3,14 @@ each one builds, and the chat stream each reads back and writes again as its own
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from art_backend._errors import InvalidRequestError
+from art_backend._errors import BackendError, InvalidRequestError
 from art_backend.serving.chat._schemas import ChatCompletionRequest
 
 
@@ -37,6 +38,20 @@ def translated_request(
             f"The request cannot be served: {first.get('msg')} (at {first.get('loc')}).",
             param=param,
         ) from error
+
+
+@contextlib.contextmanager
+def in_caller_terms(params: dict[str, str], words: dict[str, str]) -> Iterator[None]:
+    """Errors from the chat layer name the fields the caller actually sent: the field an error
+    names is renamed by `params`, each chat name in its message by `words` (in that order)."""
+    try:
+        yield
+    except BackendError as error:
+        error.param = params.get(error.param or "", error.param)
+        for chat_name, caller_name in words.items():
+            error.message = error.message.replace(chat_name, caller_name)
+        error.args = (error.message,)
+        raise
 
 
 async def chat_chunks(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, Request
 
-from art_backend.serving._answer import answer
+from art_backend.serving._answer import add_generation_routes, answer
 from art_backend.serving._request import parse_request
 from art_backend.serving.chat._schemas import ChatCompletionRequest
 from art_backend.serving.chat._service import ChatService
@@ -15,17 +15,11 @@ def attach_chat_routes(app: FastAPI | APIRouter, service: ChatService) -> None:
     """Add the chat completion routes, served by `service`, to `app`."""
     router = APIRouter()
 
-    async def chat_completions(raw: Request, rollout_id: str | None = None):
+    async def chat_completions(raw: Request, rollout_id: str | None):
         return await answer(raw, rollout_id, _parse, service.stream, service.complete)
 
-    @router.post("/v1/chat/completions")
-    async def create_chat_completion(raw: Request):
-        return await chat_completions(raw)
-
-    @router.post("/rollouts/{rollout_id}/v1/chat/completions")
-    async def create_rollout_chat_completion(rollout_id: str, raw: Request):
-        return await chat_completions(raw, rollout_id)
-
+    names = ("create_chat_completion", "create_rollout_chat_completion")
+    add_generation_routes(router, "/v1/chat/completions", chat_completions, names=names)
     app.include_router(router)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, Request
 
-from art_backend.serving._answer import answer, body_description
+from art_backend.serving._answer import add_generation_routes, answer, body_description
 from art_backend.serving.chat._service import ChatService
 from art_backend.serving.completions._schemas import CompletionRequest
 from art_backend.serving.completions._service import CompletionsService
@@ -15,18 +15,16 @@ def attach_completion_routes(app: FastAPI | APIRouter, service: ChatService) -> 
     """Add the completion routes, served with `service`'s engine and records, to `app`."""
     router = APIRouter()
     completions = CompletionsService(service)
-    completion_body = body_description(CompletionRequest)
 
-    async def create_completion(raw: Request, rollout_id: str | None = None):
+    async def create_completion(raw: Request, rollout_id: str | None):
         parse, stream, complete = completions.parse, completions.stream, completions.complete
         return await answer(raw, rollout_id, parse, stream, complete)
 
-    @router.post("/v1/completions", openapi_extra=completion_body)
-    async def create_plain_completion(raw: Request):
-        return await create_completion(raw)
-
-    @router.post("/rollouts/{rollout_id}/v1/completions", openapi_extra=completion_body)
-    async def create_rollout_completion(rollout_id: str, raw: Request):
-        return await create_completion(raw, rollout_id)
-
+    add_generation_routes(
+        router,
+        "/v1/completions",
+        create_completion,
+        names=("create_plain_completion", "create_rollout_completion"),
+        openapi_extra=body_description(CompletionRequest),
+    )
     app.include_router(router)

@@ -45,6 +45,18 @@ class PreparedCompletion:
     echoed: list[str]  # per prompt: its text when `echo`, else ""
 
 
+@dataclass
+class _Answered:
+    """A request the engine finished: the answer's id and time, the request, its prompts and
+    each choice's finish event (what the answer and its record are both written from)."""
+
+    completion_id: str
+    created: int
+    request: CompletionRequest
+    prepared: PreparedCompletion
+    finished: Finished
+
+
 class CompletionsService:
     """Serves POST /v1/completions with the chat service's engine, names, records and workers."""
 
@@ -170,20 +182,18 @@ class CompletionsService:
         finally:
             events.close()
         raise_if_failed(finished.values())
-        completion_id, created = _new_id(), int(time.time())
-        body = self._body(completion_id, created, request, prepared, finished)
-        record = (completion_id, created, request, prepared, finished, rollout_id, started_at)
-        await self.chat._off_loop(request, self._record, *record)
+        answered = _Answered(_new_id(), int(time.time()), request, prepared, finished)
+        body = self._body(answered)
+        await self.chat._off_loop(request, self._record, answered, rollout_id, started_at)
         return body
 
-    def _body(
-        self,
-        completion_id: str,
-        created: int,
-        request: CompletionRequest,
-        prepared: PreparedCompletion,
-        finished: Finished,
-    ) -> dict[str, Any]:
+    def _body(self, answered: _Answered) -> dict[str, Any]:
+        completion_id, request, prepared = (
+            answered.completion_id,
+            answered.request,
+            answered.prepared,
+        )
+        finished = answered.finished
         choices = []
         for index, number, event, own_prompt in _choice_events(request, prepared, finished):
             logprobs = None
@@ -204,7 +214,7 @@ class CompletionsService:
         return {
             "id": completion_id,
             "object": "text_completion",
-            "created": created,
+            "created": answered.created,
             "model": _answering_model(request, prepared),
             "choices": choices,
             "usage": _usage(prepared, finished),
@@ -311,8 +321,8 @@ class CompletionsService:
                 event.finish_reason not in ("error", "cancelled") for event in finished.values()
             ):
                 # Recorded before [DONE], so a client that reads the rollout next finds it.
-                record = (completion_id, created, request, prepared, finished, rollout_id)
-                await self.chat._off_loop(request, self._record, *record, started_at)
+                answered = _Answered(completion_id, created, request, prepared, finished)
+                await self.chat._off_loop(request, self._record, answered, rollout_id, started_at)
             if request.stream_options and request.stream_options.include_usage:
                 yield chunk([], usage=_usage(prepared, finished))
             yield "data: [DONE]\n\n"
@@ -324,16 +334,8 @@ class CompletionsService:
 
     # ---------------------------------------------------------------------------------- records
 
-    def _record(
-        self,
-        completion_id: str,
-        created: int,
-        request: CompletionRequest,
-        prepared: PreparedCompletion,
-        finished: Finished,
-        rollout_id: str | None,
-        started_at: float,
-    ) -> None:
+    def _record(self, answered: _Answered, rollout_id: str | None, started_at: float) -> None:
+        request, prepared, finished = answered.request, answered.prepared, answered.finished
         choices = [
             {
                 "index": index,
@@ -347,11 +349,11 @@ class CompletionsService:
         ]
         self.chat.records.add(
             {
-                "id": completion_id,
+                "id": answered.completion_id,
                 "object": "text_completion",
                 "started_at": started_at,
                 "recorded_at": time.time(),
-                "created": created,
+                "created": answered.created,
                 "rollout_id": rollout_id,
                 "model": _answering_model(request, prepared),
                 "request": request.model_dump(exclude_none=True),

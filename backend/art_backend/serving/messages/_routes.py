@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, Request
 
-from art_backend.serving._answer import answer, body_description, parsed_request, request_body
+from art_backend.serving._answer import (
+    add_generation_routes,
+    answer,
+    body_description,
+    parsed_request,
+    request_body,
+)
 from art_backend.serving.chat._service import ChatService
 from art_backend.serving.messages._schemas import CountTokensRequest, MessageCreateRequest
 from art_backend.serving.messages._service import MessagesService, in_anthropic_shape
@@ -16,32 +22,27 @@ def attach_message_routes(app: FastAPI | APIRouter, service: ChatService) -> Non
     router = APIRouter()
     # Anthropic's Messages API, translated onto chat completions; errors in Anthropic's shape.
     messages = MessagesService(service)
-    body_described = body_description(MessageCreateRequest)
 
-    async def create_message(raw: Request, rollout_id: str | None = None):
+    async def create_message(raw: Request, rollout_id: str | None):
         work = answer(raw, rollout_id, messages.parse, messages.stream, messages.create)
         return await in_anthropic_shape(work)
 
-    @router.post("/v1/messages", openapi_extra=body_described)
-    async def create_plain_message(raw: Request):
-        return await create_message(raw)
-
-    @router.post("/rollouts/{rollout_id}/v1/messages", openapi_extra=body_described)
-    async def create_rollout_message(rollout_id: str, raw: Request):
-        return await create_message(raw, rollout_id)
-
-    count_description = request_body(CountTokensRequest)
-
-    async def count_message_tokens(raw: Request):
+    async def count_tokens(raw: Request, rollout_id: str | None):
         _, request = await parsed_request(raw, None, messages.parse_count)
         return await messages.count_tokens(request)
 
-    @router.post("/v1/messages/count_tokens", openapi_extra=count_description)
-    async def count_tokens(raw: Request):
-        return await in_anthropic_shape(count_message_tokens(raw))
-
-    @router.post("/rollouts/{rollout_id}/v1/messages/count_tokens", openapi_extra=count_description)
-    async def count_rollout_tokens(rollout_id: str, raw: Request):
-        return await in_anthropic_shape(count_message_tokens(raw))
-
+    add_generation_routes(
+        router,
+        "/v1/messages",
+        create_message,
+        names=("create_plain_message", "create_rollout_message"),
+        openapi_extra=body_description(MessageCreateRequest),
+    )
+    add_generation_routes(
+        router,
+        "/v1/messages/count_tokens",
+        lambda raw, rollout_id: in_anthropic_shape(count_tokens(raw, rollout_id)),
+        names=("count_tokens", "count_rollout_tokens"),
+        openapi_extra=request_body(CountTokensRequest),
+    )
     app.include_router(router)

@@ -15,9 +15,8 @@ The Anthropic SDKs append `/v1/messages` to their base URL: give them the server
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi.responses import Response
@@ -25,7 +24,11 @@ from pydantic import ValidationError
 
 from art_backend._errors import BackendError
 from art_backend.serving._request import parse_request
-from art_backend.serving._translation import translated_events, translated_request
+from art_backend.serving._translation import (
+    in_caller_terms,
+    translated_events,
+    translated_request,
+)
 from art_backend.serving.chat._schemas import ChatCompletionRequest
 from art_backend.serving.chat._service import ChatService
 from art_backend.serving.messages._output import (
@@ -48,6 +51,7 @@ from art_backend.serving.messages._schemas import (
 
 # Chat names in errors raised below the translation, and the Messages names a caller sent.
 _MESSAGES_TERMS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences"}
+_MESSAGES_WORDS = {"max_completion_tokens": "max_tokens"}  # "stop" is a plain word in messages
 OPENAI_STOP_LIMIT = 4  # the chat schema's bound; Anthropic allows more, set after validation
 
 
@@ -65,7 +69,7 @@ class MessagesService:
     async def create(self, request: MessageCreateRequest, rollout_id: str | None) -> dict:
         """Run a non-streaming request to the end and return the Message object."""
         chat_request = chat_request_for(request, stream=False)
-        with _in_messages_terms():
+        with in_caller_terms(_MESSAGES_TERMS, _MESSAGES_WORDS):
             chat_body = await self.chat.complete(chat_request, rollout_id)
         choice = chat_body["choices"][0]
         stop_sequence = self._stop_sequence(request, choice["finish_reason"], choice["token_ids"])
@@ -87,7 +91,7 @@ class MessagesService:
     ) -> AsyncIterator[str]:
         """Prepare eagerly (so bad input fails before streaming), then yield Anthropic events."""
         chat_request = chat_request_for(request, stream=True)
-        with _in_messages_terms():
+        with in_caller_terms(_MESSAGES_TERMS, _MESSAGES_WORDS):
             lines = await self.chat.stream(chat_request, rollout_id)
         return self._events(request, lines)
 
@@ -99,7 +103,7 @@ class MessagesService:
     async def count_tokens(self, request: CountTokensRequest) -> dict[str, int]:
         """POST /v1/messages/count_tokens: the prompt's length as the model's template renders it."""
         chat_request = chat_request_for(request, stream=False)
-        with _in_messages_terms():
+        with in_caller_terms(_MESSAGES_TERMS, _MESSAGES_WORDS):
             generation, _ = await asyncio.to_thread(self.chat.prepare, chat_request)
         return {"input_tokens": len(generation.prompt_ids)}
 
@@ -205,18 +209,6 @@ def _tool_call(block: ToolUseBlock) -> dict[str, Any]:
             "arguments": json.dumps(block.input, ensure_ascii=False),
         },
     }
-
-
-@contextlib.contextmanager
-def _in_messages_terms() -> Iterator[None]:
-    """Errors from the chat layer name the Messages fields the caller actually sent."""
-    try:
-        yield
-    except BackendError as error:
-        error.param = _MESSAGES_TERMS.get(error.param or "", error.param)
-        error.message = error.message.replace("max_completion_tokens", "max_tokens")
-        error.args = (error.message,)
-        raise
 
 
 async def in_anthropic_shape(work: Awaitable[Any]) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, Request
 
-from art_backend.serving._answer import answer
+from art_backend.serving._answer import add_generation_routes, answer
 from art_backend.serving.chat._service import ChatService
 from art_backend.serving.responses._service import ResponsesService
 
@@ -16,16 +16,11 @@ def attach_response_routes(app: FastAPI | APIRouter, service: ChatService) -> No
     # The Responses API, translated onto chat completions (records, tools, engines unchanged).
     responses = ResponsesService(service)
 
-    async def create_response(raw: Request, rollout_id: str | None = None):
+    async def create_response(raw: Request, rollout_id: str | None):
         return await answer(raw, rollout_id, responses.parse, responses.stream, responses.create)
 
-    @router.post("/v1/responses")
-    async def create_plain_response(raw: Request):
-        return await create_response(raw)
-
-    @router.post("/rollouts/{rollout_id}/v1/responses")
-    async def create_rollout_response(rollout_id: str, raw: Request):
-        return await create_response(raw, rollout_id)
+    names = ("create_plain_response", "create_rollout_response")
+    add_generation_routes(router, "/v1/responses", create_response, names=names)
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(response_id: str):

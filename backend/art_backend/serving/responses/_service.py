@@ -19,17 +19,20 @@ store is bounded like the completion records: at most `max_records` responses, n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from art_backend._errors import BackendError, InvalidRequestError, ResponseNotFoundError
+from art_backend._errors import InvalidRequestError, ResponseNotFoundError
 from art_backend.serving._request import parse_request
-from art_backend.serving._translation import translated_events, translated_request
+from art_backend.serving._translation import (
+    in_caller_terms,
+    translated_events,
+    translated_request,
+)
 from art_backend.serving.chat._schemas import ChatCompletionRequest
 from art_backend.serving.chat._service import ChatService
 from art_backend.serving.responses._output import (
@@ -57,6 +60,8 @@ _RESPONSES_TERMS = {
     "response_format": "text.format",
     "messages": "input",
 }
+# Those renamed in an error's text: all but "messages", a plain word there ("shorten the messages").
+_RESPONSES_WORDS = {k: v for k, v in _RESPONSES_TERMS.items() if k != "messages"}
 
 
 @dataclass
@@ -155,7 +160,7 @@ class ResponsesService:
         earlier, new = self._conversation(request)
         chat_request = self._chat_request(request, [*earlier, *new], stream=False)
         started_at = int(time.time())
-        with _in_responses_terms():
+        with in_caller_terms(_RESPONSES_TERMS, _RESPONSES_WORDS):
             chat_body = await self.chat.complete(chat_request, rollout_id)
         choice = chat_body["choices"][0]
         message = choice["message"]
@@ -180,7 +185,7 @@ class ResponsesService:
         """Prepare eagerly (so bad input fails before streaming), then yield Responses events."""
         earlier, new = self._conversation(request)
         chat_request = self._chat_request(request, [*earlier, *new], stream=True)
-        with _in_responses_terms():
+        with in_caller_terms(_RESPONSES_TERMS, _RESPONSES_WORDS):
             lines = await self.chat.stream(chat_request, rollout_id)
         return self._events(request, earlier, new, lines)
 
@@ -342,17 +347,3 @@ def _response_format(request: ResponseCreateRequest) -> dict[str, Any] | None:
     if text_format.description is not None:
         json_schema["description"] = text_format.description
     return {"type": "json_schema", "json_schema": json_schema}
-
-
-@contextlib.contextmanager
-def _in_responses_terms() -> Iterator[None]:
-    """Errors from the chat layer name the Responses fields the caller actually sent."""
-    try:
-        yield
-    except BackendError as error:
-        error.param = _RESPONSES_TERMS.get(error.param or "", error.param)
-        for chat_name, responses_name in _RESPONSES_TERMS.items():
-            if chat_name != "messages":  # a plain word in messages ("shorten the messages")
-                error.message = error.message.replace(chat_name, responses_name)
-        error.args = (error.message,)
-        raise
