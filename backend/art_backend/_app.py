@@ -78,15 +78,11 @@ def create_app(
     app.add_middleware(HostGuardMiddleware, allowed_hosts=allowed_hosts or [])
     _register_error_handlers(app)
 
-    # Each protocol attaches its routes; the stored records' come after chat's, as described.
-    for attach in (
-        attach_chat_routes,
-        attach_record_routes,
-        attach_completion_routes,
-        attach_response_routes,
-        attach_message_routes,
-    ):
-        attach(app, service)
+    attach_chat_routes(app, service)  # each protocol attaches its routes, in the described order
+    attach_record_routes(app, service)
+    attach_completion_routes(app, service)
+    attach_response_routes(app, service)
+    attach_message_routes(app, service)
     attach_model_routes(app, service, art_path or Path(".art"))
     if training is not None:
         app.include_router(training_router(training))

@@ -17,7 +17,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from art_backend.serving._request import inline_json_schema
 from art_backend.store._records import validate_rollout_id
 
 DISCONNECT_POLL_SECONDS = 0.5
@@ -103,7 +102,7 @@ def request_body(model: type[BaseModel]) -> dict[str, Any]:
     return {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": inline_json_schema(model)}},
+            "content": {"application/json": {"schema": _inline_json_schema(model)}},
         }
     }
 
@@ -115,3 +114,23 @@ def body_description(model: type[BaseModel]) -> dict[str, Any]:
         **request_body(model),
         "responses": {"200": {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
     }
+
+
+def _inline_json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with its `$defs` written in place: a request body for an
+    OpenAPI operation that needs no entry under `components` (the schemas here do not recurse)."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            reference = node.get("$ref")
+            if isinstance(reference, str) and reference.startswith("#/$defs/"):
+                found = definitions[reference.removeprefix("#/$defs/")]
+                return inline({**found, **{k: v for k, v in node.items() if k != "$ref"}})
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return inline(schema)

@@ -157,23 +157,3 @@ def parse_request(model: type[RequestT], body: bytes) -> RequestT:
     """A request body validated by `model` (a 400 naming the field when it is wrong), knowing
     its size."""
     return model.model_validate(parse_json_object(body)).came_in(len(body))
-
-
-def inline_json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The model's JSON schema with its `$defs` written in place: a request body for an
-    OpenAPI operation that needs no entry under `components` (the schemas here do not recurse)."""
-    schema = model.model_json_schema()
-    definitions = schema.pop("$defs", {})
-
-    def inline(node: Any) -> Any:
-        if isinstance(node, dict):
-            reference = node.get("$ref")
-            if isinstance(reference, str) and reference.startswith("#/$defs/"):
-                found = definitions[reference.removeprefix("#/$defs/")]
-                return inline({**found, **{k: v for k, v in node.items() if k != "$ref"}})
-            return {key: inline(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [inline(item) for item in node]
-        return node
-
-    return inline(schema)
