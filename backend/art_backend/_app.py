@@ -28,8 +28,13 @@ from art_backend._limits import (
 from art_backend._openapi import describe_api
 from art_backend._unicode import TolerantJSONResponse
 from art_backend.review._app import create_review_app
-from art_backend.serving._chat import ChatService
-from art_backend.serving._routes import serving_router
+from art_backend.serving._models_routes import attach_model_routes
+from art_backend.serving._records_routes import attach_record_routes
+from art_backend.serving.chat import attach_chat_routes
+from art_backend.serving.chat._service import ChatService
+from art_backend.serving.completions import attach_completion_routes
+from art_backend.serving.messages import attach_message_routes
+from art_backend.serving.responses import attach_response_routes
 from art_backend.training._routes import training_router
 from art_backend.training._service import TrainingService
 
@@ -73,7 +78,12 @@ def create_app(
     app.add_middleware(HostGuardMiddleware, allowed_hosts=allowed_hosts or [])
     _register_error_handlers(app)
 
-    app.include_router(serving_router(service, art_path or Path(".art")))
+    attach_chat_routes(app, service)  # each protocol attaches its routes, in the described order
+    attach_record_routes(app, service)
+    attach_completion_routes(app, service)
+    attach_response_routes(app, service)
+    attach_message_routes(app, service)
+    attach_model_routes(app, service, art_path or Path(".art"))
     if training is not None:
         app.include_router(training_router(training))
 

@@ -21,8 +21,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from art_backend.serving._responses_schemas import ResponseCreateRequest
-from art_backend.serving._schemas import ChatCompletionRequest
+from art_backend.serving.chat._schemas import ChatCompletionRequest
+from art_backend.serving.responses._schemas import ResponseCreateRequest
 
 # Routes that validate their raw JSON body themselves: path -> the schema of that body.
 BODY_SCHEMAS: dict[str, type[BaseModel]] = {

@@ -81,7 +81,7 @@ def build_app(
     from art_backend.engines._loading import load_model
     from art_backend.engines._torch_engine import TorchEngine
     from art_backend.engines._vllm_process import find_vllm_python
-    from art_backend.serving._chat import ChatService
+    from art_backend.serving.chat._service import ChatService
     from art_backend.store._records import CompletionRecords
     from art_backend.training._service import TrainingService
 

@@ -5,7 +5,8 @@ model's layers (then the model stays changed). So every folder the server loads 
 first, torch-cheaply: adapter_config.json (a LoRA, a rank, target modules that name modules of
 this model), the safetensors weights' header (tensors inside the file: not truncated, not
 garbage) and the LoRA shapes against the model's linear layers (not another model's adapter).
-Each refusal is an InvalidRequestError on `path` that says what is wrong.
+Each refusal is an InvalidRequestError on `path` that says what is wrong. A folder a client names
+(POST /v1/adapters) is first confined to the server's --path (`confined_adapter_folder`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from art_backend._errors import InvalidRequestError
+from art_backend._errors import InvalidNameError, InvalidRequestError
 
 ADAPTER_CONFIG = "adapter_config.json"
 # The only weights file read (what `_trainer` writes): PEFT would fall back to a pickled
@@ -204,3 +205,39 @@ def check_adapter_folder(
     if shapes is not None and (problem := _weights_problem(tensors, shapes)):
         raise refuse(f"{ADAPTER_SAFETENSORS} does not fit this model: {problem}")
     return config
+
+
+def confined_adapter_folder(requested: str, root: Path) -> Path:
+    """The adapter folder a client named (`requested`), resolved, once it is inside `root` (the
+    server's --path) and holds an adapter_config.json, its files no links out of `root`.
+
+    Raises InvalidNameError (outside `root`) or InvalidRequestError (not a usable path, no
+    adapter there), both on param "path"; the folder's contents are `check_adapter_folder`'s.
+    """
+    root = root.resolve()
+    try:
+        # A NUL byte or an over-long name raises here rather than naming a missing folder.
+        path = Path(requested).resolve()
+        found = path.is_relative_to(root) and (path / ADAPTER_CONFIG).is_file()
+    except (ValueError, OSError) as error:
+        raise InvalidRequestError(
+            f"Adapter path {requested!r} is not a usable path: {error}.", param="path"
+        ) from error
+    if not path.is_relative_to(root):
+        raise InvalidNameError(
+            f"Adapter path {requested!r} is outside the server's --path {str(root)!r}.",
+            param="path",
+        )
+    if not found:
+        raise InvalidRequestError(
+            f"No PEFT adapter at {requested!r} (adapter_config.json missing).", param="path"
+        )
+    # The folder is inside --path; the files PEFT reads must be too (not links out of it).
+    for name in (ADAPTER_CONFIG, ADAPTER_SAFETENSORS):
+        if not (path / name).resolve().is_relative_to(root):
+            raise InvalidNameError(
+                f"Adapter file {name} in {requested!r} links outside the server's --path "
+                f"{str(root)!r}; copy the file into the folder instead.",
+                param="path",
+            )
+    return path

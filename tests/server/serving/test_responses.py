@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from transformers import AutoTokenizer
 
 import art_core as art
-from art_backend.serving._responses import StoredResponses
+from art_backend.serving.responses._service import StoredResponses
 from art_backend.store._records import estimated_bytes
 from tests.support.chat_messages import ADD_TOOL as CHAT_ADD_TOOL
 from tests.support.servers import RunningServer

@@ -482,7 +482,7 @@ def test_models_are_listed_under_a_rollout_url_too(server: RunningServer):
 
 
 def test_sse_events_stay_on_one_line_for_splitlines_clients():
-    from art_backend.serving._chat import sse_json
+    from art_backend.serving._sse import sse_json
 
     body = {"content": "a\u2028b\u2029c\x85d\x1ce\nf é"}
     encoded = sse_json(body)

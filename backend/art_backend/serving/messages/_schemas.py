@@ -26,7 +26,14 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from art_backend.serving._schemas import BodySized, ToolName, check_parameters_schema
+from art_backend.serving._request import (
+    BodySized,
+    ToolName,
+    check_named_tool,
+    check_parameters_schema,
+    refuse_deferred_loading,
+    refuse_unsupported,
+)
 
 # Content block types Anthropic defines that this server cannot take, with what to do instead.
 UNSUPPORTED_BLOCKS = {
@@ -184,12 +191,7 @@ class Tool(BaseModel):
     allowed_callers: list[str] | None = None
     defer_loading: SkipJsonSchema[bool | None] = None
 
-    @field_validator("defer_loading")
-    @classmethod
-    def _loaded_now(cls, defer_loading: bool | None) -> bool | None:
-        if defer_loading:
-            raise ValueError("deferred tool loading (tool search) is not supported; drop it")
-        return defer_loading
+    _loaded_now = refuse_deferred_loading()
 
 
 class ToolChoice(BaseModel):
@@ -206,6 +208,12 @@ class ToolChoice(BaseModel):
         if (self.type == "tool") != (self.name is not None):
             raise ValueError('`name` goes with type "tool", and only with it')
         return self
+
+
+def _thinking_off(name: str, value: Any) -> bool:
+    # Adaptive thinking lets the model decide, and a non-reasoning model decides not to.
+    off = isinstance(value, dict) and value.get("type") in ("disabled", "adaptive")
+    return name == "thinking" and off
 
 
 class MessageCreateRequest(BodySized):
@@ -255,8 +263,7 @@ class MessageCreateRequest(BodySized):
         tools = info.data.get("tools") or []
         if choice is not None and choice.type in ("any", "tool") and not tools:
             raise ValueError(f'tool_choice "{choice.type}" needs `tools`')
-        if choice is not None and choice.name not in (None, *(tool.name for tool in tools)):
-            raise ValueError(f"tool_choice names {choice.name!r}, which is not in `tools`")
+        check_named_tool(choice.name if choice is not None else None, (t.name for t in tools))
         return choice
 
     @field_validator("output_config")
@@ -271,16 +278,7 @@ class MessageCreateRequest(BodySized):
                 )
         return config
 
-    @field_validator(*UNSUPPORTED_FIELDS, mode="before")
-    @classmethod
-    def _reject_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
-        name = str(info.field_name)
-        # Adaptive thinking lets the model decide, and a non-reasoning model decides not to.
-        thinking_off = isinstance(value, dict) and value.get("type") in ("disabled", "adaptive")
-        off = value is None or (name == "thinking" and thinking_off)
-        if not off:
-            raise ValueError(f"unsupported parameter: {UNSUPPORTED_FIELDS[name]}")
-        return value
+    _reject_unsupported = refuse_unsupported(UNSUPPORTED_FIELDS, off=_thinking_off)
 
     @property
     def system_text(self) -> str | None:
@@ -293,23 +291,3 @@ class CountTokensRequest(MessageCreateRequest):
     """POST /v1/messages/count_tokens: a Messages request without `max_tokens`."""
 
     max_tokens: SkipJsonSchema[int | None] = Field(default=None, ge=1)  # type: ignore[assignment]
-
-
-def inline_json_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The model's JSON schema with its `$defs` written in place: a request body for an
-    OpenAPI operation that needs no entry under `components` (the schemas here do not recurse)."""
-    schema = model.model_json_schema()
-    definitions = schema.pop("$defs", {})
-
-    def inline(node: Any) -> Any:
-        if isinstance(node, dict):
-            reference = node.get("$ref")
-            if isinstance(reference, str) and reference.startswith("#/$defs/"):
-                found = definitions[reference.removeprefix("#/$defs/")]
-                return inline({**found, **{k: v for k, v in node.items() if k != "$ref"}})
-            return {key: inline(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [inline(item) for item in node]
-        return node
-
-    return inline(schema)

@@ -6,7 +6,7 @@ blocks -> the assistant turn's tool calls, `tool_result` blocks -> tool messages
 and runs through `ChatService` unchanged: both engines, tool-call parsing, constrained decoding
 and the exact-token records work as for chat completions, so a rollout of Messages calls
 trains like any other. The chat result is written back as a Message, or, streaming, the chat
-chunks as Anthropic's events; errors take Anthropic's shape (`_messages_output.error_body`).
+chunks as Anthropic's events; errors take Anthropic's shape (`_output.error_body`).
 
 The Anthropic SDKs append `/v1/messages` to their base URL: give them the server's root, or
 `/rollouts/{id}` for a rollout (`r.base_url.removesuffix("/v1")` in a `model.rollout()` scope).
@@ -15,18 +15,23 @@ The Anthropic SDKs append `/v1/messages` to their base URL: give them the server
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi.responses import Response
 from pydantic import ValidationError
 
 from art_backend._errors import BackendError
-from art_backend._limits import parse_json_object
-from art_backend.serving._chat import ChatService
-from art_backend.serving._messages_output import (
+from art_backend.serving._request import parse_request
+from art_backend.serving._translation import (
+    in_caller_terms,
+    translated_events,
+    translated_request,
+)
+from art_backend.serving.chat._schemas import ChatCompletionRequest
+from art_backend.serving.chat._service import ChatService
+from art_backend.serving.messages._output import (
     EventWriter,
     content_blocks,
     error_response,
@@ -35,7 +40,7 @@ from art_backend.serving._messages_output import (
     new_id,
     stop_reason,
 )
-from art_backend.serving._messages_schemas import (
+from art_backend.serving.messages._schemas import (
     CountTokensRequest,
     InputMessage,
     MessageCreateRequest,
@@ -43,11 +48,10 @@ from art_backend.serving._messages_schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from art_backend.serving._schemas import ChatCompletionRequest
-from art_backend.serving._translated import chat_chunks, translated_request
 
 # Chat names in errors raised below the translation, and the Messages names a caller sent.
 _MESSAGES_TERMS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences"}
+_MESSAGES_WORDS = {"max_completion_tokens": "max_tokens"}  # "stop" is a plain word in messages
 OPENAI_STOP_LIMIT = 4  # the chat schema's bound; Anthropic allows more, set after validation
 
 
@@ -60,12 +64,12 @@ class MessagesService:
     @staticmethod
     def parse(body: bytes) -> MessageCreateRequest:
         """Validate a request body (a 400 naming the field when it is wrong)."""
-        return MessageCreateRequest.model_validate(parse_json_object(body)).came_in(len(body))
+        return parse_request(MessageCreateRequest, body)
 
     async def create(self, request: MessageCreateRequest, rollout_id: str | None) -> dict:
         """Run a non-streaming request to the end and return the Message object."""
         chat_request = chat_request_for(request, stream=False)
-        with _in_messages_terms():
+        with in_caller_terms(_MESSAGES_TERMS, _MESSAGES_WORDS):
             chat_body = await self.chat.complete(chat_request, rollout_id)
         choice = chat_body["choices"][0]
         stop_sequence = self._stop_sequence(request, choice["finish_reason"], choice["token_ids"])
@@ -87,41 +91,32 @@ class MessagesService:
     ) -> AsyncIterator[str]:
         """Prepare eagerly (so bad input fails before streaming), then yield Anthropic events."""
         chat_request = chat_request_for(request, stream=True)
-        with _in_messages_terms():
+        with in_caller_terms(_MESSAGES_TERMS, _MESSAGES_WORDS):
             lines = await self.chat.stream(chat_request, rollout_id)
         return self._events(request, lines)
 
     @staticmethod
     def parse_count(body: bytes) -> CountTokensRequest:
         """Validate a count_tokens body: a Messages request that may leave out `max_tokens`."""
-        return CountTokensRequest.model_validate(parse_json_object(body)).came_in(len(body))
+        return parse_request(CountTokensRequest, body)
 
     async def count_tokens(self, request: CountTokensRequest) -> dict[str, int]:
         """POST /v1/messages/count_tokens: the prompt's length as the model's template renders it."""
         chat_request = chat_request_for(request, stream=False)
-        with _in_messages_terms():
+        with in_caller_terms(_MESSAGES_TERMS, _MESSAGES_WORDS):
             generation, _ = await asyncio.to_thread(self.chat.prepare, chat_request)
         return {"input_tokens": len(generation.prompt_ids)}
 
-    async def _events(
+    def _events(
         self, request: MessageCreateRequest, lines: AsyncIterator[str]
     ) -> AsyncIterator[str]:
         writer = EventWriter(request.model)
-        try:
-            async for chunk in chat_chunks(lines):
-                if "error" in chunk:
-                    yield writer.failed(chunk["error"].get("message", "generation failed"))
-                    return
-                for event in writer.chunk(chunk):
-                    yield event
+
+        async def finish() -> list[str]:
             stop_sequence = self._stop_sequence(request, writer.finish_reason, writer.token_ids)
-            for event in writer.finish(stop_sequence):
-                yield event
-        finally:
-            # Closing the chat stream cancels the generation when the client went away.
-            close = getattr(lines, "aclose", None)
-            if close is not None:
-                await close()
+            return list(writer.finish(stop_sequence))
+
+        return translated_events(lines, writer, finish)
 
     def _stop_sequence(
         self, request: MessageCreateRequest, finish_reason: str | None, token_ids: list[int]
@@ -214,18 +209,6 @@ def _tool_call(block: ToolUseBlock) -> dict[str, Any]:
             "arguments": json.dumps(block.input, ensure_ascii=False),
         },
     }
-
-
-@contextlib.contextmanager
-def _in_messages_terms() -> Iterator[None]:
-    """Errors from the chat layer name the Messages fields the caller actually sent."""
-    try:
-        yield
-    except BackendError as error:
-        error.param = _MESSAGES_TERMS.get(error.param or "", error.param)
-        error.message = error.message.replace("max_completion_tokens", "max_tokens")
-        error.args = (error.message,)
-        raise
 
 
 async def in_anthropic_shape(work: Awaitable[Any]) -> Any:

@@ -14,12 +14,14 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, Strict, ValidationInfo, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from art_backend.serving._schemas import (
+from art_backend.serving._request import (
     BodySized,
     LogitBias,
     StopSequences,
-    StreamOptions,
+    refuse_unsupported,
+    stop_list,
 )
+from art_backend.serving.chat._schemas import StreamOptions
 from art_core.wire import SEED_RANGE
 
 # OpenAI's default for this API (chat has none): a completion of 16 tokens unless told otherwise.
@@ -81,12 +83,7 @@ class CompletionRequest(BodySized):
         check_prompt_shape(prompt)
         return prompt
 
-    @field_validator(*UNSUPPORTED_FIELDS, mode="before")
-    @classmethod
-    def _reject_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None:
-            raise ValueError(f"unsupported parameter: {UNSUPPORTED_FIELDS[str(info.field_name)]}")
-        return value
+    _reject_unsupported = refuse_unsupported(UNSUPPORTED_FIELDS)
 
     # Checks across fields are validators of the later field (`info.data` holds the ones
     # declared before it), so the error names the field to change.
@@ -135,9 +132,7 @@ class CompletionRequest(BodySized):
 
     @property
     def stop_list(self) -> list[str]:
-        if self.stop is None:
-            return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return stop_list(self.stop)
 
 
 _SHAPES = "a text, a list of texts, a list of token ids, or a list of lists of token ids"

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from art_backend._errors import ContextLengthError, InvalidRequestError
-from art_backend._limits import parse_json_object
 from art_backend.engines._engine import FinishEvent, GenerationRequest, TokenEvent
-from art_backend.serving._chat import ChatService, _raise_if_failed, sse_error, sse_json
-from art_backend.serving._completions_schemas import CompletionRequest
+from art_backend.serving._request import parse_request
 from art_backend.serving._sampling_params import sampling_params
+from art_backend.serving._sse import sse_error, sse_json
+from art_backend.serving.chat._service import ChatService, raise_if_failed
+from art_backend.serving.completions._schemas import CompletionRequest
 
 Finished = dict[tuple[int, int], FinishEvent]  # (prompt number, choice of that prompt) -> event
 
@@ -44,6 +45,18 @@ class PreparedCompletion:
     echoed: list[str]  # per prompt: its text when `echo`, else ""
 
 
+@dataclass
+class _Answered:
+    """A request the engine finished: the answer's id and time, the request, its prompts and
+    each choice's finish event (what the answer and its record are both written from)."""
+
+    completion_id: str
+    created: int
+    request: CompletionRequest
+    prepared: PreparedCompletion
+    finished: Finished
+
+
 class CompletionsService:
     """Serves POST /v1/completions with the chat service's engine, names, records and workers."""
 
@@ -52,7 +65,7 @@ class CompletionsService:
 
     def parse(self, body: bytes) -> CompletionRequest:
         """The request in a body, validated (a 400 naming the field otherwise)."""
-        return CompletionRequest.model_validate(parse_json_object(body)).came_in(len(body))
+        return parse_request(CompletionRequest, body)
 
     # ---------------------------------------------------------------------------------- prepare
 
@@ -168,21 +181,19 @@ class CompletionsService:
             raise
         finally:
             events.close()
-        _raise_if_failed(finished.values())
-        completion_id, created = _new_id(), int(time.time())
-        body = self._body(completion_id, created, request, prepared, finished)
-        record = (completion_id, created, request, prepared, finished, rollout_id, started_at)
-        await self.chat._off_loop(request, self._record, *record)
+        raise_if_failed(finished.values())
+        answered = _Answered(_new_id(), int(time.time()), request, prepared, finished)
+        body = self._body(answered)
+        await self.chat._off_loop(request, self._record, answered, rollout_id, started_at)
         return body
 
-    def _body(
-        self,
-        completion_id: str,
-        created: int,
-        request: CompletionRequest,
-        prepared: PreparedCompletion,
-        finished: Finished,
-    ) -> dict[str, Any]:
+    def _body(self, answered: _Answered) -> dict[str, Any]:
+        completion_id, request, prepared = (
+            answered.completion_id,
+            answered.request,
+            answered.prepared,
+        )
+        finished = answered.finished
         choices = []
         for index, number, event, own_prompt in _choice_events(request, prepared, finished):
             logprobs = None
@@ -203,7 +214,7 @@ class CompletionsService:
         return {
             "id": completion_id,
             "object": "text_completion",
-            "created": created,
+            "created": answered.created,
             "model": _answering_model(request, prepared),
             "choices": choices,
             "usage": _usage(prepared, finished),
@@ -310,8 +321,8 @@ class CompletionsService:
                 event.finish_reason not in ("error", "cancelled") for event in finished.values()
             ):
                 # Recorded before [DONE], so a client that reads the rollout next finds it.
-                record = (completion_id, created, request, prepared, finished, rollout_id)
-                await self.chat._off_loop(request, self._record, *record, started_at)
+                answered = _Answered(completion_id, created, request, prepared, finished)
+                await self.chat._off_loop(request, self._record, answered, rollout_id, started_at)
             if request.stream_options and request.stream_options.include_usage:
                 yield chunk([], usage=_usage(prepared, finished))
             yield "data: [DONE]\n\n"
@@ -323,16 +334,8 @@ class CompletionsService:
 
     # ---------------------------------------------------------------------------------- records
 
-    def _record(
-        self,
-        completion_id: str,
-        created: int,
-        request: CompletionRequest,
-        prepared: PreparedCompletion,
-        finished: Finished,
-        rollout_id: str | None,
-        started_at: float,
-    ) -> None:
+    def _record(self, answered: _Answered, rollout_id: str | None, started_at: float) -> None:
+        request, prepared, finished = answered.request, answered.prepared, answered.finished
         choices = [
             {
                 "index": index,
@@ -346,11 +349,11 @@ class CompletionsService:
         ]
         self.chat.records.add(
             {
-                "id": completion_id,
+                "id": answered.completion_id,
                 "object": "text_completion",
                 "started_at": started_at,
                 "recorded_at": time.time(),
-                "created": created,
+                "created": answered.created,
                 "rollout_id": rollout_id,
                 "model": _answering_model(request, prepared),
                 "request": request.model_dump(exclude_none=True),

@@ -26,13 +26,16 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from art_backend.serving._schemas import (
+from art_backend.serving._request import (
     BodySized,
     LogitBias,
     Metadata,
     StopSequences,
     ToolName,
     check_parameters_schema,
+    check_tool_choice,
+    refuse_deferred_loading,
+    refuse_unsupported,
 )
 from art_core.wire import SEED_RANGE
 
@@ -204,12 +207,7 @@ class FunctionTool(BaseModel):
     defer_loading: bool | None = None
     allowed_callers: list[Literal["direct", "programmatic"]] | None = None
 
-    @field_validator("defer_loading")
-    @classmethod
-    def _loaded_now(cls, defer_loading: bool | None) -> bool | None:
-        if defer_loading:
-            raise ValueError("deferred tool loading (tool search) is not supported; drop it")
-        return defer_loading
+    _loaded_now = refuse_deferred_loading()
 
     @field_validator("allowed_callers")
     @classmethod
@@ -261,6 +259,14 @@ class TextConfig(BaseModel):
         if verbosity is not None:
             raise ValueError("verbosity is not supported; leave it unset")
         return verbosity
+
+
+def _means_off(name: str, value: Any) -> bool:
+    """Whether a refused field's value means "off" (background=false, n=1, an all-null
+    reasoning), which passes."""
+    if name == "reasoning" and isinstance(value, dict):
+        return all(v is None for v in value.values())
+    return value in (None, False) or (name == "n" and value == 1)
 
 
 class ResponseCreateRequest(BodySized):
@@ -365,11 +371,8 @@ class ResponseCreateRequest(BodySized):
     @field_validator("tool_choice")
     @classmethod
     def _choice_names_a_tool(cls, choice: Any, info: ValidationInfo) -> Any:
-        tools = info.data.get("tools") or []
-        if choice not in (None, "none", "auto") and not tools:
-            raise ValueError("tool_choice needs `tools`")
-        if isinstance(choice, ToolChoiceFunction) and choice.name not in {t.name for t in tools}:
-            raise ValueError(f"tool_choice names {choice.name!r}, which is not in `tools`")
+        named = choice.name if isinstance(choice, ToolChoiceFunction) else None
+        check_tool_choice(choice, [t.name for t in info.data.get("tools") or []], named=named)
         return choice
 
     @field_validator("include")
@@ -382,16 +385,7 @@ class ResponseCreateRequest(BodySized):
                 )
         return include
 
-    @field_validator(*UNSUPPORTED_FIELDS, mode="before")
-    @classmethod
-    def _reject_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
-        name = str(info.field_name)
-        off = value in (None, False) or (name == "n" and value == 1)
-        if name == "reasoning" and isinstance(value, dict):
-            off = all(v is None for v in value.values())
-        if not off:
-            raise ValueError(f"unsupported parameter: {UNSUPPORTED_FIELDS[name]}")
-        return value
+    _reject_unsupported = refuse_unsupported(UNSUPPORTED_FIELDS, off=_means_off)
 
     @model_validator(mode="after")
     def _something_to_answer(self) -> ResponseCreateRequest:

@@ -17,7 +17,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from art_backend.serving._chat import sse_json
+from art_backend.serving._sse import sse_json
 
 # Our HTTP status -> Anthropic's error type (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {

@@ -13,8 +13,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from art_backend.serving._chat import sse_json
-from art_backend.serving._responses_schemas import ResponseCreateRequest, ToolChoiceFunction
+from art_backend.serving._sse import sse_json
+from art_backend.serving.responses._schemas import ResponseCreateRequest, ToolChoiceFunction
 
 
 class EventWriter:
@@ -125,21 +125,9 @@ class EventWriter:
         item, index, text = self._text_item, len(self.output), self.message["content"]
         logprobs = self._logprobs
         part = text_part(text, logprobs)
-        yield self.event(
-            "response.output_text.done",
-            item_id=item["id"],
-            output_index=index,
-            content_index=0,
-            text=text,
-            logprobs=logprobs,
-        )
-        yield self.event(
-            "response.content_part.done",
-            item_id=item["id"],
-            output_index=index,
-            content_index=0,
-            part=part,
-        )
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        yield self.event("response.output_text.done", **where, text=text, logprobs=logprobs)
+        yield self.event("response.content_part.done", **where, part=part)
         done = {**item, "status": response_status(self.finish_reason), "content": [part]}
         yield self.event("response.output_item.done", output_index=index, item=done)
         self.output.append(done)

@@ -19,18 +19,23 @@ store is bounded like the completion records: at most `max_records` responses, n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from art_backend._errors import BackendError, InvalidRequestError, ResponseNotFoundError
-from art_backend._limits import parse_json_object
-from art_backend.serving._chat import ChatService
-from art_backend.serving._responses_output import (
+from art_backend._errors import InvalidRequestError, ResponseNotFoundError
+from art_backend.serving._request import parse_request
+from art_backend.serving._translation import (
+    in_caller_terms,
+    translated_events,
+    translated_request,
+)
+from art_backend.serving.chat._schemas import ChatCompletionRequest
+from art_backend.serving.chat._service import ChatService
+from art_backend.serving.responses._output import (
     EventWriter,
     assistant_message,
     new_id,
@@ -39,14 +44,12 @@ from art_backend.serving._responses_output import (
     response_status,
     response_usage,
 )
-from art_backend.serving._responses_schemas import (
+from art_backend.serving.responses._schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
     ResponseCreateRequest,
     ToolChoiceFunction,
 )
-from art_backend.serving._schemas import ChatCompletionRequest
-from art_backend.serving._translated import chat_chunks, translated_request
 from art_backend.store._records import estimated_bytes
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -57,6 +60,8 @@ _RESPONSES_TERMS = {
     "response_format": "text.format",
     "messages": "input",
 }
+# Those renamed in an error's text: all but "messages", a plain word there ("shorten the messages").
+_RESPONSES_WORDS = {k: v for k, v in _RESPONSES_TERMS.items() if k != "messages"}
 
 
 @dataclass
@@ -146,7 +151,7 @@ class ResponsesService:
     @staticmethod
     def parse(body: bytes) -> ResponseCreateRequest:
         """Validate a request body (a 400 naming the field when it is wrong)."""
-        return ResponseCreateRequest.model_validate(parse_json_object(body)).came_in(len(body))
+        return parse_request(ResponseCreateRequest, body)
 
     # ------------------------------------------------------------------------------- requests
 
@@ -155,7 +160,7 @@ class ResponsesService:
         earlier, new = self._conversation(request)
         chat_request = self._chat_request(request, [*earlier, *new], stream=False)
         started_at = int(time.time())
-        with _in_responses_terms():
+        with in_caller_terms(_RESPONSES_TERMS, _RESPONSES_WORDS):
             chat_body = await self.chat.complete(chat_request, rollout_id)
         choice = chat_body["choices"][0]
         message = choice["message"]
@@ -180,7 +185,7 @@ class ResponsesService:
         """Prepare eagerly (so bad input fails before streaming), then yield Responses events."""
         earlier, new = self._conversation(request)
         chat_request = self._chat_request(request, [*earlier, *new], stream=True)
-        with _in_responses_terms():
+        with in_caller_terms(_RESPONSES_TERMS, _RESPONSES_WORDS):
             lines = await self.chat.stream(chat_request, rollout_id)
         return self._events(request, earlier, new, lines)
 
@@ -287,7 +292,7 @@ class ResponsesService:
 
     # ------------------------------------------------------------------------------ streaming
 
-    async def _events(
+    def _events(
         self,
         request: ResponseCreateRequest,
         earlier: list[dict[str, Any]],
@@ -295,22 +300,14 @@ class ResponsesService:
         lines: AsyncIterator[str],
     ) -> AsyncIterator[str]:
         writer = EventWriter(request)
-        try:
-            async for chunk in chat_chunks(lines):
-                if "error" in chunk:
-                    yield writer.failed(chunk["error"].get("message", "generation failed"))
-                    return
-                for event in writer.chunk(chunk):
-                    yield event
+
+        async def finish() -> list[str]:
             body = writer.body()
             # Stored before the last event, so a client that continues it at once finds it.
             await self._keep(request, body, earlier, [*new, assistant_message(writer.message)])
-            yield writer.finish(body)
-        finally:
-            # Closing the chat stream cancels the generation when the client went away.
-            close = getattr(lines, "aclose", None)
-            if close is not None:
-                await close()
+            return [writer.finish(body)]
+
+        return translated_events(lines, writer, finish)
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -350,17 +347,3 @@ def _response_format(request: ResponseCreateRequest) -> dict[str, Any] | None:
     if text_format.description is not None:
         json_schema["description"] = text_format.description
     return {"type": "json_schema", "json_schema": json_schema}
-
-
-@contextlib.contextmanager
-def _in_responses_terms() -> Iterator[None]:
-    """Errors from the chat layer name the Responses fields the caller actually sent."""
-    try:
-        yield
-    except BackendError as error:
-        error.param = _RESPONSES_TERMS.get(error.param or "", error.param)
-        for chat_name, responses_name in _RESPONSES_TERMS.items():
-            if chat_name != "messages":  # a plain word in messages ("shorten the messages")
-                error.message = error.message.replace(chat_name, responses_name)
-        error.args = (error.message,)
-        raise

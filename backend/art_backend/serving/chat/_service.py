@@ -7,7 +7,6 @@ Beside OpenAI's fields every response carries `prompt_token_ids` and, per choice
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 import time
@@ -35,8 +34,10 @@ from art_backend.engines._tool_calls import (
     prepare_messages,
     template_supports_tools,
 )
+from art_backend.serving._request import BodySized
 from art_backend.serving._sampling_params import sampling_params
-from art_backend.serving._schemas import BodySized, ChatCompletionRequest
+from art_backend.serving._sse import sse_error, sse_json
+from art_backend.serving.chat._schemas import ChatCompletionRequest
 from art_backend.store._records import CompletionRecords
 from art_core.names import ADAPTER_NAME_PATTERN
 
@@ -241,7 +242,7 @@ class ChatService:
         except asyncio.CancelledError:
             generation.cancel()
             raise
-        _raise_if_failed(finished.values())
+        raise_if_failed(finished.values())
         body = self._completion_body(
             _new_id(), int(time.time()), request, generation, finished, use_tools
         )
@@ -552,31 +553,13 @@ def _usage(generation: GenerationRequest, finished: Any) -> dict[str, int]:
     }
 
 
-def _raise_if_failed(finished: Any) -> None:
+def raise_if_failed(finished: Any) -> None:
+    """Raise the error of the first finish event that failed (Completions uses it too)."""
     for event in finished:
         if event.unavailable:  # not a bug of ours: the replica went away; a retry is served
             raise EngineStoppedError(f"Generation failed: {event.error}")
         if event.finish_reason in ("error", "cancelled"):
             raise BackendError(f"Generation failed: {event.error or event.finish_reason}")
-
-
-# Characters that str.splitlines() treats as line breaks but json.dumps(ensure_ascii=False)
-# leaves raw: a client that splits an SSE stream with splitlines (httpx's iter_lines does)
-# would cut an event in two. Escaping them keeps every event on one line for any client.
-_LINE_BREAKS_JSON_KEEPS = str.maketrans(
-    {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
-)
-
-
-def sse_error(message: str) -> str:
-    """The `data:` event that ends a stream whose generation failed (OpenAI's error shape)."""
-    error = {"message": message, "type": "server_error", "param": None, "code": None}
-    return f"data: {json.dumps({'error': error})}\n\n"
-
-
-def sse_json(body: Any) -> str:
-    """JSON for one `data:` line: UTF-8 text kept, every line-break character escaped."""
-    return json.dumps(body, ensure_ascii=False).translate(_LINE_BREAKS_JSON_KEEPS)
 
 
 def _new_id() -> str:

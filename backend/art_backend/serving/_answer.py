@@ -1,0 +1,136 @@
+"""How every generation route answers (chat completions, completions, responses, messages): the
+body read and parsed (off the event loop when large, so other clients do not stall), then the
+answer streamed as server-sent events or given once, cancelled when the client goes away.
+
+Generation routes read their body themselves (to bound its size and parse it off the loop);
+`body_description` writes the body they validate into the API description.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
+
+from art_backend.store._records import validate_rollout_id
+
+DISCONNECT_POLL_SECONDS = 0.5
+PARSE_ON_LOOP_MAX_BYTES = 256 * 1024  # larger bodies are parsed on a worker thread
+
+RequestT = TypeVar("RequestT")
+
+
+async def parsed_request(
+    raw: Request, rollout_id: str | None, parse: Callable[[bytes], RequestT]
+) -> tuple[str | None, RequestT]:
+    """The rollout id (the rollout-scoped URL wins over the header, both validated) and the body
+    parsed by `parse`; megabytes are parsed off the event loop so other clients do not stall."""
+    rollout_id = rollout_id or raw.headers.get("x-rollout-id")
+    if rollout_id is not None:
+        validate_rollout_id(rollout_id)
+    body = await raw.body()
+    if len(body) > PARSE_ON_LOOP_MAX_BYTES:
+        return rollout_id, await asyncio.to_thread(parse, body)
+    return rollout_id, parse(body)
+
+
+async def answer(
+    raw: Request,
+    rollout_id: str | None,
+    parse: Callable[[bytes], Any],
+    stream: Callable[[Any, str | None], Awaitable[AsyncIterator[str]]],
+    complete: Callable[[Any, str | None], Coroutine[Any, Any, Any]],
+) -> Any:
+    """One generation route (chat completions, responses, messages): parse the body, then
+    stream it as server-sent events or answer once, cancelled if the client goes away."""
+    rollout_id, request = await parsed_request(raw, rollout_id, parse)
+    if request.stream:
+        events = await stream(request, rollout_id)
+        return StreamingResponse(events, media_type="text/event-stream")
+    return await unless_disconnected(raw, complete(request, rollout_id))
+
+
+async def unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> Any:
+    """Await `work`, cancelling it (and so its rows in the engine) if the client goes away."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+        if done:
+            return task.result()
+        if await raw.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+
+
+def add_generation_routes(
+    router: APIRouter,
+    path: str,
+    create: Callable[[Request, str | None], Awaitable[Any]],
+    *,
+    names: tuple[str, str],
+    openapi_extra: dict[str, Any] | None = None,
+) -> None:
+    """POST `path` and the same under a rollout-scoped base URL (`/rollouts/{rollout_id}` before
+    it), both answered by `create(raw, rollout_id)`; `names` are the two routes' (the API
+    description's operations)."""
+
+    # No return annotation: FastAPI would describe the answer by it.
+    async def plain(raw: Request):
+        return await create(raw, None)
+
+    async def in_rollout(rollout_id: str, raw: Request):
+        return await create(raw, rollout_id)
+
+    for route_path, endpoint, name in (
+        (path, plain, names[0]),
+        (f"/rollouts/{{rollout_id}}{path}", in_rollout, names[1]),
+    ):
+        router.add_api_route(
+            route_path, endpoint, methods=["POST"], name=name, openapi_extra=openapi_extra
+        )
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The API description of a JSON body a route reads itself and validates with `model`."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _inline_json_schema(model)}},
+        }
+    }
+
+
+def body_description(model: type[BaseModel]) -> dict[str, Any]:
+    """The API description of a generation route that reads its body itself: the JSON body it
+    validates with `model`, and its answer streamed as server-sent events when asked."""
+    return {
+        **request_body(model),
+        "responses": {"200": {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+    }
+
+
+def _inline_json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with its `$defs` written in place: a request body for an
+    OpenAPI operation that needs no entry under `components` (the schemas here do not recurse)."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            reference = node.get("$ref")
+            if isinstance(reference, str) and reference.startswith("#/$defs/"):
+                found = definitions[reference.removeprefix("#/$defs/")]
+                return inline({**found, **{k: v for k, v in node.items() if k != "$ref"}})
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return inline(schema)
