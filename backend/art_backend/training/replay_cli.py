@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 from art_backend._errors import BackendError
-from art_backend.cli import positive_int
+from art_core._arguments import flag_values, positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,11 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             args.path,
             args.model,
             args.step,
-            project=args.project,
-            threads=args.threads,
-            tolerance=args.tolerance,
-            base_model=args.base_model,
-            device=args.device,
+            **flag_values(args, "project threads tolerance base_model device"),
         )
     except BackendError as error:
         print(f"art replay: {type(error).__name__}: {error}", file=sys.stderr)
