@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from art_core._arguments import flag_values
 from art_core.errors import ArtError
 from art_core.model import Model
 from art_core.rewards._preflight import PreflightError, PreflightRollout, preflight
@@ -60,18 +61,9 @@ def preflight_command(argv: list[str]) -> int:
                 name=args.judge_model, base_url=args.judge_base_url, api_key=args.judge_api_key
             )
         model = Model(name=args.model, base_url=args.base_url, api_key=args.api_key)
+        options = "groups rollouts_per_group steps groups_per_step train_seconds_per_step"
         result = asyncio.run(
-            preflight(
-                model,
-                rollout,
-                scenarios,
-                groups=args.groups,
-                rollouts_per_group=args.rollouts_per_group,
-                judge=judge,
-                steps=args.steps,
-                groups_per_step=args.groups_per_step,
-                train_seconds_per_step=args.train_seconds_per_step,
-            )
+            preflight(model, rollout, scenarios, judge=judge, **flag_values(args, options))
         )
     except ArtError as error:
         print(f"art preflight: {error}", file=sys.stderr)

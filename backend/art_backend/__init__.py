@@ -1,7 +1,8 @@
 """art_backend: the serving and training backend (torch, transformers, peft).
 
-Its public surface is its HTTP API and its two commands, `art-server` (`art_backend.cli`) and
-`art review` (`art_backend.review.cli`). Inside, five wings whose imports point one way
+Its public surface is its HTTP API and its four commands: `art-server` (`art_backend.cli`),
+`art review` and `art diff` (`art_backend.review.cli`, `.diff_cli`) and `art replay`
+(`art_backend.training.replay_cli`). Inside, five wings whose imports point one way
 (serving and training stand side by side above the engines and the store):
 
     store/     the .art folder (checkpoints, history, trajectories, review decisions) and the

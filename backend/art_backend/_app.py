@@ -26,7 +26,7 @@ from art_backend._limits import (
     BodySizeLimitMiddleware,
 )
 from art_backend._openapi import describe_api
-from art_backend._unicode import TolerantJSONResponse
+from art_backend._unicode import TolerantJSONResponse, tolerant_app
 from art_backend.review._app import create_review_app
 from art_backend.serving._models_routes import attach_model_routes
 from art_backend.serving._records_routes import attach_record_routes
@@ -61,13 +61,7 @@ def create_app(
         # uvicorn has drained in-flight requests by now (SIGTERM); let the engine finish too.
         service.engine.stop()
 
-    app = FastAPI(
-        title="art-server",
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        default_response_class=TolerantJSONResponse,
-    )
+    app = tolerant_app("art-server", lifespan=lifespan)
     app.state.service = service
     app.state.training = training
 

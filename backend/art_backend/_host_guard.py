@@ -51,6 +51,12 @@ def parse_allowed_hosts(text: str | None) -> list[str]:
     return hosts
 
 
+def allowed_hosts(bound_host: str, flag: str | None) -> list[str]:
+    """`--host` and `--allowed-hosts`: the name the server was bound by is one it answers to
+    (0.0.0.0, :: are not names), besides those it is told."""
+    return [*parse_allowed_hosts(bound_host), *parse_allowed_hosts(flag)]
+
+
 def hostname(netloc: str) -> str:
     """The host of `host`, `host:port`, `[v6]:port` or a bare IPv6 address; lowercase."""
     netloc = netloc.strip().lower()

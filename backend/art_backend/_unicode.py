@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, JSONResponse
 
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -48,3 +49,15 @@ class TolerantJSONResponse(JSONResponse):
             return json.dumps(
                 content, ensure_ascii=True, allow_nan=False, separators=(",", ":")
             ).encode("ascii")
+
+
+def tolerant_app(title: str, **options: Any) -> FastAPI:
+    """A FastAPI app whose JSON answers are `TolerantJSONResponse`s, without FastAPI's docs
+    pages (`art-server` and the review app; `options` go to `FastAPI`)."""
+    return FastAPI(
+        title=title,
+        docs_url=None,
+        redoc_url=None,
+        default_response_class=TolerantJSONResponse,
+        **options,
+    )

@@ -21,6 +21,7 @@ from art_backend._errors import (
 )
 from art_backend._limits import DEFAULT_MAX_BODY_MB
 from art_backend._log_redaction import LOG_LEVELS
+from art_backend._settings import ServerSettings
 from art_backend.engines._chat_templates import (
     BUILTIN_TEMPLATES,
     ChatTemplate,
@@ -37,12 +38,16 @@ from art_backend.engines._engine_choice import (
 from art_backend.engines._replica_setup import health_probe, replica_count, torch_replicas
 from art_backend.engines._replicas import ROUTINGS, Probe, replica_set
 from art_backend.engines._thread_settings import parse_threads, thread_governor
-from art_backend.engines._vllm_options import VllmOptions, vllm_replicas
+from art_backend.engines._vllm_options import vllm_replicas
+from art_core._arguments import positive_int
 from art_core.names import base_model_aliases, is_served_name
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from art_backend.engines._engine import Engine
     from art_backend.engines._loading import LoadedModel
+    from art_backend.engines._torch_engine import TorchEngine
     from art_backend.training._distributed import TrainingTeam
 
 __all__ = ["build_app", "main"]
@@ -50,32 +55,13 @@ __all__ = ["build_app", "main"]
 logger = logging.getLogger("art_backend.cli")
 
 
-def build_app(
-    base_model: str,
-    *,
-    name: str | None = None,
-    dtype: str = "auto",
-    device: str = "auto",
-    api_key: str | None = None,
-    art_path: Path = Path(".art"),
-    max_batch_size: int = 128,
-    max_batch_tokens: int = 65536,
-    allowed_hosts: list[str] | None = None,
-    max_body_mb: float = DEFAULT_MAX_BODY_MB,
-    engine: str = "auto",
-    vllm: VllmOptions | None = None,
-    trainer: str = "torch",
-    train_processes: int = 1,
-    threads: str = "auto",
-    replicas: int = 1,
-    routing: str = "sticky",
-    chat_template: str | None = None,
-):
+def build_app(settings: ServerSettings) -> FastAPI:
     """Load the model, start the engine, and return the FastAPI app (engine stops on shutdown).
 
-    `replicas` > 1 (or several `vllm.replica_urls`): the engines stand behind one `ReplicaSet`
-    that routes by `routing` (docs/serving.md, "Engine replicas"). `chat_template`: a built-in
-    template's name or a Jinja file, in place of the tokenizer's (`engines._chat_templates`)."""
+    Several replicas (`settings.replicas`, or several `vllm.replica_urls`): the engines stand
+    behind one `ReplicaSet` that routes by `settings.routing` (docs/serving.md, "Engine
+    replicas"). `settings.chat_template`: a built-in template's name or a Jinja file, in place
+    of the tokenizer's (`engines._chat_templates`)."""
     from art_backend._app import create_app
     from art_backend.engines._constrained import GrammarCompiler
     from art_backend.engines._loading import load_model
@@ -85,19 +71,18 @@ def build_app(
     from art_backend.store._records import CompletionRecords
     from art_backend.training._service import TrainingService
 
-    served_name = name or default_served_name(base_model)
-    _check_choices(served_name, engine, trainer)
-    vllm = vllm or VllmOptions()
-    replica_count(replicas, engine, vllm)  # before anything loads
-    fixed_threads = parse_threads(threads)
-    template = read_chat_template(chat_template) if chat_template else None  # before loading
-    vllm_python = vllm.url or find_vllm_python(vllm.python)
-    loaded = load_model(base_model, dtype=dtype, device=device)
+    served_name = settings.name or default_served_name(settings.base_model)
+    _check_choices(served_name, settings.engine, settings.trainer)
+    replica_count(settings.replicas, settings.engine, settings.vllm)  # before anything loads
+    fixed_threads = parse_threads(settings.threads)
+    template = read_chat_template(settings.chat_template) if settings.chat_template else None
+    vllm_python = settings.vllm.url or find_vllm_python(settings.vllm.python)
+    loaded = load_model(settings.base_model, dtype=settings.dtype, device=settings.device)
     _settle_chat_template(loaded, template)
-    picked, why = pick_engine(engine, loaded.device.type, vllm_python)
+    picked, why = pick_engine(settings.engine, loaded.device.type, vllm_python)
     logger.info("engine: %s (%s)", picked, why)
-    count = replica_count(replicas, picked, vllm)  # --engine auto may have picked vLLM
-    if trainer == "unsloth":
+    count = replica_count(settings.replicas, picked, settings.vllm)  # auto may have picked vLLM
+    if settings.trainer == "unsloth":
         _load_through_unsloth(loaded, picked)
     # The torch engine serves and trains on one copy of the weights; with vLLM serving, this
     # copy is the trainer's alone. Either way the trainer trains in the dtype load_model chose.
@@ -106,27 +91,18 @@ def build_app(
         loaded.tokenizer,
         eos_token_ids=loaded.eos_token_ids,
         context_length=loaded.context_length,
-        max_batch_size=max_batch_size,
-        max_batch_tokens=max_batch_tokens,
+        max_batch_size=settings.max_batch_size,
+        max_batch_tokens=settings.max_batch_tokens,
         threads=thread_governor(
             fixed_threads, loaded.device.type, count if picked == "torch" else 1
         ),
     )
-    base_names = list(dict.fromkeys([served_name, *base_model_aliases(base_model)]))
-    if picked == "vllm":
-        assert vllm_python is not None
-        engines = vllm_replicas(vllm, vllm_python, loaded, torch_engine, art_path)
-        probes: list[Probe | None] = [health_probe(e.process.base_url) for e in engines]
-    else:
-        engines = torch_replicas(torch_engine, count)
-        probes = [None] * count
-    serving: Engine = engines[0]
-    if len(engines) > 1:
-        serving = replica_set(engines, probes=probes, routing=routing)
+    base_names = list(dict.fromkeys([served_name, *base_model_aliases(settings.base_model)]))
+    serving = _serving_engine(settings, picked, count, vllm_python, loaded, torch_engine)
     # What PEFT records in adapter_config.json: the folder or hub id the weights came from.
     try:
         serving.start()
-        load_checkpoints(serving, art_path, [*base_names, str(loaded.source)])
+        load_checkpoints(serving, settings.art_path, [*base_names, str(loaded.source)])
     except BaseException:
         serving.stop()
         raise
@@ -137,29 +113,47 @@ def build_app(
         records=records,
         grammar_compiler=GrammarCompiler(loaded.tokenizer, loaded.eos_token_ids),
     )
-    # The other ranks load in the dtype this process settled on (`auto` may have been measured:
-    # a rank measuring for itself could pick the other one).
-    settled = str(loaded.dtype).removeprefix("torch.")
-    team = _training_team(train_processes, trainer, base_model, settled, loaded, serving)
     training = TrainingService(
         serving,
         records,
-        art_path=art_path,
+        art_path=settings.art_path,
         base_names=base_names,
         trainer_host=torch_engine,
-        team=team,
+        team=_training_team(settings, loaded, serving),
     )
     return create_app(
         service,
-        api_key=api_key,
-        art_path=art_path,
+        api_key=settings.api_key,
+        art_path=settings.art_path,
         training=training,
-        allowed_hosts=allowed_hosts,
-        max_body_mb=max_body_mb,
+        allowed_hosts=settings.allowed_hosts,
+        max_body_mb=settings.max_body_mb,
     )
 
 
 TRAINER_CHOICES = ("torch", "unsloth")
+
+
+def _serving_engine(
+    settings: ServerSettings,
+    picked: str,
+    count: int,
+    vllm_python: str | None,
+    loaded: LoadedModel,
+    torch_engine: TorchEngine,
+) -> Engine:
+    """The engine that serves, not started: the torch engine or vLLM, or `count` replicas of
+    the picked one behind one `ReplicaSet`."""
+    if picked == "vllm":
+        assert vllm_python is not None
+        engines = vllm_replicas(settings.vllm, vllm_python, loaded, torch_engine, settings.art_path)
+        probes: list[Probe | None] = [health_probe(e.process.base_url) for e in engines]
+    else:
+        engines = torch_replicas(torch_engine, count)
+        probes = [None] * count
+    if len(engines) > 1:
+        return replica_set(engines, probes=probes, routing=settings.routing)
+    return engines[0]
 
 
 def _settle_chat_template(loaded: LoadedModel, template: ChatTemplate | None) -> None:
@@ -195,19 +189,26 @@ def _check_choices(served_name: str, engine: str, trainer: str) -> None:
 
 
 def _training_team(
-    processes: int, trainer: str, base_model: str, dtype: str, loaded: LoadedModel, serving: Engine
+    settings: ServerSettings, loaded: LoadedModel, serving: Engine
 ) -> TrainingTeam | None:
     """The trainer's other processes (`--train-processes`, or torchrun's ranks); the engine
     stops if they cannot start."""
     from art_backend.training._distributed import start_team, torchrun_rank
 
-    if trainer == "unsloth" and (processes > 1 or torchrun_rank() is not None):
+    if settings.trainer == "unsloth" and (
+        settings.train_processes > 1 or torchrun_rank() is not None
+    ):
         serving.stop()
         raise InvalidRequestError(
             "--trainer unsloth trains on one process: leave out --train-processes (and torchrun)."
         )
+    # The other ranks load in the dtype this process settled on (`auto` may have been measured:
+    # a rank measuring for itself could pick the other one).
+    settled = str(loaded.dtype).removeprefix("torch.")
     try:
-        return start_team(processes, model=base_model, dtype=dtype, device=loaded.device)
+        return start_team(
+            settings.train_processes, model=settings.base_model, dtype=settled, device=loaded.device
+        )
     except BaseException:
         serving.stop()
         raise
@@ -225,17 +226,6 @@ def _load_through_unsloth(loaded: LoadedModel, picked: str) -> None:
     loaded.model, _ = load_unsloth_model(
         loaded.source, dtype=loaded.dtype, max_seq_length=loaded.context_length
     )
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is less than 1")
-    return value
 
 
 def default_served_name(base_model: str) -> str:
@@ -410,6 +400,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--path", default=".art", type=Path, help="checkpoints folder")
+    _add_engine_arguments(parser)
+    _add_vllm_arguments(parser.add_argument_group("vLLM engine"))
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    parser.add_argument(
+        "--exit-with-parent",
+        type=int,
+        metavar="PID",
+        help="shut down gracefully when process PID exits (LocalBackend passes its own pid)",
+    )
+    return parser
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the engine batches, replicates and templates, and who trains."""
     parser.add_argument(
         "--max-batch-size",
         type=positive_int,
@@ -474,15 +478,6 @@ def _parser() -> argparse.ArgumentParser:
         help="train data-parallel on N processes of this machine, each with its own copy of "
         "the base model (CPU: gloo; CUDA: NCCL, a GPU each); torchrun starts them instead",
     )
-    _add_vllm_arguments(parser.add_argument_group("vLLM engine"))
-    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
-    parser.add_argument(
-        "--exit-with-parent",
-        type=int,
-        metavar="PID",
-        help="shut down gracefully when process PID exits (LocalBackend passes its own pid)",
-    )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -494,7 +489,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.exit_with_parent:
         _exit_with_parent(args.exit_with_parent)
 
-    from art_backend._host_guard import parse_allowed_hosts
     from art_backend._log_redaction import configure_logging, run_uvicorn
 
     configure_logging(args.log_level)
@@ -504,38 +498,8 @@ def main(argv: list[str] | None = None) -> None:
     if launched is not None and launched[0] != 0:  # under torchrun rank 0 serves, the rest train
         serve_torchrun_rank(args.model, dtype=args.dtype, device=args.device)
         return
-    # The name the server was bound by is one it answers to (0.0.0.0, :: are not names).
-    allowed_hosts = [*parse_allowed_hosts(args.host), *parse_allowed_hosts(args.allowed_hosts)]
     try:
-        app = build_app(
-            args.model,
-            name=args.name,
-            dtype=args.dtype,
-            device=args.device,
-            api_key=args.api_key,
-            art_path=args.path,
-            max_batch_size=args.max_batch_size,
-            max_batch_tokens=args.max_batch_tokens,
-            threads=args.threads,
-            allowed_hosts=allowed_hosts,
-            max_body_mb=args.max_body_mb,
-            engine=args.engine,
-            trainer=args.trainer,
-            train_processes=args.train_processes,
-            replicas=args.replicas,
-            routing=args.routing,
-            chat_template=args.chat_template,
-            vllm=VllmOptions(
-                python=args.vllm_python,
-                url=args.vllm_url[0] if args.vllm_url else None,
-                replica_urls=(args.vllm_url or [])[1:],
-                max_lora_rank=args.max_lora_rank,
-                kv_cache_gb=args.vllm_kv_cache_gb,
-                sleep=args.vllm_sleep,
-                devices=args.vllm_devices,
-                args=args.vllm_arg,
-            ),
-        )
+        app = build_app(ServerSettings.from_arguments(args))
     except BackendError as error:
         parser.exit(2, f"art-server: error: {error.message}\n")
     try:

@@ -57,11 +57,13 @@ def start_server(
     **kwargs,
 ):
     """Build the app for `model` and run uvicorn on a free 127.0.0.1 port in a thread."""
+    from art_backend._settings import ServerSettings
     from art_backend.cli import build_app
 
-    app = build_app(
+    settings = ServerSettings(
         str(model), name=name, dtype=dtype, api_key=api_key, art_path=art_path, **kwargs
     )
+    app = build_app(settings)
     server, thread, url = serve_in_thread(app)
     return server, thread, RunningServer(url, api_key, app, art_path)
 

@@ -124,16 +124,12 @@ class Answer:
         return len(self.text)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "trajectory_id": self.trajectory_id,
-            "reward": self.reward,
-            "right": self.right,
-            "format": self.format,
-            "length": self.length,
-            "tools": self.tools,
-            "text": self.text,
-            "metrics": self.metrics,
-        }
+        return _attributes(self, "trajectory_id reward right format length tools text metrics")
+
+
+def _attributes(value: Any, names: str) -> dict[str, Any]:
+    """The attributes `names` (space-separated) of `value`, in that order: a JSON object."""
+    return {name: getattr(value, name) for name in names.split()}
 
 
 def conversation_of(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -239,11 +235,7 @@ class ExampleDiff:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "key_kind": self.key_kind,
-            "key": self.key,
-            "sample": self.sample,
-            "prompt": self.prompt,
-            "tags": self.tags,
+            **_attributes(self, "key_kind key sample prompt tags"),
             "before": self.before.to_json(),
             "after": self.after.to_json(),
         }

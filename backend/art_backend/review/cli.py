@@ -67,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
             "used as its --path (default .art).\n",
         )
 
-    from art_backend._host_guard import parse_allowed_hosts
+    from art_backend._host_guard import allowed_hosts
     from art_backend._log_redaction import configure_logging, run_uvicorn
 
     configure_logging(args.log_level)
-    allowed_hosts = [*parse_allowed_hosts(args.host), *parse_allowed_hosts(args.allowed_hosts)]
-    app = build_review_server(args.path, api_key=args.api_key, allowed_hosts=allowed_hosts)
+    hosts = allowed_hosts(args.host, args.allowed_hosts)
+    app = build_review_server(args.path, api_key=args.api_key, allowed_hosts=hosts)
     login = " (log in with the API key)" if args.api_key else ""
     print(f"art review: http://{args.host}:{args.port}/review/ over {args.path}{login}", flush=True)
     run_uvicorn(app, host=args.host, port=args.port, log_level=args.log_level)

@@ -16,9 +16,13 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from art_backend._errors import BackendError
-from art_backend.cli import positive_int
+from art_core._arguments import flag_values, positive_int
+
+if TYPE_CHECKING:
+    from art_backend.training._replay import ReplayReport
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,15 +57,16 @@ def main(argv: list[str] | None = None) -> int:
             args.path,
             args.model,
             args.step,
-            project=args.project,
-            threads=args.threads,
-            tolerance=args.tolerance,
-            base_model=args.base_model,
-            device=args.device,
+            **flag_values(args, "project threads tolerance base_model device"),
         )
     except BackendError as error:
         print(f"art replay: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
+    return _verdict(report)
+
+
+def _verdict(report: ReplayReport) -> int:
+    """Print whether the replayed adapter matches the recorded one; 0 if it does, else 1."""
     where = f"{report.project}/{report.name} step {report.step}"
     for reason in report.why_not_exact:
         print(f"warning: bit-exact not promised: {reason}", file=sys.stderr)

@@ -22,11 +22,18 @@ import time
 from pathlib import Path
 
 import art_core as art
+from art_core._arguments import flag_values
 from art_core.report import print_summary
 from art_core.utils.sft import get_file_row_count
 from art_mcp._checked import check_offered_tools, load_scenarios
 from art_mcp._server import McpServer
 from art_mcp._train import train
+
+# The flags handed to `art_mcp.train` under their own names.
+RUN_FLAGS = (
+    "generator steps groups_per_step rollouts_per_group num_scenarios reward sft sft_epochs "
+    "sft_learning_rate val_fraction max_minutes max_turns max_tokens"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -134,22 +141,10 @@ async def run(args: argparse.Namespace) -> art.AutoRLResult:
                 server,
                 model,
                 judge=judge,
-                generator=args.generator,
-                steps=args.steps,
-                groups_per_step=args.groups_per_step,
-                rollouts_per_group=args.rollouts_per_group,
-                num_scenarios=args.num_scenarios,
                 scenarios=scenarios,
-                reward=args.reward,
-                sft=args.sft,
-                sft_epochs=args.sft_epochs,
-                sft_learning_rate=args.sft_learning_rate,
-                val_fraction=args.val_fraction,
-                max_minutes=args.max_minutes,
-                max_turns=args.max_turns,
-                max_tokens=args.max_tokens,
                 config=art.TrainConfig(learning_rate=args.learning_rate),
                 report_dir=Path(args.path) / args.project / "models" / name / "report",
+                **flag_values(args, RUN_FLAGS),
             )
     finally:
         await backend.close()

@@ -55,9 +55,10 @@ def test_trainer_unsloth_is_refused_without_cuda(tiny_model_dir, tmp_path):
 def test_the_torch_path_never_imports_vllm(tiny_model_dir, tmp_path):
     code = (
         "import sys\n"
+        "from art_backend._settings import ServerSettings\n"
         "from art_backend.cli import build_app\n"
-        f"build_app({str(tiny_model_dir)!r}, art_path=__import__('pathlib').Path({str(tmp_path)!r}),"
-        " dtype='float32', engine='torch')\n"
+        f"build_app(ServerSettings({str(tiny_model_dir)!r}, "
+        f"art_path=__import__('pathlib').Path({str(tmp_path)!r}), dtype='float32', engine='torch'))\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'vllm'], 'vllm imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

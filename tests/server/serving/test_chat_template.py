@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 import art_core as art
 from art_backend._errors import InvalidRequestError
+from art_backend._settings import ServerSettings
 from art_backend.cli import build_app
 from art_backend.engines._chat_templates import BUILTIN_TEMPLATES, install_chat_template
 from art_backend.training._rows import sft_sequence
@@ -195,7 +196,9 @@ def test_a_template_file_that_cannot_be_used_stops_the_start(
     elif content is not None:
         path.write_text(content)
     with pytest.raises(InvalidRequestError) as refused:
-        build_app(str(base_model_dir), art_path=tmp_path / "art", chat_template=str(path))
+        build_app(
+            ServerSettings(str(base_model_dir), art_path=tmp_path / "art", chat_template=str(path))
+        )
     assert words in refused.value.message and "--chat-template" in refused.value.message
 
 
