@@ -239,7 +239,7 @@ PUBLIC_SURFACES = {
     "art_core.local.backend": ["LocalBackend"],
     "art_core.rewards": [
         "DEFAULT_RUBRIC", "AutoRLResult", "JudgeUsage", "PreflightError", "PreflightResult",
-        "ResponseCache", "Rollout", "RulerScore", "RunOutcome", "Scenario", "TrainingRun",
+        "ResponseCache", "Rollout", "RulerScore", "RunOutcome", "RunSettings", "Scenario", "TrainingRun",
         "WarmStart", "autorl", "generate_scenarios", "group_scorer", "judge_answer",
         "judge_or_base_model", "load_scenarios", "preflight", "resolve_model", "ruler",
         "ruler_score_group", "save_scenarios", "split_scenarios",

@@ -1,8 +1,8 @@
 """ART's `art.pipeline_trainer`: rollout workers keep sampling while the trainer trains
 (`from art_core.pipeline_trainer import PipelineTrainer`).
 
-The trainer is `_trainer.py`, its settings and state `_state.py`, checkpoint retention
-`_retention.py`; this module names their public parts.
+The trainer is `_trainer.py`, its settings `_settings.py`, its state `_state.py`, checkpoint
+retention `_retention.py`; this module names their public parts.
 """
 
 from art_core.pipeline_trainer._retention import (
@@ -11,16 +11,17 @@ from art_core.pipeline_trainer._retention import (
     CheckpointRetentionStrategy,
     keep_recent_and_top,
 )
+from art_core.pipeline_trainer._settings import PipelineRuntimeConfig
 from art_core.pipeline_trainer._state import (
     EvalFn,
-    PipelineRuntimeConfig,
     PipelineState,
     RolloutExecutor,
     RolloutFn,
     ScenarioT,
     SingleRolloutFn,
+    make_group_rollout_fn,
 )
-from art_core.pipeline_trainer._trainer import PipelineTrainer, make_group_rollout_fn
+from art_core.pipeline_trainer._trainer import PipelineTrainer
 
 __all__ = [
     "CheckpointInfo",

@@ -1,8 +1,9 @@
-"""The pipeline's settings, state and group rules (`art_core.pipeline_trainer._trainer` runs the pipeline).
+"""The pipeline's state and group rules (`_trainer.py` runs the pipeline, `_settings.py` holds
+what it was set to).
 
-ART's names: `PipelineRuntimeConfig`, `PipelineState`, the rollout and eval function types; the
-keywords ART's PipelineTrainer takes that this one does not, with what to use instead; and the
-rules applied to each group (the step it was sampled at, zero reward variance).
+ART's names: `PipelineState`, the rollout and eval function types (and `make_group_rollout_fn`,
+a group's rollout from one trajectory's); and the rules applied to each group (the step it was
+sampled at, zero reward variance).
 """
 
 from __future__ import annotations
@@ -12,12 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from pydantic import Field
-
-from art_core._strict import StrictModel
 from art_core.model import TrainableModel
 from art_core.trajectories import Trajectory, TrajectoryGroup
-from art_core.types import TrainConfig
 from art_core.utils._signal import carries_signal
 
 ScenarioT = TypeVar("ScenarioT")
@@ -42,32 +39,6 @@ EvalFn = Callable[
 
 # Where a group keeps the step it was sampled at (ART keeps it on each trajectory).
 POLICY_VERSION_KEY = "initial_policy_version"
-
-# ART's PipelineTrainer keywords this trainer does not have, and what to use instead.
-UNSUPPORTED_HINTS = {
-    "autotune": "Pipeline autotuning is not implemented: set the pipeline sizes yourself.",
-    "loss_fn_config": "Pass our TrainConfig fields as train_config=art.TrainConfig(...).",
-    "kl_penalty_coef": "Our KL term is to the base model: train_config=art.TrainConfig(beta=...).",
-    "save_checkpoint": "Every step is a checkpoint here (served as <name>@<step>).",
-    "resume": "train() always resumes from the model's current step on the backend.",
-    "limit_mean_steps_off_policy": "Use max_steps_off_policy (a strict bound).",
-}
-UNSUPPORTED_HINT = (
-    "ART's {name!r} has no counterpart in art_core's PipelineTrainer (see its docstring)."
-)
-
-
-class PipelineRuntimeConfig(StrictModel):
-    """How many rollout workers run, how many groups a step trains, and the queue's bound.
-
-    `max_batch_size` None: 10 x `min_batch_size` (ART's default). `queue_maxsize` None:
-    `max(1, max_steps_off_policy x max_batch_size)` (1 step's worth with no bound), as ART.
-    """
-
-    num_rollout_workers: int = Field(16, ge=1)
-    min_batch_size: int = Field(4, ge=1)
-    max_batch_size: int | None = Field(None, ge=1)
-    queue_maxsize: int | None = Field(None, ge=1)
 
 
 @dataclass
@@ -104,34 +75,24 @@ class StepCounts:
     zero_variance_groups: list[TrajectoryGroup] = field(default_factory=list)
 
 
-KNOWN_KEYWORDS = [
-    "num_rollout_workers", "min_batch_size", "max_batch_size", "queue_maxsize", "pipeline",
-    "learning_rate", "loss_fn", "normalize_advantages", "train_config", "max_steps",
-    "discard_queue_multiplier", "max_steps_off_policy", "eval_every_n_steps", "eval_at_start",
-    "checkpoint_retention_strategy", "checkpoint_retention_interval", "executor", "promote_if",
-    "signal",
-]  # fmt: skip
+def make_group_rollout_fn(
+    single_rollout_fn: SingleRolloutFn[ScenarioT, ConfigT], n: int = 4
+) -> RolloutFn[ScenarioT, ConfigT]:
+    """A RolloutFn that runs `single_rollout_fn` n times concurrently; exceptions stay on the group."""
 
+    async def group_rollout(
+        model: TrainableModel, scenario: ScenarioT, config: ConfigT
+    ) -> TrajectoryGroup:
+        results = await asyncio.gather(
+            *(single_rollout_fn(model, scenario, config) for _ in range(n)),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result  # a cancellation or KeyboardInterrupt is not a failed rollout
+        return TrajectoryGroup(results)  # type: ignore[arg-type]
 
-def step_train_config(
-    base: TrainConfig | None,
-    learning_rate: float | None,
-    loss_fn: str | None,
-    normalize_advantages: bool,
-) -> TrainConfig:
-    """The TrainConfig of every step: `base` (ours) with ART's keywords on top.
-
-    What neither sets takes ART's PipelineTrainer defaults: learning_rate 1e-5, loss_fn "cispo".
-    `loss_fn` is ART's "cispo" or "ppo", or one of our presets; TrainConfig validates it.
-    """
-    fields = base.model_dump(exclude_unset=True) if base is not None else {}
-    if learning_rate is not None or "learning_rate" not in fields:
-        fields["learning_rate"] = 1e-5 if learning_rate is None else learning_rate
-    if loss_fn is not None or "loss" not in fields:
-        fields["loss"] = loss_fn or "cispo"
-    if not normalize_advantages:
-        fields["scale_rewards"] = "none"
-    return TrainConfig(**fields)
+    return group_rollout
 
 
 def policy_version(group: TrajectoryGroup, default: int) -> int:

@@ -62,7 +62,6 @@ from collections.abc import (
 from typing import Any, Generic
 
 from art_core._promotion import PromotionGate
-from art_core._strict import check_names
 from art_core.backend import Backend
 from art_core.errors import PromotionGateError, TooManyExceptionsError
 from art_core.gather import gather_trajectory_groups
@@ -71,31 +70,25 @@ from art_core.pipeline_trainer._retention import (
     CheckpointRetentionStrategy,
     apply_retention,
 )
+from art_core.pipeline_trainer._settings import PipelineRuntimeConfig, PipelineSettings
 from art_core.pipeline_trainer._state import (
-    KNOWN_KEYWORDS,
     POLICY_VERSION_KEY,
-    UNSUPPORTED_HINT,
-    UNSUPPORTED_HINTS,
     ConfigT,
     EvalFn,
-    PipelineRuntimeConfig,
     PipelineState,
     RolloutExecutor,
     RolloutFn,
     ScenarioT,
-    SingleRolloutFn,
     StepCounts,
     async_iterator,
     eval_groups,
     policy_version,
-    step_train_config,
     until_stopped,
     zero_variance,
 )
 from art_core.trajectories import TrajectoryGroup
 from art_core.types import TrainConfig, TrainResult
 from art_core.utils._signal import GroupSignal
-from art_core.wire import MAX_SERVED_STEPS
 
 logger = logging.getLogger("art_core.pipeline")
 
@@ -103,40 +96,9 @@ _END = object()  # the scenarios ran out (or training stops): no more groups wil
 _SKIPPED = object()  # the GroupSignal passed over this scenario (its recent groups all-equal)
 
 
-def make_group_rollout_fn(
-    single_rollout_fn: SingleRolloutFn[ScenarioT, ConfigT], n: int = 4
-) -> RolloutFn[ScenarioT, ConfigT]:
-    """A RolloutFn that runs `single_rollout_fn` n times concurrently; exceptions stay on the group."""
-
-    async def group_rollout(
-        model: TrainableModel, scenario: ScenarioT, config: ConfigT
-    ) -> TrajectoryGroup:
-        results = await asyncio.gather(
-            *(single_rollout_fn(model, scenario, config) for _ in range(n)),
-            return_exceptions=True,
-        )
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, Exception):
-                raise result  # a cancellation or KeyboardInterrupt is not a failed rollout
-        return TrajectoryGroup(results)  # type: ignore[arg-type]
-
-    return group_rollout
-
-
-def _pipeline_sizes(
-    pipeline: PipelineRuntimeConfig | None, **direct_or_none: int | None
-) -> PipelineRuntimeConfig:
-    """The pipeline's sizes, given as `pipeline=` or as ART's keywords (not both)."""
-    direct = {key: value for key, value in direct_or_none.items() if value is not None}
-    if pipeline is not None and direct:
-        raise ValueError(
-            "Pass the pipeline sizes either as pipeline=PipelineRuntimeConfig(...) or as "
-            f"keywords, not both (got pipeline= and {', '.join(direct)})."
-        )
-    pipeline = pipeline or PipelineRuntimeConfig(**direct)
-    if pipeline.max_batch_size is not None and pipeline.max_batch_size < pipeline.min_batch_size:
-        raise ValueError("max_batch_size must be >= min_batch_size")
-    return pipeline
+def _setting(name: str) -> Any:
+    """A read-only attribute of the trainer that is one of its settings (ART's attribute names)."""
+    return property(lambda trainer: getattr(trainer.settings, name), doc=f"`settings.{name}`")
 
 
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):
@@ -147,7 +109,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
     executor runs it; `eval_fn(model, step, config)` returns trajectories or groups to log as "val" (or
     a mapping split -> them; None if it logged itself). `await trainer.train()` runs until the
     scenarios run out, `max_steps` steps are trained, or `request_stop()`. `promote_if`: an
-    `art.PromotionGate` each step is trained through (see the module docstring).
+    `art.PromotionGate` each step is trained through (see the module docstring). The keywords
+    (ART's) are checked once into `trainer.settings` (`_settings.PipelineSettings`); ART's
+    attribute names (`trainer.max_batch_size`, ...) read from it.
     """
 
     def __init__(
@@ -180,70 +144,58 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         signal: GroupSignal | None = None,
         **unsupported: Any,
     ) -> None:
-        hints = {
-            name: UNSUPPORTED_HINTS.get(name, UNSUPPORTED_HINT.format(name=name))
-            for name in unsupported
-        }
-        check_names("PipelineTrainer()", unsupported, KNOWN_KEYWORDS, hints=hints)
-        pipeline = _pipeline_sizes(
-            pipeline,
-            num_rollout_workers=num_rollout_workers,
-            min_batch_size=min_batch_size,
-            max_batch_size=max_batch_size,
-            queue_maxsize=queue_maxsize,
-        )
-        for name, value, low in (
-            ("max_steps", max_steps, 0),
-            ("max_steps_off_policy", max_steps_off_policy, 0),
-            ("eval_every_n_steps", eval_every_n_steps, 0),
-            ("discard_queue_multiplier", discard_queue_multiplier, 1),
-            ("checkpoint_retention_interval", checkpoint_retention_interval, 1),
-        ):
-            if value is not None and value < low:
-                raise ValueError(f"{name} must be >= {low}, got {value}")
-        if promote_if is not None and not isinstance(promote_if, PromotionGate):
-            raise TypeError(
-                "PipelineTrainer(): promote_if must be an art.PromotionGate, got "
-                f"{type(promote_if).__name__}"
-            )
-        if signal is not None and not isinstance(signal, GroupSignal):
-            raise TypeError(
-                f"PipelineTrainer(): signal must be an art.GroupSignal, got {type(signal).__name__}"
-            )
-        self.group_signal = signal
+        self.settings = PipelineSettings.from_keywords(
+            unsupported,
+            num_rollout_workers=num_rollout_workers, min_batch_size=min_batch_size,
+            max_batch_size=max_batch_size, queue_maxsize=queue_maxsize, pipeline=pipeline,
+            learning_rate=learning_rate, loss_fn=loss_fn,
+            normalize_advantages=normalize_advantages, train_config=train_config,
+            max_steps=max_steps, discard_queue_multiplier=discard_queue_multiplier,
+            max_steps_off_policy=max_steps_off_policy, eval_every_n_steps=eval_every_n_steps,
+            eval_at_start=eval_at_start,
+            checkpoint_retention_strategy=checkpoint_retention_strategy,
+            checkpoint_retention_interval=checkpoint_retention_interval,
+            promote_if=promote_if, signal=signal,
+        )  # fmt: skip
         self.model = model
         self.backend = backend
+        self._scenarios = async_iterator(scenarios)
         self.rollout_fn = rollout_fn
         self.executor = executor
         self.config = config
         self.eval_fn = eval_fn
-        self.pipeline = pipeline
-        self.num_rollout_workers = pipeline.num_rollout_workers
-        self.min_batch_size = pipeline.min_batch_size
-        self.max_batch_size = pipeline.max_batch_size or 10 * pipeline.min_batch_size
-        self.max_steps_off_policy = max_steps_off_policy
-        window = 1 if max_steps_off_policy is None else max_steps_off_policy
-        self.queue_maxsize = pipeline.queue_maxsize or max(1, window * self.max_batch_size)
-        self.train_config = step_train_config(
-            train_config, learning_rate, loss_fn, normalize_advantages
-        )
-        self.max_steps = max_steps
-        self.discard_queue_multiplier = discard_queue_multiplier
-        self.eval_every_n_steps = eval_every_n_steps
-        self.eval_at_start = eval_at_start
-        self.checkpoint_retention_strategy = checkpoint_retention_strategy
-        self.checkpoint_retention_interval = checkpoint_retention_interval
-        self.promote_if = promote_if
-        self.state = PipelineState()
-        self._scenarios = async_iterator(scenarios)
         self._scenario_lock = asyncio.Lock()
-        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.queue_maxsize)
+        self._start_run(PipelineState())
+
+    # ART's attribute names, read from the one settings object.
+    pipeline = _setting("pipeline")
+    num_rollout_workers = _setting("num_rollout_workers")
+    min_batch_size = _setting("min_batch_size")
+    max_batch_size = _setting("max_batch_size")
+    queue_maxsize = _setting("queue_maxsize")
+    max_steps_off_policy = _setting("max_steps_off_policy")
+    train_config = _setting("train_config")
+    max_steps = _setting("max_steps")
+    discard_queue_multiplier = _setting("discard_queue_multiplier")
+    eval_every_n_steps = _setting("eval_every_n_steps")
+    eval_at_start = _setting("eval_at_start")
+    checkpoint_retention_strategy = _setting("checkpoint_retention_strategy")
+    checkpoint_retention_interval = _setting("checkpoint_retention_interval")
+    promote_if = _setting("promote_if")
+    group_signal = _setting("signal")
+
+    def _start_run(
+        self, state: PipelineState, workers: int = 0, main: asyncio.Task[Any] | None = None
+    ) -> None:
+        """A run's fresh state: its counters, queue, stop and policy events, running workers."""
+        self.state = state
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=self.settings.queue_maxsize)
         self._stop = asyncio.Event()
         self._policy_changed = asyncio.Event()
         self._counts = StepCounts()
-        self._workers_running = 0
+        self._workers_running = workers
         self._worker_error: BaseException | None = None
-        self._main_task: asyncio.Task[Any] | None = None
+        self._main_task = main
 
     # ------------------------------------------------------------------------------ the run
 
@@ -255,26 +207,23 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         start_step = await self.model.get_step()
         # Rollouts sampled up to max_steps_off_policy steps back may still be running: the
         # server keeps that many older steps loaded, or their next call would find no model.
-        await self.backend.register(self.model, served_steps=self._served_window() + 1)
-        self.state = PipelineState(
-            policy_version=start_step, next_training_step=start_step, last_eval_step=start_step
+        await self.backend.register(self.model, served_steps=self.settings.served_window + 1)
+        self._start_run(
+            PipelineState(
+                policy_version=start_step, next_training_step=start_step, last_eval_step=start_step
+            ),
+            workers=self.settings.num_rollout_workers,
+            main=asyncio.current_task(),
         )
-        self._queue = asyncio.Queue(maxsize=self.queue_maxsize)
-        self._stop = asyncio.Event()
-        self._policy_changed = asyncio.Event()
-        self._counts = StepCounts()
-        self._worker_error = None
-        self._workers_running = self.num_rollout_workers
-        self._main_task = asyncio.current_task()
         workers = [
             asyncio.create_task(self._rollout_worker(index), name=f"rollout_worker_{index}")
-            for index in range(self.num_rollout_workers)
+            for index in range(self.settings.num_rollout_workers)
         ]
         for worker in workers:
             worker.add_done_callback(self._worker_finished)
         with self._stop_on_signals(handle_signals):
             try:
-                if self.eval_fn is not None and self.eval_at_start:
+                if self.eval_fn is not None and self.settings.eval_at_start:
                     await self._run_eval(start_step)
                 await self._training_stage(start_step)
             finally:
@@ -291,7 +240,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         self._stop.set()
 
     async def _training_stage(self, step: int) -> None:
-        stop_at = None if self.max_steps is None else step + self.max_steps
+        stop_at = None if self.settings.max_steps is None else step + self.settings.max_steps
         while stop_at is None or step < stop_at:
             waited = time.monotonic()
             batch, ended = await self._collect_batch(step)
@@ -316,8 +265,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 await self.model.log(counts.zero_variance_groups[:50], split="discarded")
             if self._should_eval(step):
                 await self._run_eval(step)
-            if self.checkpoint_retention_strategy is not None and (
-                self.state.accepted_steps % self.checkpoint_retention_interval == 0
+            if self.settings.checkpoint_retention_strategy is not None and (
+                self.state.accepted_steps % self.settings.checkpoint_retention_interval == 0
             ):
                 await self._apply_retention(step)
             if ended or self.state.done:
@@ -331,9 +280,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             result = await self.backend.train(
                 self.model,
                 groups,
-                self.train_config,
+                self.settings.train_config,
                 client_metrics=client_metrics,
-                promote_if=self.promote_if,
+                promote_if=self.settings.promote_if,
             )
         except PromotionGateError as error:
             if error.result is None:  # the baseline could not be measured: nothing trained
@@ -345,21 +294,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             self.state.refused_promotions += 1
         return result
 
-    def _served_window(self) -> int:
-        """How many steps behind the current one a running rollout may be sampling."""
-        if self.max_steps_off_policy is None:
-            return MAX_SERVED_STEPS - 1
-        return min(self.max_steps_off_policy, MAX_SERVED_STEPS - 1)
-
     async def _apply_retention(self, step: int) -> None:
         """Offer the checkpoints no rollout may still sample to the strategy; delete the rest."""
-        assert self.checkpoint_retention_strategy is not None
+        assert self.settings.checkpoint_retention_strategy is not None
         self.state.deleted_checkpoints += await apply_retention(
             self.backend,
             self.model,
-            self.checkpoint_retention_strategy,
+            self.settings.checkpoint_retention_strategy,
             step,
-            oldest_in_use=step - self._served_window(),
+            oldest_in_use=step - self.settings.served_window,
             eval_steps=self.state.completed_eval_steps,
             # The plain name serves it (a gate refused the steps after it): never deleted.
             protected={self.model.promoted_step},
@@ -381,9 +324,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "offpolicy/policy_age_steps_mean": sum(ages) / len(ages),
             "offpolicy/policy_age_steps_max": float(max(ages)),
             "queue/groups_depth": float(self._queue.qsize()),
-            "queue/groups_depth_max": float(self.queue_maxsize),
+            "queue/groups_depth_max": float(self.settings.queue_maxsize),
             "time/step_trainer_idle_s": idle,
-            **(self.group_signal.take_step_metrics() if self.group_signal else {}),
+            **(self.settings.signal.take_step_metrics() if self.settings.signal else {}),
         }
 
     async def _collect_batch(self, step: int) -> tuple[list[TrajectoryGroup], bool]:
@@ -392,8 +335,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         Returns the batch and whether no more groups will come (scenarios ended, or stopped).
         """
         batch: list[TrajectoryGroup] = []
-        while len(batch) < self.max_batch_size:
-            if len(batch) < self.min_batch_size:
+        while len(batch) < self.settings.max_batch_size:
+            if len(batch) < self.settings.min_batch_size:
                 if self._queue.empty() and self._workers_running == 0:
                     return batch, True
                 got, item = await self._until_stopped(self._queue.get())
@@ -425,7 +368,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 self._counts.zero_variance_groups.append(group)
                 if (
                     self._counts.zero_variance
-                    >= self.discard_queue_multiplier * self.min_batch_size
+                    >= self.settings.discard_queue_multiplier * self.settings.min_batch_size
                 ):
                     self._collapse()
                     return [], True
@@ -434,9 +377,9 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
         return batch, False
 
     def _is_stale(self, group: TrajectoryGroup, step: int) -> bool:
-        if self.max_steps_off_policy is None:
+        if self.settings.max_steps_off_policy is None:
             return False
-        return policy_version(group, step) < step - self.max_steps_off_policy
+        return policy_version(group, step) < step - self.settings.max_steps_off_policy
 
     def _collapse(self) -> None:
         self.state.collapse_detected = True
@@ -445,15 +388,15 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "stopped. Lower the learning rate, check that the reward varies and the scenarios "
             "are diverse, or raise discard_queue_multiplier (now %d x min_batch_size %d).",
             self._counts.zero_variance,
-            self.discard_queue_multiplier,
-            self.min_batch_size,
+            self.settings.discard_queue_multiplier,
+            self.settings.min_batch_size,
         )
         self.request_stop()
 
     def _should_eval(self, step: int) -> bool:
-        if self.eval_fn is None or self.eval_every_n_steps <= 0:
+        if self.eval_fn is None or self.settings.eval_every_n_steps <= 0:
             return False
-        return step - self.state.last_eval_step >= self.eval_every_n_steps
+        return step - self.state.last_eval_step >= self.settings.eval_every_n_steps
 
     async def _run_eval(self, step: int) -> None:
         """eval_fn at `step`, its results logged; a failing eval is logged and counted (ART)."""
@@ -514,8 +457,8 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     )
                     continue
                 group.metadata[POLICY_VERSION_KEY] = version
-                if self.group_signal is not None:
-                    self.group_signal.record(scenario, group)
+                if self.settings.signal is not None:
+                    self.settings.signal.record(scenario, group)
                 if not (await self._until_stopped(self._queue.put(group)))[0]:
                     return
                 self.state.max_queue_depth = max(self.state.max_queue_depth, self._queue.qsize())
@@ -545,15 +488,16 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 return _END
             self.state.scenario_offset += 1
             self.state.total_scenarios_consumed += 1
-            if self.group_signal is not None and self.group_signal.skip(scenario):
+            if self.settings.signal is not None and self.settings.signal.skip(scenario):
                 return _SKIPPED
             return scenario
 
     async def _wait_for_policy(self) -> bool:
         """Wait while a rollout started now would be too old to train; False when stopping."""
-        if self.max_steps_off_policy is None:
+        behind = self.settings.max_steps_off_policy
+        if behind is None:
             return not self.state.done
-        while self.state.policy_version < self.state.next_training_step - self.max_steps_off_policy:
+        while self.state.policy_version < self.state.next_training_step - behind:
             if not (await self._until_stopped(self._policy_changed.wait()))[0]:
                 return False
         return not self.state.done

@@ -11,6 +11,7 @@ from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
 from art_core.rewards._run import (
     Rollout,
     RunOutcome,
+    RunSettings,
     TrainingRun,
     WarmStart,
     group_scorer,
@@ -36,6 +37,7 @@ __all__ = [
     "Rollout",
     "RulerScore",
     "RunOutcome",
+    "RunSettings",
     "Scenario",
     "TrainingRun",
     "WarmStart",

@@ -9,19 +9,31 @@
    answer at a time (an absolute score by the rubric); at the end each held-out scenario's first
    and last answers are also judged side by side, in both orders, for a win rate;
 4. the report is the demo's: before/after table, reward curve, examples, settings.
+
+The run's settings (steps, group sizes, held-out share, TrainConfig, report) are one
+`RunSettings`, built from the keywords or given as `settings=`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from art_core._strict import check_names
 from art_core.model import Model, TrainableModel
 from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
-from art_core.rewards._run import AutoRLResult, Rollout, TrainingRun, group_scorer, judge_answer
+from art_core.rewards._run import (
+    AutoRLResult,
+    Rollout,
+    RunOutcome,
+    RunSettings,
+    TrainingRun,
+    group_scorer,
+    judge_answer,
+)
 from art_core.rewards._scenarios import Scenario, generate_scenarios, split_scenarios
 from art_core.rewards._structured import JudgeUsage, resolve_model
 from art_core.rewards.ruler import RULER_OPTIONS, ruler
@@ -57,6 +69,7 @@ async def autorl(
     show_progress: bool = True,
     rollout: Rollout | None = None,
     title: str | None = None,
+    settings: RunSettings | None = None,
 ) -> AutoRLResult:
     """Generate inputs, roll out, judge with RULER, train, evaluate held-out; see the module doc.
 
@@ -66,45 +79,82 @@ async def autorl(
     `generate_scenarios` (sampling, batch_size, concurrency, difficulty, tools, ...).
     `rollout(scenario, temperature)` replaces the one-answer agent (e.g. a tool-using agent);
     its exceptions are kept on their groups (up to 10 percent of a step's rollouts).
+    `settings`: the run's settings as one `RunSettings`, instead of the keywords steps,
+    groups_per_step, rollouts_per_group, val_fraction, config, report_dir, show_progress, title.
     """
     started = time.monotonic()
-    judge_model, judge_options, usage = _judge(judge, judge_options)
+    judging = _judging(judge, judge_options, rubric)
+    run_settings = RunSettings.given(
+        settings, "autorl()", steps=steps, groups_per_step=groups_per_step,
+        rollouts_per_group=rollouts_per_group, val_fraction=val_fraction, config=config,
+        report_dir=report_dir, show_progress=show_progress, title=title,
+    )  # fmt: skip
     if scenarios is None:
-        _say(show_progress, f"Generating {num_scenarios} scenarios ...")
-        options = {"cache": judge_options.get("cache", True), **(generation_options or {})}
-        writer = generator or judge_model
+        _say(run_settings.show_progress, f"Generating {num_scenarios} scenarios ...")
+        options = {"cache": judging.options.get("cache", True), **(generation_options or {})}
+        writer = generator or judging.model
         scenarios = await generate_scenarios(
-            task_description, num_scenarios, writer, usage=usage, **options
+            task_description, num_scenarios, writer, usage=judging.usage, **options
         )
-    train, val = _split(scenarios, val_fraction)
+    train, val = _split(scenarios, run_settings.val_fraction)
     run = TrainingRun(
         model,
         rollout or one_answer_agent(model, system_prompt or task_description, max_tokens),
         score_group=group_scorer(
-            train, judge=judge_model, usage=usage, rubric=rubric, **judge_options
+            train, judge=judging.model, usage=judging.usage, rubric=rubric, **judging.options
         ),
-        score_answer=judge_answer(judge_model, rubric, usage, **judge_options),
-        show_progress=show_progress,
+        score_answer=judge_answer(judging.model, rubric, judging.usage, **judging.options),
+        show_progress=run_settings.show_progress,
         started=started,
     )
-    outcome = await run.run(
-        train, val, steps=steps, groups_per_step=groups_per_step,
-        rollouts_per_group=rollouts_per_group, config=config,
-    )  # fmt: skip
-    warnings = _judge_warnings(outcome.steps, judge_model)
+    outcome = await run.run(train, val, run_settings)
+    return await _judged_result(run, outcome, train, val, task_description, judging, run_settings)
+
+
+@dataclass(frozen=True)
+class _Judging:
+    """The judge, the rubric it scores by, its options for `ruler` and its bill."""
+
+    model: Model
+    rubric: str
+    options: dict[str, Any]
+    usage: JudgeUsage
+
+
+def _judging(judge: Model | str, options: dict[str, Any] | None, rubric: str) -> _Judging:
+    """The judge and its options (checked now, not at the first judgement after generation and
+    rollouts have been paid for; it samples at temperature 0 unless told)."""
+    check_names(
+        "autorl(judge_options=...)", options or {}, [n for n in RULER_OPTIONS if n != "usage"]
+    )
+    options = {"sampling": {"temperature": 0.0}, **(options or {})}
+    return _Judging(resolve_model(judge), rubric, options, JudgeUsage())
+
+
+async def _judged_result(
+    run: TrainingRun,
+    outcome: RunOutcome,
+    train: list[Scenario],
+    val: list[Scenario],
+    task_description: str,
+    judging: _Judging,
+    settings: RunSettings,
+) -> AutoRLResult:
+    """The run's result: the judge's warnings, the win rate of the last answers over the first,
+    the settings it reports and the report."""
+    warnings = _judge_warnings(outcome.steps, judging.model)
     if run.skipped_steps:
         warnings.append(
-            f"{run.skipped_steps} of {steps} steps trained nothing: the judge failed to score "
-            "every group of those steps. Check the judge (its URL, key, model) or its context."
+            f"{run.skipped_steps} of {settings.steps} steps trained nothing: the judge failed to "
+            "score every group of those steps. Check the judge (its URL, key, model) or its "
+            "context."
         )
     for warning in warnings:
         run.say(f"Warning: {warning}")
-    win_rate = await _win_rate(
-        judge_model, rubric, usage, judge_options, outcome.first_answers, outcome.last_answers
-    )
+    win_rate = await _win_rate(judging, outcome.first_answers, outcome.last_answers)
     outcome.after.metrics["win_rate_vs_start"] = win_rate
     outcome.before.metrics["win_rate_vs_start"] = 0.5
-    judge_name = judge_model.get_inference_name()
+    judge_name, usage = judging.model.get_inference_name(), judging.usage
     return await run.result(
         outcome,
         train,
@@ -118,24 +168,12 @@ async def autorl(
             "judge_cost_usd": round(usage.cost_usd, 4),
             "warnings": " ".join(warnings) or "none",
         },
-        report_dir=report_dir,
-        title=title or f"AutoRL: {model.name}",
+        report_dir=settings.report_dir,
+        title=settings.title or f"AutoRL: {run.model.name}",
         description=f"{task_description.strip()} | {_DESCRIPTION.format(judge=judge_name)}",
         win_rate=win_rate,
         warnings=warnings,
     )
-
-
-def _judge(
-    judge: Model | str, options: dict[str, Any] | None
-) -> tuple[Model, dict[str, Any], JudgeUsage]:
-    """The judge, its options (checked now, not at the first judgement after generation and
-    rollouts have been paid for; it samples at temperature 0 unless told) and its bill."""
-    check_names(
-        "autorl(judge_options=...)", options or {}, [n for n in RULER_OPTIONS if n != "usage"]
-    )
-    options = {"sampling": {"temperature": 0.0}, **(options or {})}
-    return resolve_model(judge), options, JudgeUsage()
 
 
 def _split(scenarios: list[Scenario], val_fraction: float) -> tuple[list[Scenario], list[Scenario]]:
@@ -171,17 +209,11 @@ def one_answer_agent(model: TrainableModel, system: str, max_tokens: int) -> Rol
     return answer
 
 
-async def _win_rate(
-    judge: Model,
-    rubric: str,
-    usage: JudgeUsage,
-    judge_options: dict[str, Any],
-    first: list[Trajectory],
-    last: list[Trajectory],
-) -> float:
+async def _win_rate(judging: _Judging, first: list[Trajectory], last: list[Trajectory]) -> float:
     """How often the judge prefers the last answer to the first (both orders; a tie is half)."""
-    options = {**judge_options, "reverse_order_check": True}
+    options = {**judging.options, "reverse_order_check": True}
     both_ran = [(a, b) for a, b in zip(first, last, strict=True) if a.messages() and b.messages()]
+    judge, rubric, usage = judging.model, judging.rubric, judging.usage
     pairs = await asyncio.gather(
         *(
             ruler([a.messages(), b.messages()], judge, rubric, a.tools, usage=usage, **options)

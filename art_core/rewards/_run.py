@@ -1,7 +1,10 @@
 """One training run, as AutoRL and `art_mcp.train` run it: the loop written once.
 
     run = TrainingRun(model, rollout, score_group=..., score_answer=...)
-    outcome = await run.run(train, val, steps=10, groups_per_step=4, rollouts_per_group=4)
+    outcome = await run.run(train, val, RunSettings(steps=10, groups_per_step=4))
+
+`RunSettings` is the run's settings as one object: AutoRL and `art_mcp.train` build it from their
+keywords (or take it as `settings=`) and hand it down whole.
 
 The held-out scenarios are answered greedily and scored one answer at a time (`score_answer`:
 code checks, or the judge's absolute score), before and after; an optional warm start (SFT)
@@ -19,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from art_core._strict import check_names
 from art_core.gather import gather_trajectory_groups
 from art_core.model import Model, TrainableModel
 from art_core.report import Evaluation, summarize, write_report
@@ -39,6 +43,45 @@ GroupScorer = Callable[[TrajectoryGroup], Awaitable[TrajectoryGroup | None]]
 AnswerScorer = Callable[[Scenario, Trajectory], Awaitable[None]]  # sets the reward
 CodeReward = Callable[[Scenario, Trajectory], Awaitable[None]]  # sets the reward from checks
 WarmStart = Callable[[], Awaitable[Mapping[str, Any]]]  # runs it; returns its settings
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How a training run goes (`art.autorl`, `art_mcp.train`, `TrainingRun.run`).
+
+    `steps` steps of `groups_per_step` scenarios x `rollouts_per_group` rollouts, each trained
+    with `config` (None: `TrainConfig()`); `val_fraction` of the scenarios held out;
+    `max_minutes`: no step starts that would end, with the final evaluation, past it;
+    `report_dir`: the demo's report is written there, titled `title` (None: the caller's);
+    `show_progress`: progress lines.
+    """
+
+    steps: int = 10
+    groups_per_step: int = 4
+    rollouts_per_group: int = 4
+    val_fraction: float = 0.25
+    config: TrainConfig | None = None
+    max_minutes: float | None = None
+    report_dir: str | Path | None = None
+    title: str | None = None
+    show_progress: bool = True
+
+    @classmethod
+    def given(cls, settings: RunSettings | None, owner: str, **keywords: Any) -> RunSettings:
+        """`settings`, or the settings `owner`'s keywords name; not both (a keyword left at its
+        default names nothing)."""
+        check_names(owner, keywords, [f.name for f in fields(cls)])
+        if settings is None:
+            return cls(**keywords)
+        defaults = cls()
+        if changed := [
+            name for name, value in keywords.items() if value != getattr(defaults, name)
+        ]:
+            raise ValueError(
+                f"{owner}: pass the run settings either as settings=RunSettings(...) or as "
+                f"keywords, not both (got settings= and {', '.join(changed)})."
+            )
+        return settings
 
 
 def group_scorer(
@@ -140,50 +183,49 @@ class TrainingRun:
         self,
         train: list[Scenario],
         val: list[Scenario],
+        settings: RunSettings | None = None,
         *,
-        steps: int,
-        groups_per_step: int,
-        rollouts_per_group: int,
-        config: TrainConfig | None = None,
         warm_start: WarmStart | None = None,
-        max_minutes: float | None = None,
+        **keywords: Any,
     ) -> RunOutcome:
-        """Evaluate, warm-start (and evaluate), train `steps` steps, evaluate. `max_minutes`:
-        no step starts that would end, with the final evaluation, past it."""
+        """Evaluate, warm-start (and evaluate), train `settings.steps` steps, evaluate; no step
+        starts that would end, with the final evaluation, past `settings.max_minutes`.
+        `keywords`: RunSettings' fields, instead of `settings`."""
+        settings = RunSettings.given(settings, "TrainingRun.run()", **keywords)
         started = time.monotonic()
         self.say(f"Held-out evaluation at step {self.model.step} ({len(val)} scenarios) ...")
         before, first_answers = await self.evaluate(val)
         eval_seconds = time.monotonic() - started
         self.say(f"  held-out reward {before.metrics['reward']:.3f}")
-        config = config or TrainConfig()
-        settings: dict[str, Any] = {
-            "steps": steps,
-            "groups_per_step": groups_per_step,
-            "rollouts_per_group": rollouts_per_group,
+        config = settings.config or TrainConfig()
+        reported: dict[str, Any] = {
+            "steps": settings.steps,
+            "groups_per_step": settings.groups_per_step,
+            "rollouts_per_group": settings.rollouts_per_group,
             "scenarios": f"{len(train)} train / {len(val)} held-out",
             "learning_rate": config.learning_rate,
         }
         if warm_start is not None:
             self.say("Warm start: supervised steps on the demonstrations ...")
-            settings.update(await warm_start())
+            reported.update(await warm_start())
             warm, _ = await self.evaluate(val)
-            settings["held_out_after_sft"] = round(warm.metrics["reward"], 3)
+            reported["held_out_after_sft"] = round(warm.metrics["reward"], 3)
             self.say(f"  held-out reward after the warm start {warm.metrics['reward']:.3f}")
-        deadline = started + max_minutes * 60 if max_minutes is not None else None
+        minutes = settings.max_minutes
         results = await self.train(
             train,
-            steps=steps,
-            groups_per_step=groups_per_step,
-            rollouts_per_group=rollouts_per_group,
+            steps=settings.steps,
+            groups_per_step=settings.groups_per_step,
+            rollouts_per_group=settings.rollouts_per_group,
             config=config,
-            deadline=deadline,
+            deadline=started + minutes * 60 if minutes is not None else None,
             eval_seconds=eval_seconds,
         )
-        settings["skipped_steps"] = self.skipped_steps
+        reported["skipped_steps"] = self.skipped_steps
         self.say(f"Held-out evaluation at step {self.model.step} ...")
         after, last_answers = await self.evaluate(val)
-        minutes = (time.monotonic() - started) / 60
-        return RunOutcome(before, after, results, first_answers, last_answers, settings, minutes)
+        took = (time.monotonic() - started) / 60
+        return RunOutcome(before, after, results, first_answers, last_answers, reported, took)
 
     async def evaluate(self, val: list[Scenario]) -> tuple[Evaluation, list[Trajectory]]:
         """Answer each held-out scenario greedily, score each answer alone, log them as `val`."""

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import art_core as art
+from art_core.rewards import RunSettings
 from tests.support.scripted_judge import Reply, ScriptedJudge, responder, scores_json
 
 TASK = "Answer short questions about the opening hours and services of a bike shop."
@@ -94,6 +95,31 @@ async def test_a_step_whose_groups_the_judge_all_drops_is_skipped_and_counted(
     assert result.steps == [] and await model.get_step() == 0  # nothing was sent to train
     assert result.settings["skipped_steps"] == 2 and result.settings["trained_steps"] == 0
     assert any("trained nothing" in warning for warning in result.warnings)
+
+
+async def test_the_run_settings_come_as_one_object_or_as_keywords_not_both(
+    scripted_judge: ScriptedJudge,
+    judge_model: art.Model,
+    model: art.TrainableModel,
+):
+    settings = RunSettings(steps=1, groups_per_step=2, rollouts_per_group=2, show_progress=False)
+    with pytest.raises(ValueError, match=r"not both \(got settings= and steps\)"):
+        await art.autorl(TASK, model, judge=judge_model, steps=3, settings=settings)
+    scripted_judge.default = judging(lambda runs: Reply(scores_json(*[0.4] * runs)))
+    result = await art.autorl(
+        TASK, model, judge=judge_model, num_scenarios=4, max_tokens=4,
+        judge_options={"cache": False}, settings=settings,
+    )  # fmt: skip
+    assert len(result.steps) == 1 and result.steps[0].metrics["groups/submitted"] == 2
+    assert result.settings["steps"] == 1 and result.settings["rollouts_per_group"] == 2
+
+
+def test_run_settings_are_the_keywords_left_off_their_defaults():
+    assert RunSettings.given(None, "f()", steps=3, show_progress=True) == RunSettings(steps=3)
+    given = RunSettings(steps=2)
+    assert RunSettings.given(given, "f()", steps=10, config=None) is given  # defaults say nothing
+    with pytest.raises(art.UnknownFieldError, match="did you mean 'steps'"):
+        RunSettings.given(None, "f()", step=3)
 
 
 def judging(judge_runs: Callable[[int], Reply]) -> Callable[[dict[str, Any]], Reply]:

@@ -7,6 +7,7 @@ test sets from what the trainer has done (its step, the queue's depth).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -378,6 +379,10 @@ def test_defaults_follow_art():
     )  # fmt: skip
     assert ours.train_config.loss == "ppo" and ours.train_config.learning_rate == 3e-4
     assert ours.train_config.max_length == 512
+    # ART's attributes read the one settings object the keywords were checked into.
+    assert ours.settings.train_config is ours.train_config and ours.settings.min_batch_size == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ours.settings.max_steps = 3  # type: ignore[misc]
 
 
 def test_keep_recent_and_top_keeps_the_latest_and_the_best():

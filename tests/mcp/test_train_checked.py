@@ -12,6 +12,7 @@ import pytest
 
 import art_core as art
 import art_mcp
+from art_core.rewards import RunSettings
 from art_core.utils.sft import InvalidSFTFileError
 from art_mcp import cli
 from art_mcp._checked import (
@@ -303,6 +304,26 @@ async def test_max_minutes_starts_no_step_that_would_end_too_late(
     )
     assert len(result.steps) == 1
     assert result.settings["steps"] == 5 and "held_out_after_sft" not in result.settings
+
+
+async def test_the_run_settings_may_come_as_one_object(
+    tiny_model: art.TrainableModel, judge_model: art.Model, tmp_path: Path
+):
+    server = art_mcp.McpServer.from_object(create_server(), allowed_tools=TOOLS)
+    settings = RunSettings(
+        steps=5, groups_per_step=1, rollouts_per_group=2, max_minutes=1e-6, show_progress=False
+    )
+    with pytest.raises(ValueError, match=r"not both \(got settings= and steps\)"):
+        await art_mcp.train(server, tiny_model, scenarios=SCENARIOS, steps=2, settings=settings)
+    with pytest.raises(McpConfigError, match="max_minutes works with reward 'code'"):
+        await art_mcp.train(
+            server, tiny_model, judge=judge_model, reward="ruler", settings=settings, max_tokens=8
+        )
+    result = await art_mcp.train(
+        server, tiny_model, scenarios=subset(SCENARIOS, tmp_path, 8), max_turns=1, max_tokens=8,
+        settings=settings,
+    )  # fmt: skip
+    assert len(result.steps) == 1 and result.settings["steps"] == 5
 
 
 async def test_reward_both_averages_the_code_check_and_the_judge(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Collection
 from typing import Any
 
 import openai
@@ -18,7 +19,7 @@ import openai
 import art_core as art
 from art_core.rewards._scenarios import context_sizes
 from art_mcp._errors import McpContextError
-from art_mcp._fit import fitting_tools, is_context_overflow, overflow_advice
+from art_mcp._fit import ToolFit, fitting_tools, is_context_overflow, overflow_advice
 from art_mcp._server import McpServer, McpSession
 from art_mcp._tools import McpTool
 
@@ -72,25 +73,12 @@ async def rollout(
     counts = {"tool_calls": 0, "tool_errors": 0, "tool_timeouts": 0, "truncated_results": 0}
     tool_seconds, logs = 0.0, []
     completed, summary, turns = False, None, 0
-    client = model.openai_client()
+    request = {"tools": openai_tools, "max_tokens": max_tokens, "temperature": temperature}
 
     async with _session(server, session) as live:
         for turns in range(1, max_turns + 1):
             sent = [m if isinstance(m, dict) else _as_dict(m) for m in messages]
-            try:
-                completion = await client.chat.completions.create(
-                    model=model.get_inference_name(),
-                    messages=sent,  # type: ignore[arg-type]
-                    tools=openai_tools,  # type: ignore[arg-type]
-                    max_tokens=max_tokens,
-                    temperature=temperature,
-                )
-            except openai.BadRequestError as error:
-                if not is_context_overflow(error):
-                    raise
-                raise await _context_error(
-                    model, server, sent, tools, max_tokens, turns, str(error.message)
-                ) from error
+            completion = await _turn(model, server, sent, tools, turns, **request)
             choice = completion.choices[0]
             messages.append(choice)
             calls = choice.message.tool_calls or []
@@ -134,6 +122,57 @@ async def rollout(
     )
 
 
+async def _turn(
+    model: art.Model,
+    server: McpServer,
+    messages: list[dict[str, Any]],
+    offered: list[McpTool],
+    turn: int,
+    /,
+    **request: Any,
+) -> Any:
+    """One turn's completion (`request`: its tools, max_tokens, temperature); a refusal as too
+    long for the context raises `McpContextError` naming the tools that would fit."""
+    try:
+        return await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(),
+            messages=messages,  # type: ignore[arg-type]
+            **request,
+        )
+    except openai.BadRequestError as error:
+        if not is_context_overflow(error):
+            raise
+        refusal = str(error.message)
+        raise await _context_error(
+            model, server, messages, offered, request["max_tokens"], turn, refusal
+        ) from error
+
+
+async def tools_that_fit(
+    model: art.Model,
+    messages: list[dict[str, Any]],
+    tools: list[McpTool],
+    refusal: str,
+    max_tokens: int,
+    prefer: Collection[str] = (),
+) -> tuple[tuple[int, int] | None, ToolFit]:
+    """After the model refused `messages` with `tools` as too long: the sizes its refusal names
+    (context, prompt tokens; None when it names none) and the agent's tools that would fit
+    (`_fit.fitting_tools`, those in `prefer` first)."""
+    sizes = context_sizes(refusal)
+    fit = await fitting_tools(
+        model.openai_client(),
+        model.get_inference_name(),
+        messages,
+        tools,
+        extra_tools=[COMPLETE_TASK],
+        max_tokens=max_tokens,
+        context=sizes[0] if sizes else None,
+        prefer=prefer,
+    )
+    return sizes, fit
+
+
 async def _call(
     session: McpSession,
     tool: McpTool | None,
@@ -167,16 +206,7 @@ async def _context_error(
 ) -> McpContextError:
     """The model refused a turn as too long: which tools would fit, measured on this very
     prompt (`_fit.py`), as an `allowed_tools` hint."""
-    sizes = context_sizes(refusal)
-    fit = await fitting_tools(
-        model.openai_client(),
-        model.get_inference_name(),
-        messages,
-        tools,
-        extra_tools=[COMPLETE_TASK],
-        max_tokens=max_tokens,
-        context=sizes[0] if sizes else None,
-    )
+    sizes, fit = await tools_that_fit(model, messages, tools, refusal, max_tokens)
     size = (
         f"context of {sizes[0]} tokens: the prompt takes {sizes[1]} tokens, with "
         f"max_tokens={max_tokens} to answer"

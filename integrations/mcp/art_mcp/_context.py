@@ -18,10 +18,9 @@ from typing import Any
 import openai
 
 import art_core as art
-from art_core.rewards._scenarios import context_sizes
-from art_mcp._agent import COMPLETE_TASK, DEFAULT_SYSTEM_PROMPT
+from art_mcp._agent import COMPLETE_TASK, DEFAULT_SYSTEM_PROMPT, tools_that_fit
 from art_mcp._errors import McpContextError
-from art_mcp._fit import fitting_tools, is_context_overflow, overflow_advice, schema_chars
+from art_mcp._fit import is_context_overflow, overflow_advice, schema_chars
 from art_mcp._server import McpServer
 from art_mcp._tools import McpTool
 
@@ -62,17 +61,7 @@ async def check_context(
         if not is_context_overflow(error):
             raise
         refusal = str(error.message)
-    sizes = context_sizes(refusal)
-    fit = await fitting_tools(
-        client,
-        model.get_inference_name(),
-        messages,
-        tools,
-        extra_tools=[COMPLETE_TASK],
-        max_tokens=max_tokens,
-        context=sizes[0] if sizes else None,
-        prefer=prefer_tools,
-    )
+    sizes, fit = await tools_that_fit(model, messages, tools, refusal, max_tokens, prefer_tools)
     if sizes is None:
         raise McpContextError(
             f"{model.get_inference_name()} refused the agent's first request as too long for "

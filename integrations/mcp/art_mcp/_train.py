@@ -6,7 +6,8 @@ scenario generator. `train` with reward "ruler" runs AutoRL's loop (held-out eva
 start and end, the demo's report) with the tool-using agent of `rollout` as the rollout; with
 "code" or "both" it runs the same loop scored by the scenarios' checks (`_checked.py`) or a check
 function, evaluating the held-out scenarios by code before, after the warm start and at the end.
-Both add the MCP failure counts to each step's metrics.
+Both add the MCP failure counts to each step's metrics. The run's settings (steps, group sizes,
+held-out share, time limit, TrainConfig, report) travel as one `art_core.rewards.RunSettings`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import math
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 import art_core as art
-from art_core.rewards import Rollout, TrainingRun, WarmStart, group_scorer
+from art_core.rewards import Rollout, RunSettings, TrainingRun, WarmStart, group_scorer
 from art_core.utils.sft import create_lr_schedule, iterate_file
 from art_mcp._agent import COMPLETE_TASK, DEFAULT_SYSTEM_PROMPT, rollout
 from art_mcp._checked import (
@@ -100,6 +102,7 @@ async def train(
     config: art.TrainConfig | None = None,
     report_dir: str | Path | None = None,
     show_progress: bool = True,
+    settings: RunSettings | None = None,
     **autorl_options: Any,
 ) -> art.AutoRLResult:
     """Train `model` (registered) as a tool-using agent on `server`; the report (if
@@ -120,74 +123,93 @@ async def train(
     a bad scenario file, `McpScenarioToolsError` (a `McpConfigError`) when a scenario requires a
     call to a tool the agent is not offered, and `McpContextError` when the server's tools leave
     the model no room to answer (see `check_context`: it names a subset that fits, the tools
-    the scenarios call first); `McpConfigError` for a reward that cannot be computed."""
-    if scenarios is not None:
-        scenarios = list(
-            load_scenarios(scenarios) if isinstance(scenarios, str | Path) else scenarios
-        )
-        check_offered_tools(
-            scenarios, await server.list_tools(), all_of_server=server.allowed_tools is None
-        )
+    the scenarios call first); `McpConfigError` for a reward that cannot be computed.
+
+    `settings`: the run's settings as one `art_core.rewards.RunSettings`, instead of the keywords
+    steps, groups_per_step, rollouts_per_group, val_fraction, max_minutes, config, report_dir,
+    show_progress."""
+    run = RunSettings.given(
+        settings, "train()", steps=steps, groups_per_step=groups_per_step,
+        rollouts_per_group=rollouts_per_group, val_fraction=val_fraction,
+        max_minutes=max_minutes, config=config, report_dir=report_dir,
+        show_progress=show_progress,
+    )  # fmt: skip
+    run = replace(run, title=run.title or f"{model.name} on the MCP server {server.label}")
+    scenarios = await _given_scenarios(server, scenarios)
     needed = required_tools(scenarios or [])
     await check_context(model, server, max_tokens=max_tokens, prefer_tools=needed)
-    reward = _chosen_reward(reward, scenarios, check, judge, max_minutes)
+    reward = _chosen_reward(reward, scenarios, check, judge, run.max_minutes)
     # Read now: a bad demonstration fails before any rollout is paid for.
     demos = await demonstrations(server, sft) if sft is not None else None
     if scenarios is None:
-        scenarios = await _generated(
-            server, num_scenarios, generator or judge, show_progress, autorl_options
-        )
-
+        scenarios = await _generated(server, num_scenarios, generator or judge, run, autorl_options)
     agent = _counted_agent(model, server, max_turns=max_turns, max_tokens=max_tokens)
-    # What both loops take alike (AutoRL's with RULER, the checked one with code).
-    common: dict[str, Any] = dict(
-        steps=steps, groups_per_step=groups_per_step, rollouts_per_group=rollouts_per_group,
-        val_fraction=val_fraction, config=config, report_dir=report_dir,
-        show_progress=show_progress, title=f"{model.name} on the MCP server {server.label}",
-    )  # fmt: skip
     warm_start = functools.partial(
         _warm_start, model, demos, sft_epochs, sft_learning_rate, sft_batch_size
     )
     if reward == "ruler":
-        assert judge is not None
-        warm = await warm_start()
-        result = await art.autorl(
-            await describe_server(server),
-            model,
-            judge=judge,
-            scenarios=scenarios,
-            rollout=agent,
-            **common,
-            **autorl_options,
+        return await _ruler_run(
+            model, server, agent, scenarios, run, judge, warm_start, autorl_options
         )
-        result.settings.update(warm)
-        return result
     _check_options(autorl_options, reward)
     return await _checked_run(
-        model,
-        server,
-        agent,
-        scenarios,
-        reward=reward,
-        check=check,
-        judge=art.resolve_model(judge) if judge is not None else None,
-        judge_options={"sampling": {"temperature": 0.0}, **autorl_options.get("judge_options", {})},
-        max_minutes=max_minutes,
+        model, server, agent, scenarios, run, reward=reward, check=check, judge=judge,
+        judge_options=autorl_options.get("judge_options", {}),
         warm_start=warm_start if demos is not None else None,
-        **common,
+    )  # fmt: skip
+
+
+async def _ruler_run(
+    model: art.TrainableModel,
+    server: McpServer,
+    agent: Rollout,
+    scenarios: list[art.Scenario],
+    settings: RunSettings,
+    judge: art.Model | str | None,
+    warm_start: WarmStart,
+    autorl_options: dict[str, Any],
+) -> art.AutoRLResult:
+    """AutoRL's loop with the agent as its rollout, after the warm start (whose settings it
+    adds to the result's)."""
+    assert judge is not None  # _chosen_reward refuses "ruler" without one
+    warm = await warm_start()
+    result = await art.autorl(
+        await describe_server(server),
+        model,
+        judge=judge,
+        scenarios=scenarios,
+        rollout=agent,
+        settings=settings,
+        **autorl_options,
     )
+    result.settings.update(warm)
+    return result
+
+
+async def _given_scenarios(
+    server: McpServer, scenarios: Sequence[art.Scenario] | str | Path | None
+) -> list[art.Scenario] | None:
+    """The scenarios given (a list, or a scenario file read now), their required tools checked
+    against those the agent is offered; None when none are given."""
+    if scenarios is None:
+        return None
+    given = list(load_scenarios(scenarios) if isinstance(scenarios, str | Path) else scenarios)
+    check_offered_tools(
+        given, await server.list_tools(), all_of_server=server.allowed_tools is None
+    )
+    return given
 
 
 async def _generated(
     server: McpServer,
     n: int,
     generator: art.Model | str | None,
-    show_progress: bool,
+    run: RunSettings,
     autorl_options: dict[str, Any],
 ) -> list[art.Scenario]:
     """`n` scenarios written for the server (its `generation_options` taken from the options)."""
     assert generator is not None  # a judge is required for ruler, the only path here
-    if show_progress:
+    if run.show_progress:
         print(f"Generating {n} scenarios for {server.label} ...", flush=True)
     options = autorl_options.pop("generation_options", {})
     return await generate_scenarios(server, n, generator, **options)
@@ -313,24 +335,19 @@ async def _checked_run(
     server: McpServer,
     agent: Rollout,
     scenarios: list[art.Scenario],
+    settings: RunSettings,
     *,
     reward: RewardKind,
     check: Check | None,
-    judge: art.Model | None,
+    judge: art.Model | str | None,
     judge_options: dict[str, Any],
-    steps: int,
-    groups_per_step: int,
-    rollouts_per_group: int,
-    val_fraction: float,
-    max_minutes: float | None,
-    config: art.TrainConfig | None,
     warm_start: WarmStart | None,
-    report_dir: str | Path | None,
-    title: str,
-    show_progress: bool,
 ) -> art.AutoRLResult:
-    """The run loop scored by code (or code and RULER), held-out runs checked by code."""
-    train_set, val = art.split_scenarios(scenarios, val_fraction)
+    """The run loop scored by code (or code and RULER), held-out runs checked by code; the
+    judge (for "both") samples at temperature 0 unless `judge_options` say otherwise."""
+    judge = art.resolve_model(judge) if judge is not None else None
+    judge_options = {"sampling": {"temperature": 0.0}, **judge_options}
+    train_set, val = art.split_scenarios(scenarios, settings.val_fraction)
     if not train_set or not val:
         raise McpConfigError(
             f"{len(scenarios)} scenarios split into {len(train_set)} train / {len(val)} "
@@ -352,20 +369,11 @@ async def _checked_run(
             **judge_options,
         ),
         score_answer=by_code,
-        show_progress=show_progress,
+        show_progress=settings.show_progress,
         columns=("answer_correct", "tools_correct", "tool_calls"),
         describe=_transcript,
     )
-    outcome = await run.run(
-        train_set,
-        val,
-        steps=steps,
-        groups_per_step=groups_per_step,
-        rollouts_per_group=rollouts_per_group,
-        config=config,
-        warm_start=warm_start,
-        max_minutes=max_minutes,
-    )
+    outcome = await run.run(train_set, val, settings, warm_start=warm_start)
     warmed = ", after a supervised warm start" if warm_start is not None else ""
     return await run.result(
         outcome,
@@ -373,8 +381,8 @@ async def _checked_run(
         val,
         usage=usage,
         settings={"reward": reward, "judge": judge.get_inference_name() if judge else "none"},
-        report_dir=report_dir,
-        title=title,
+        report_dir=settings.report_dir,
+        title=settings.title or model.name,
         description=(
             f"A tool-using agent on the MCP server {server.label}, rewarded by "
             f"{'code checks' if reward == 'code' else 'code checks and RULER'}{warmed}. "
