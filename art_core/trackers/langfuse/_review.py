@@ -189,7 +189,7 @@ def decisions_from_scores(
 
 
 class HeldJob(Protocol):
-    """What the read-back reads of a train call's export job (`_export.ExportJob`)."""
+    """What the read-back reads of a train call's export job (`_exporter.ExportJob`)."""
 
     @property
     def items(self) -> list[tuple[Trajectory, Any]]: ...
