@@ -58,9 +58,9 @@ from art_core.backend import Backend, new_rollout_id
 from art_core.capture._http import get_records_sync, install_patches, origin
 from art_core.capture._records import trajectory_from_records
 from art_core.errors import (
-    ArtError,
     InvalidTrajectoryError,
     ModelNotRegisteredError,
+    NoTrajectoryError,
 )
 from art_core.model import Model
 from art_core.trajectories import RolloutException, Trajectory, TrajectoryGroup
@@ -69,10 +69,6 @@ logger = logging.getLogger("art_core.capture")
 
 # A failed run's records are fetched and released within this; the run's own error matters more.
 CLEANUP_SECONDS = 10.0
-
-
-class NoTrajectoryError(ArtError, RuntimeError):
-    """`current_trajectory(require=True)` outside every `art.trajectory()` scope."""
 
 
 # ------------------------------------------------------------------------- the context state

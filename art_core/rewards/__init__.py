@@ -4,9 +4,10 @@ preflight, over one structured-call layer (JSON-schema answers, one re-ask, usag
 ART's `art.rewards` holds RULER; `from art_core.rewards import ruler_score_group` as there.
 """
 
+from art_core.errors import PreflightError
 from art_core.rewards._autorl import AutoRLResult, autorl
 from art_core.rewards._cache import ResponseCache
-from art_core.rewards._preflight import PreflightError, PreflightResult, preflight
+from art_core.rewards._preflight import PreflightResult, preflight
 from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
 from art_core.rewards._run import (
     Rollout,

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from art_core._strict import check_names
-from art_core.errors import ArtError, JudgeError
+from art_core.errors import JudgeError, PreflightError
 from art_core.gather import gather_trajectory_groups
 from art_core.model import Model
 from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
@@ -73,10 +73,6 @@ CHANGES = {
 }
 
 _TIE = 1e-9
-
-
-class PreflightError(ArtError, ValueError):
-    """Preflight cannot run as asked (no scenarios, a group smaller than 2, ...); says why."""
 
 
 @dataclass
