@@ -19,7 +19,7 @@ from pydantic_core import to_jsonable_python
 
 from art_core._observers import observed_step
 from art_core._promotion import PromotionGate
-from art_core._strict import check_names
+from art_core._unknown_fields import check_names
 from art_core.errors import (
     BackendCrashedError,
     BackendRequestError,

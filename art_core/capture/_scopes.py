@@ -53,7 +53,7 @@ from types import TracebackType
 from typing import Any, Literal, overload
 
 import art_core.model as model_module
-from art_core._strict import check_names
+from art_core._unknown_fields import check_names
 from art_core.backend import Backend, new_rollout_id
 from art_core.capture._http import get_records_sync, install_patches, origin
 from art_core.capture._records import trajectory_from_records

@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import Field
 
-from art_core._strict import StrictModel
+from art_core._unknown_fields import StrictModel
 from art_core.model import TrainableModel
 from art_core.trajectories import Trajectory, TrajectoryGroup
 from art_core.types import TrainConfig

@@ -62,7 +62,7 @@ from collections.abc import (
 from typing import Any, Generic
 
 from art_core._promotion import PromotionGate
-from art_core._strict import check_names
+from art_core._unknown_fields import check_names
 from art_core.backend import Backend
 from art_core.errors import PromotionGateError, TooManyExceptionsError
 from art_core.gather import gather_trajectory_groups
