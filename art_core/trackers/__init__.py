@@ -23,10 +23,11 @@ Why the trackers live in the client and not in `integrations/` (measured on issu
 import nothing but `art_core` and httpx, a dependency already; each SDK (langfuse, wandb,
 trackio) is an extra imported only when its tracker runs. `import art_core` loads this registry
 (the model reads `report_metrics`) and `langfuse/` without its SDK, for `art.LangfuseExporter`,
-`art.flush_langfuse` and `art.langfuse_stats` (about 20 ms of the client's 1 s import); never
-`wandb/` or `trackio/`. Langfuse is a default tracker and a model's deprecated `langfuse=` takes
+`art.flush_langfuse` and `art.langfuse_stats` (about 2 % of `import art_core`); never `wandb/`
+or `trackio/`. Langfuse is a default tracker and a model's deprecated `langfuse=` takes
 an exporter, so the client would still name it; a move would add a sixth distribution root and
-change the import paths users write (docs, the demo, ART ports of `art.LangfuseExporter`).
+change the import paths users write (docs/langfuse.md, docs/trackers.md, the demo and
+`art.LangfuseExporter`, which art_core could then no longer re-export).
 """
 
 from __future__ import annotations
