@@ -27,10 +27,10 @@ The map (ART's module paths where ART has the concept: `from art.X import ...` p
                           ART's modules we do not implement: their names import and refuse
 
 ART 0.5.23's names we do not implement import, and raise UnsupportedOptionError saying what to
-use when used (`_refused.py`); docs/art-compatibility.md lists every ART name.
+use when used (`_refused_art_names.py`); docs/art-compatibility.md lists every ART name.
 """
 
-from art_core import _refused
+from art_core import _refused_art_names
 from art_core import dev as dev  # `art.dev.InternalModelConfig`, as ART has it
 from art_core import utils as utils  # `art.utils.iterate_dataset`, as ART has it
 from art_core._observers import StepObserver
@@ -190,5 +190,7 @@ __all__ = [
     "trajectory_group_batches",
 ]
 
-__getattr__ = _refused.module_getattr("art", __name__)  # ART's names we refuse, with a reason
-_refused.install()  # and those of art.trajectories, art.types, ... from our modules of that name
+# ART's names we refuse, with a reason; and those of art.trajectories, art.types, ... from our
+# modules of that name.
+__getattr__ = _refused_art_names.module_getattr("art", __name__)
+_refused_art_names.install()

@@ -19,7 +19,7 @@ from pydantic_core import to_jsonable_python
 
 from art_core._observers import observed_step
 from art_core._promotion import PromotionGate
-from art_core._strict import check_names
+from art_core._unknown_fields import check_names
 from art_core.errors import (
     BackendCrashedError,
     BackendRequestError,
@@ -232,22 +232,7 @@ class RemoteBackend:
         it (see `art_core._promotion`); a step the gate could not judge raises
         `PromotionGateError` once it is recorded (its result on the error).
         """
-        if config is not None and options:
-            raise UnsupportedOptionError(
-                f"backend.train(): pass either config=art.TrainConfig(...) or ART's keywords "
-                f"({', '.join(sorted(options))}), not both: put them in the TrainConfig."
-            )
-        save_checkpoint, verbose = True, False
-        if config is None:
-            config, client = train_config_from_art(options)
-            save_checkpoint, verbose = client["save_checkpoint"], client["verbose"]
-        elif isinstance(config, Mapping):
-            config = TrainConfig(**config)
-        elif not isinstance(config, TrainConfig):
-            raise TypeError(
-                "backend.train(): config must be an art.TrainConfig (or a dict of its fields), "
-                f"got {type(config).__name__}"
-            )
+        config, save_checkpoint, verbose = _train_config(config, options)
         # A gathered list keeps its `dropped` count (groups a judge dropped) for the metrics.
         dropped = float(getattr(trajectory_groups, "dropped", 0))
         if isinstance(trajectory_groups, TrajectoryGroup):
@@ -489,6 +474,29 @@ class RemoteBackend:
             except InvalidTrajectoryError as error:
                 raise InvalidTrajectoryError(f"groups[{index}]: {error}") from error
         return payload
+
+
+def _train_config(
+    config: TrainConfig | Mapping[str, Any] | None, options: dict[str, Any]
+) -> tuple[TrainConfig, bool, bool]:
+    """`backend.train`'s config in one of its two forms, with ART's `save_checkpoint` and
+    `verbose` (client-side keywords: True and False unless ART's form sets them)."""
+    if config is not None and options:
+        raise UnsupportedOptionError(
+            f"backend.train(): pass either config=art.TrainConfig(...) or ART's keywords "
+            f"({', '.join(sorted(options))}), not both: put them in the TrainConfig."
+        )
+    if config is None:
+        train_config, client = train_config_from_art(options)
+        return train_config, client["save_checkpoint"], client["verbose"]
+    if isinstance(config, Mapping):
+        return TrainConfig(**config), True, False
+    if not isinstance(config, TrainConfig):
+        raise TypeError(
+            "backend.train(): config must be an art.TrainConfig (or a dict of its fields), "
+            f"got {type(config).__name__}"
+        )
+    return config, True, False
 
 
 def _json(request: BaseModel) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
-from art_core._refused import module_getattr
+from art_core._refused_art_names import module_getattr
 from art_core.errors import UnsupportedOptionError
 from art_core.types import TrainConfig as _TrainConfig
 

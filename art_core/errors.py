@@ -1,4 +1,37 @@
-"""One exception hierarchy for the client library: every error a user can cause is named here."""
+"""One exception hierarchy for the client library: every error a user can cause is named here.
+
+Each class below is defined in this module; the rooms that raise them import them from here
+(`art_core.rewards.PreflightError`, `art_core.capture.NoTrajectoryError` and
+`art_core.utils.sft.InvalidSFTFileError` stay importable where ART users find them). A second
+base in parentheses is a builtin a caller may catch instead, as Python raises it.
+
+    ArtError                               every error art_core raises on purpose
+      UnknownFieldError (TypeError)          a keyword, field or attribute art_core lacks
+      UnsupportedOptionError (ValueError)    an option this backend cannot honour as given
+      BackendRequestError                    the backend refused a request (HTTP 4xx/5xx)
+      BackendCrashedError                    the backend process exited or stopped answering
+      ModelNotRegisteredError                a model used before `model.register(backend)`
+      NotTrainableError                      training asked of a prompted `Model`
+      InvalidTrajectoryError                 a trajectory that cannot be sent for training
+      NoTrajectoryError (RuntimeError)       `current_trajectory(require=True)` out of scope
+      TooManyExceptionsError                 more rollouts raised than `max_exceptions`
+      ModelConfigError                       a model named by a string cannot be resolved
+      JudgeError                             an LLM call for a judgement or data failed
+        JudgeUnavailableError                  the judge did not answer, after retries
+        JudgeContextError                      the prompt exceeds the judge's context window
+        JudgeResponseError                     the judge's answer was unusable twice
+      ScenarioGenerationError                too few valid, distinct scenarios
+        GeneratorError                         the generator failed or refused
+          GeneratorContextError                  one scenario does not fit its context
+      PreflightError (ValueError)            preflight cannot run as asked
+      InvalidSFTFileError (ValueError)       an SFT file that is not JSONL conversations
+      LangfuseNotInstalledError              Langfuse export asked for without the SDK
+      LangfuseConfigError                    Langfuse export asked for without keys or host
+      ReviewReadError                        a Langfuse review read-back poll failed (retried)
+      PromotionGateError                     a promotion gate cannot judge a step
+
+`tests/core/test_errors.py` holds this drawing to the classes: a new error goes in the tree.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +43,7 @@ __all__ = [
     "BackendRequestError",
     "GeneratorContextError",
     "GeneratorError",
+    "InvalidSFTFileError",
     "InvalidTrajectoryError",
     "JudgeContextError",
     "JudgeError",
@@ -19,8 +53,11 @@ __all__ = [
     "LangfuseNotInstalledError",
     "ModelConfigError",
     "ModelNotRegisteredError",
+    "NoTrajectoryError",
     "NotTrainableError",
+    "PreflightError",
     "PromotionGateError",
+    "ReviewReadError",
     "ScenarioGenerationError",
     "TooManyExceptionsError",
     "UnknownFieldError",
@@ -77,6 +114,10 @@ class InvalidTrajectoryError(ArtError):
     """A trajectory cannot be sent for training (a NaN reward, a malformed message)."""
 
 
+class NoTrajectoryError(ArtError, RuntimeError):
+    """`current_trajectory(require=True)` outside every `art.trajectory()` scope."""
+
+
 class TooManyExceptionsError(ArtError):
     """More rollouts raised than `max_exceptions` allows; the first traceback is attached."""
 
@@ -125,12 +166,33 @@ class GeneratorContextError(GeneratorError):
     """The generator's context window cannot hold the prompt plus the answer of one scenario."""
 
 
+class PreflightError(ArtError, ValueError):
+    """Preflight cannot run as asked (no scenarios, a group smaller than 2, ...); says why."""
+
+
+class InvalidSFTFileError(ArtError, ValueError):
+    """An SFT file that is not JSONL conversations; the message names the file and line.
+
+    A `ValueError`, as ART raises for a file that is not `.jsonl`.
+    """
+
+    def __init__(self, message: str, *, path: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
 class LangfuseNotInstalledError(ArtError):
     """Langfuse export was asked for but the langfuse SDK is missing: install `[langfuse]`."""
 
 
 class LangfuseConfigError(ArtError):
     """Langfuse export was asked for without its keys or host (LANGFUSE_* variables)."""
+
+
+class ReviewReadError(ArtError):
+    """A read or write of the Langfuse review read-back failed; the poll is counted and retried,
+    so it never reaches the caller (`art_core.trackers.langfuse._review`)."""
 
 
 class PromotionGateError(ArtError):

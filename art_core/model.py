@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from art_core._clients import shared_client
 from art_core._observers import StepObserver, observed_step
 from art_core._promotion import PromotionGate
-from art_core._strict import StrictModel, check_names
+from art_core._unknown_fields import StrictModel, check_names
 from art_core.backend import Backend
 from art_core.capture._rollout import RolloutCapture
 from art_core.dev import InternalModelConfig, model_settings

@@ -2,10 +2,10 @@
 
 `from art_core.serverless import ServerlessBackend` imports; using it raises
 `UnsupportedOptionError` saying to use `art.LocalBackend()` or `art.RemoteBackend(url)`
-(the reason is in `art_core/_refused.py`).
+(the reason is in `art_core/_refused_art_names.py`).
 """
 
-from art_core._refused import module_getattr
+from art_core._refused_art_names import module_getattr
 
 __all__: list[str] = []
 

@@ -1,10 +1,10 @@
 """ART's `art.tinker_native`: the native Tinker backend, not one here.
 
 `TinkerNativeBackend` imports; using it raises `UnsupportedOptionError` saying what to use
-(`art_core/_refused.py`).
+(`art_core/_refused_art_names.py`).
 """
 
-from art_core._refused import module_getattr
+from art_core._refused_art_names import module_getattr
 
 __all__: list[str] = []
 

@@ -41,7 +41,7 @@ from openai.types.chat.chat_completion_tool_param import ChatCompletionToolParam
 from openai.types.completion_choice import CompletionChoice
 from pydantic import ConfigDict, Field, SkipValidation, field_validator
 
-from art_core._strict import StrictModel
+from art_core._unknown_fields import StrictModel
 from art_core.errors import InvalidTrajectoryError, UnknownFieldError
 from art_core.wire import (
     GroupPayload,

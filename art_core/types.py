@@ -7,7 +7,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from art_core._strict import StrictModel, check_names
+from art_core._unknown_fields import StrictModel, check_names
 from art_core.errors import UnsupportedOptionError
 
 __all__ = ["LoRAConfig", "TokenPrice", "TrainConfig", "TrainResult", "TrainSFTConfig"]

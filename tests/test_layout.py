@@ -213,11 +213,12 @@ PUBLIC_SURFACES = {
     "art_core.types": ["LoRAConfig", "TokenPrice", "TrainConfig", "TrainResult", "TrainSFTConfig"],
     "art_core.errors": [
         "ArtError", "BackendCrashedError", "BackendRequestError", "GeneratorContextError",
-        "GeneratorError", "InvalidTrajectoryError", "JudgeContextError", "JudgeError",
-        "JudgeResponseError", "JudgeUnavailableError", "LangfuseConfigError",
+        "GeneratorError", "InvalidSFTFileError", "InvalidTrajectoryError", "JudgeContextError",
+        "JudgeError", "JudgeResponseError", "JudgeUnavailableError", "LangfuseConfigError",
         "LangfuseNotInstalledError", "ModelConfigError", "ModelNotRegisteredError",
-        "NotTrainableError", "PromotionGateError", "ScenarioGenerationError",
-        "TooManyExceptionsError", "UnknownFieldError", "UnsupportedOptionError",
+        "NoTrajectoryError", "NotTrainableError", "PreflightError", "PromotionGateError",
+        "ReviewReadError", "ScenarioGenerationError", "TooManyExceptionsError",
+        "UnknownFieldError", "UnsupportedOptionError",
     ],
     "art_core.local": ["LocalBackend"],
     # ART's modules of refused names only: they import, and hold nothing public of their own.

@@ -2,13 +2,8 @@
 trajectory, with the exact tokens the server recorded for them."""
 
 from art_core.capture._records import trajectory_from_records
-from art_core.capture._scopes import (
-    NoTrajectoryError,
-    current_trajectory,
-    no_capture,
-    trajectory,
-    trajectory_group,
-)
+from art_core.capture._scopes import current_trajectory, no_capture, trajectory, trajectory_group
+from art_core.errors import NoTrajectoryError
 
 __all__ = [
     "NoTrajectoryError",

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
-from art_core._strict import check_names
+from art_core._unknown_fields import check_names
 from art_core.backend import Backend, new_rollout_id
 from art_core.capture._records import trajectory_from_records
 from art_core.trajectories import Trajectory

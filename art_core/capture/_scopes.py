@@ -49,18 +49,17 @@ import logging
 import weakref
 from collections.abc import Awaitable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal, overload
 
 import art_core.model as model_module
-from art_core._strict import check_names
+from art_core._unknown_fields import check_names
 from art_core.backend import Backend, new_rollout_id
 from art_core.capture._http import get_records_sync, install_patches, origin
 from art_core.capture._records import trajectory_from_records
 from art_core.errors import (
-    ArtError,
     InvalidTrajectoryError,
     ModelNotRegisteredError,
+    NoTrajectoryError,
 )
 from art_core.model import Model
 from art_core.trajectories import RolloutException, Trajectory, TrajectoryGroup
@@ -69,10 +68,6 @@ logger = logging.getLogger("art_core.capture")
 
 # A failed run's records are fetched and released within this; the run's own error matters more.
 CLEANUP_SECONDS = 10.0
-
-
-class NoTrajectoryError(ArtError, RuntimeError):
-    """`current_trajectory(require=True)` outside every `art.trajectory()` scope."""
 
 
 # ------------------------------------------------------------------------- the context state
@@ -196,52 +191,51 @@ class TrajectoryScope:
     def __enter__(self) -> Trajectory:
         return self._enter()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, error: BaseException | None, tb: object) -> None:
         self._leave()
-        scope = self._scope
-        records: list[dict[str, Any]] = []
         with no_capture():  # our own requests belong to no enclosing scope
-            if error is None:
-                records = [r for b in scope.used for r in get_records_sync(b, scope.rollout_id)]
-            else:
-                try:
-                    for backend in scope.used:
-                        records += get_records_sync(backend, scope.rollout_id)
-                        get_records_sync(backend, scope.rollout_id, method="DELETE")
-                except Exception as cleanup_error:  # noqa: BLE001 - the run's error matters more
-                    _cleanup_failed(scope, cleanup_error)
-        _finish(scope, records, error)
+            records = _records_of(self._scope, error)
+        _finish(self._scope, records, error)
 
     async def __aenter__(self) -> Trajectory:
         return self._enter()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: object, error: BaseException | None, tb: object) -> None:
         self._leave()
-        scope = self._scope
-        records: list[dict[str, Any]] = []
         with no_capture():
-            if error is None:
-                for backend in scope.used:
-                    records += await backend.rollout_records(scope.rollout_id)
-            else:
-                try:
-                    for backend in scope.used:
-                        get, discard = backend.rollout_records, backend.discard_rollout
-                        records += await asyncio.wait_for(get(scope.rollout_id), CLEANUP_SECONDS)
-                        await asyncio.wait_for(discard(scope.rollout_id), CLEANUP_SECONDS)
-                except Exception as cleanup_error:  # noqa: BLE001 - the run's error matters more
-                    _cleanup_failed(scope, cleanup_error)
-        _finish(scope, records, error)
+            records = await _records_of_async(self._scope, error)
+        _finish(self._scope, records, error)
+
+
+def _records_of(scope: _OpenScope, error: BaseException | None) -> list[dict[str, Any]]:
+    """The scope's records from the backends it used; a failed run's are also released."""
+    if error is None:
+        return [r for b in scope.used for r in get_records_sync(b, scope.rollout_id)]
+    records: list[dict[str, Any]] = []
+    try:
+        for backend in scope.used:
+            records += get_records_sync(backend, scope.rollout_id)
+            get_records_sync(backend, scope.rollout_id, method="DELETE")
+    except Exception as cleanup_error:  # noqa: BLE001 - the run's error matters more
+        _cleanup_failed(scope, cleanup_error)
+    return records
+
+
+async def _records_of_async(scope: _OpenScope, error: BaseException | None) -> list[dict[str, Any]]:
+    """`_records_of` on the event loop; a failed run's cleanup is bounded by CLEANUP_SECONDS."""
+    records: list[dict[str, Any]] = []
+    if error is None:
+        for backend in scope.used:
+            records += await backend.rollout_records(scope.rollout_id)
+        return records
+    try:
+        for backend in scope.used:
+            get, discard = backend.rollout_records, backend.discard_rollout
+            records += await asyncio.wait_for(get(scope.rollout_id), CLEANUP_SECONDS)
+            await asyncio.wait_for(discard(scope.rollout_id), CLEANUP_SECONDS)
+    except Exception as cleanup_error:  # noqa: BLE001 - the run's error matters more
+        _cleanup_failed(scope, cleanup_error)
+    return records
 
 
 def _finish(scope: _OpenScope, records: list[dict[str, Any]], error: BaseException | None) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from art_core._strict import check_names
+from art_core._unknown_fields import check_names
 from art_core.backend import ModelRef, RemoteBackend
 from art_core.errors import ArtError, BackendCrashedError
 

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import Field
 
 from art_core._promotion import PromotionGate
-from art_core._strict import StrictModel, check_names
+from art_core._unknown_fields import StrictModel, check_names
 from art_core.pipeline_trainer._retention import CheckpointRetentionStrategy
 from art_core.types import TrainConfig
 from art_core.utils._signal import GroupSignal

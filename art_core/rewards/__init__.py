@@ -4,9 +4,12 @@ preflight, over one structured-call layer (JSON-schema answers, one re-ask, usag
 ART's `art.rewards` holds RULER; `from art_core.rewards import ruler_score_group` as there.
 """
 
+from art_core.errors import PreflightError
 from art_core.rewards._autorl import AutoRLResult, autorl
 from art_core.rewards._cache import ResponseCache
-from art_core.rewards._preflight import PreflightError, PreflightResult, preflight
+from art_core.rewards._judge_models import judge_or_base_model, resolve_model
+from art_core.rewards._judge_usage import JudgeUsage
+from art_core.rewards._preflight import PreflightResult, preflight
 from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
 from art_core.rewards._run import (
     Rollout,
@@ -24,7 +27,6 @@ from art_core.rewards._scenarios import (
     save_scenarios,
     split_scenarios,
 )
-from art_core.rewards._structured import JudgeUsage, judge_or_base_model, resolve_model
 from art_core.rewards.ruler import RulerScore, ruler, ruler_score_group
 
 __all__ = [

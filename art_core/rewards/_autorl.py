@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from art_core._strict import check_names
+from art_core._unknown_fields import check_names
 from art_core.model import Model, TrainableModel
+from art_core.rewards._judge_models import resolve_model
+from art_core.rewards._judge_usage import JudgeUsage
 from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
 from art_core.rewards._run import (
     AutoRLResult,
@@ -35,7 +37,6 @@ from art_core.rewards._run import (
     judge_answer,
 )
 from art_core.rewards._scenarios import Scenario, generate_scenarios, split_scenarios
-from art_core.rewards._structured import JudgeUsage, resolve_model
 from art_core.rewards.ruler import RULER_OPTIONS, ruler
 from art_core.trajectories import Trajectory
 from art_core.types import TrainConfig, TrainResult

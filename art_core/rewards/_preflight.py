@@ -41,12 +41,13 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from art_core._strict import check_names
-from art_core.errors import ArtError, JudgeError
+from art_core._unknown_fields import check_names
+from art_core.errors import JudgeError, PreflightError
 from art_core.gather import gather_trajectory_groups
 from art_core.model import Model
+from art_core.rewards._judge_models import resolve_model
+from art_core.rewards._judge_usage import JudgeUsage
 from art_core.rewards._ruler_prompt import DEFAULT_RUBRIC
-from art_core.rewards._structured import JudgeUsage, resolve_model
 from art_core.rewards.ruler import RULER_OPTIONS, judged_messages, ruler
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
@@ -73,10 +74,6 @@ CHANGES = {
 }
 
 _TIE = 1e-9
-
-
-class PreflightError(ArtError, ValueError):
-    """Preflight cannot run as asked (no scenarios, a group smaller than 2, ...); says why."""
 
 
 @dataclass

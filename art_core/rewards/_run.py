@@ -26,12 +26,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from art_core._strict import check_names
+from art_core._unknown_fields import check_names
 from art_core.gather import gather_trajectory_groups
 from art_core.model import Model, TrainableModel
 from art_core.report import Evaluation, summarize, write_report
+from art_core.rewards._judge_usage import JudgeUsage
 from art_core.rewards._scenarios import Scenario
-from art_core.rewards._structured import JudgeUsage
 from art_core.rewards.ruler import ruler, ruler_score_group
 from art_core.trajectories import Trajectory, TrajectoryGroup
 from art_core.types import TrainConfig, TrainResult

@@ -40,7 +40,9 @@ from art_core.errors import (
 )
 from art_core.model import Model
 from art_core.rewards._cache import ResponseCache, resolve_cache
-from art_core.rewards._structured import JudgeUsage, resolve_model, structured_completion
+from art_core.rewards._judge_models import resolve_model
+from art_core.rewards._judge_usage import JudgeUsage
+from art_core.rewards._structured_completion import structured_completion
 from art_core.utils._jsonl import jsonl_lines
 
 MIN_TASK_CHARS = 12

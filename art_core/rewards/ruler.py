@@ -8,7 +8,7 @@ GRPO only needs rewards that rank the runs of a group, so a judge that sees them
 enough; no reward code. Each scored trajectory names the judge call it got its reward from:
 `metadata["judge_cache_key"]`, the cache key of that request (two with `reverse_order_check`),
 which the server records in the step's replay manifest. The prompt layout is in `_ruler_prompt.py`; the call, its one re-ask,
-retries, cost and cache in `_structured.py`.
+retries, cost and cache in `_structured_completion.py`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from art_core._strict import StrictModel, check_names
+from art_core._unknown_fields import StrictModel, check_names
 from art_core.errors import JudgeContextError, JudgeError
 from art_core.model import Model
 from art_core.rewards._cache import ResponseCache, resolve_cache
+from art_core.rewards._judge_models import resolve_model
+from art_core.rewards._judge_usage import JudgeUsage
 from art_core.rewards._ruler_prompt import (
     DEFAULT_MESSAGE_CHAR_BUDGET,
     DEFAULT_RUBRIC,
@@ -32,7 +34,7 @@ from art_core.rewards._ruler_prompt import (
     build_judge_prompt,
     distinct_runs,
 )
-from art_core.rewards._structured import JudgeUsage, resolve_model, structured_completion
+from art_core.rewards._structured_completion import structured_completion
 from art_core.trajectories import Trajectory, TrajectoryGroup
 
 __all__ = ["DEFAULT_RUBRIC", "RulerScore", "ruler", "ruler_score_group"]

@@ -14,6 +14,20 @@ unrequested: each is on when its settings are in the environment (Langfuse: LANG
 
 W&B and Trackio share `_runs.TrackerObserver`: one tracker run per model run name, resumed
 under the same id, and log calls seen through `LogObserver.logged` with the recorded row.
+
+The registry reads the entry points only: ours are declared in pyproject.toml like anyone
+else's, so the client never names a tracker module. A default tracker this install does not
+declare is absent; a named one that is not installed is an `UnsupportedOptionError`.
+
+Why the trackers live in the client and not in `integrations/` (measured on issue 39): they
+import nothing but `art_core` and httpx, a dependency already; each SDK (langfuse, wandb,
+trackio) is an extra imported only when its tracker runs. `import art_core` loads this registry
+(the model reads `report_metrics`) and `langfuse/` without its SDK, for `art.LangfuseExporter`,
+`art.flush_langfuse` and `art.langfuse_stats` (about 2 % of `import art_core`); never `wandb/`
+or `trackio/`. Langfuse is a default tracker and a model's deprecated `langfuse=` takes
+an exporter, so the client would still name it; a move would add a sixth distribution root and
+change the import paths users write (docs/langfuse.md, docs/trackers.md, the demo and
+`art.LangfuseExporter`, which art_core could then no longer re-export).
 """
 
 from __future__ import annotations
@@ -39,12 +53,6 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "art_trainer.trackers"
 DEFAULT_TRACKERS = ("langfuse", "wandb")
-# Ours, also found from a source tree that pip never installed (no entry points there).
-_BUILT_IN = {
-    "langfuse": "art_core.trackers.langfuse:LangfuseObserver",
-    "wandb": "art_core.trackers.wandb:wandb_tracker",
-    "trackio": "art_core.trackers.trackio:trackio_tracker",
-}
 
 
 @runtime_checkable
@@ -76,10 +84,8 @@ def tracker_links(observers: Sequence[object], model: ObservedModel) -> list[str
 
 @functools.cache
 def _installed() -> dict[str, str]:
-    """Tracker name -> "module:attribute", the built-in ones and the entry points."""
-    found = dict(_BUILT_IN)
-    found.update({entry.name: entry.value for entry in entry_points(group=ENTRY_POINT_GROUP)})
-    return found
+    """Tracker name -> "module:attribute": the entry points of the group, ours among them."""
+    return {entry.name: entry.value for entry in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def _load(target: str) -> Callable[..., Any]:
@@ -110,6 +116,8 @@ def observers_for(report_metrics: Sequence[str | StepObserver] | None) -> list[S
             observers.append(item)
             continue
         target = _installed().get(item)
+        if target is None and not requested:
+            continue  # a default tracker this install does not have: absent, as documented
         if target is None:
             raise UnsupportedOptionError(
                 f"report_metrics: no tracker named {item!r} is installed here ({_known()})."

@@ -25,6 +25,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,16 +184,7 @@ class TrackerObserver:
 
         def finished(result: TrainResult | None) -> None:
             if result is not None:
-                user_keys = user_metric_keys(groups)
-                self._record(
-                    model,
-                    groups,
-                    "train",
-                    result.step,
-                    result.metrics,
-                    result.advantages,
-                    user_keys,
-                )
+                self._record(model, groups, "train", result.step, result.metrics, result.advantages)
 
         return finished
 
@@ -206,8 +198,9 @@ class TrackerObserver:
         metrics: Mapping[str, float],
     ) -> None:
         """A log call's row, as the backend recorded it (its metrics, at its step)."""
-        user_keys = user_metric_keys(groups) | (set(metrics) - LOG_SUMMARY_KEYS)
-        self._record(model, groups, split, step, metrics, None, user_keys)
+        # A log call's own metrics are the user's too, but for the summary the server adds.
+        user_keys = set(metrics) - LOG_SUMMARY_KEYS
+        self._record(model, groups, split, step, metrics, also_user_keys=user_keys)
 
     def finish(self) -> None:
         """Close every run this observer opened (the SDKs also close them at exit)."""
@@ -225,9 +218,14 @@ class TrackerObserver:
         split: str,
         step: int,
         metrics: Mapping[str, float],
-        advantages: Mapping[str, float] | None,
-        user_keys: set[str],
+        advantages: Mapping[str, float] | None = None,
+        *,
+        also_user_keys: AbstractSet[str] = frozenset(),
     ) -> None:
+        """Send a history row (its metrics, a sample of its trajectories) to the tracker run;
+        the user's metrics are the groups' and trajectories' own, and `also_user_keys`."""
+        user_keys = user_metric_keys(groups) | also_user_keys
+
         def send() -> None:
             run = self._run_for(model)
             rows = trajectory_rows(groups, advantages, self.trajectories_per_step)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
-from art_core.errors import ArtError, UnsupportedOptionError
+from art_core.errors import InvalidSFTFileError, UnsupportedOptionError
 from art_core.trajectories import Trajectory
 from art_core.types import SFT_AUTO_BATCH_SIZE, TrainResult, TrainSFTConfig
 from art_core.utils._jsonl import jsonl_lines
@@ -40,18 +40,6 @@ __all__ = [
 ScheduleType = Literal["cosine", "linear", "constant"]
 LINE_KEYS = ("messages", "tools")
 ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-class InvalidSFTFileError(ArtError, ValueError):
-    """An SFT file that is not JSONL conversations; the message names the file and line.
-
-    A `ValueError`, as ART raises for a file that is not `.jsonl`.
-    """
-
-    def __init__(self, message: str, *, path: str, line: int | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-        self.line = line
 
 
 def create_lr_schedule(

@@ -3,7 +3,7 @@
 `art_0_5_23_names.json` is the list (read from the 0.5.23 wheel; how, in its `source`). Each name
 is one of: supported (the same name at our module path works), mapped (it works under another
 name or path, given in MAPPED), refused (it imports from our module, and using it raises
-UnsupportedOptionError with the reason; `art_core/_refused.py`). A name that is none of these
+UnsupportedOptionError with the reason; `art_core/_refused_art_names.py`). A name that is none of these
 fails the test, and so does a refused name our module does not serve: every ART module has ours.
 
 The table in docs/art-compatibility.md is generated here; refresh it with
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from art_core import UnsupportedOptionError, _refused
+from art_core import UnsupportedOptionError, _refused_art_names
 
 HERE = Path(__file__).parent
 PAGE = HERE.parents[1] / "docs" / "art-compatibility.md"
@@ -118,19 +118,19 @@ def classify(art_module: str, name: str) -> dict[str, str]:
         if found is not None and target.replace(":", ".") != ours.replace(":", "."):
             note += f"; `{ours.replace(':', '.')}` works too"
         return {"status": "mapped", "ours": target.replace(":", "."), "note": note}
-    if found is not None and not isinstance(found, _refused.RefusedName):
+    if found is not None and not isinstance(found, _refused_art_names.RefusedName):
         return {"status": "supported", "ours": ours.replace(":", "."), "note": ""}
-    assert _refused.refused(art_module, name) is not None, (
+    assert _refused_art_names.refused(art_module, name) is not None, (
         f"{art_module}.{name}: not at {ours}, not mapped, not refused"
     )
-    assert isinstance(found, _refused.RefusedName), (
+    assert isinstance(found, _refused_art_names.RefusedName), (
         f"{art_module}.{name} is refused but does not import from {ours}: serve "
-        f"`_refused.REFUSED[{art_module!r}]` from {MODULES[art_module]} with "
-        "`__getattr__ = _refused.module_getattr(...)`"
+        f"`_refused_art_names.REFUSED[{art_module!r}]` from {MODULES[art_module]} with "
+        "`__getattr__ = _refused_art_names.module_getattr(...)`"
     )
     with pytest.raises(UnsupportedOptionError) as refusal:
         found()
-    reason = _refused.REFUSED[art_module][name]
+    reason = _refused_art_names.REFUSED[art_module][name]
     assert reason in str(refusal.value)
     return {"status": "refused", "ours": ours.replace(":", "."), "note": reason}
 
@@ -190,5 +190,5 @@ def test_the_name_list_says_where_it_came_from():
 def test_every_refusal_names_a_real_art_name():
     """No stale rows: each refused name is one ART 0.5.23 exports."""
     modules = NAMES["modules"]
-    for art_module, names in _refused.REFUSED.items():
+    for art_module, names in _refused_art_names.REFUSED.items():
         assert set(names) <= set(modules[art_module]["names"]), art_module

@@ -19,7 +19,8 @@ import pytest
 
 import art_core as art
 from art_core.trackers.langfuse import LangfuseObserver
-from art_core.trackers.langfuse import _export as _langfuse
+from art_core.trackers.langfuse._default_exporter import reset_default_exporter
+from art_core.trackers.langfuse._trace import trace_id_for
 from tests.support.langfuse_receiver import (
     PUBLIC_KEY,
     SECRET_KEY,
@@ -67,7 +68,7 @@ async def test_a_training_step_exports_each_trajectory_as_a_trace_of_its_calls(
     assert len(traces) == len(trajectories) == 4
     for group_index, group in enumerate(groups):
         for trajectory in group:
-            trace_id = _langfuse.trace_id_for(trajectory.id)
+            trace_id = trace_id_for(trajectory.id)
             root, generation = traces[trace_id]
             assert trajectory.metadata["langfuse_trace_url"] == (
                 f"{langfuse_receiver.url}/trace/{trace_id}"
@@ -288,7 +289,7 @@ except art.LangfuseNotInstalledError as error:
 else:
     raise SystemExit("no LangfuseNotInstalledError")
 os.environ.update(LANGFUSE_PUBLIC_KEY="pk", LANGFUSE_SECRET_KEY="sk", LANGFUSE_HOST="http://x")
-from art_core.trackers.langfuse._export import resolve_exporter
+from art_core.trackers.langfuse._default_exporter import resolve_exporter
 assert resolve_exporter(None) is None  # set but not installed: a warning, no export
 try:
     resolve_exporter(True)
@@ -302,7 +303,7 @@ else:
 
 
 def _close_default_exporter() -> None:
-    _langfuse.reset_default_exporter()
+    reset_default_exporter()
 
 
 def test_our_spans_scores_and_headers_match_what_the_langfuse_sdk_itself_sends(
@@ -373,7 +374,7 @@ def test_our_spans_scores_and_headers_match_what_the_langfuse_sdk_itself_sends(
 
     traces = langfuse_receiver.traces()
     sdk_spans = {span.type: span for span in traces[sdk_trace_id]}
-    our_spans = {span.type: span for span in traces[_langfuse.trace_id_for(ours.id)]}
+    our_spans = {span.type: span for span in traces[trace_id_for(ours.id)]}
 
     def keys(span):  # attribute names, metadata keys folded
         return {k.rsplit(".", 1)[0] if ".metadata." in k else k for k in span.attributes}
@@ -395,5 +396,5 @@ def test_our_spans_scores_and_headers_match_what_the_langfuse_sdk_itself_sends(
     header_names = [{k.lower() for k in r.headers} - {"content-length"} for r in otlp]
     assert len(otlp) == 2 and header_names[0] == header_names[1]
     sdk_score = langfuse_receiver.scores_of(sdk_trace_id)["reward"]
-    our_score = langfuse_receiver.scores_of(_langfuse.trace_id_for(ours.id))["reward"]
+    our_score = langfuse_receiver.scores_of(trace_id_for(ours.id))["reward"]
     assert set(our_score) <= set(sdk_score) | {"timestamp"}

@@ -89,6 +89,29 @@ def test_report_metrics_names_installed_trackers_and_refuses_the_rest(
         art.TrainableModel(name="m", base_model="x", report_metrics=["langfuse"])
 
 
+def test_the_tracker_registry_reads_the_entry_points_only(monkeypatch: pytest.MonkeyPatch):
+    """pyproject's entry points name our trackers too: without them, none is installed here."""
+    import tomllib
+    from importlib.metadata import EntryPoint
+
+    import art_core.trackers as trackers
+
+    declared = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    ours = declared["project"]["entry-points"][trackers.ENTRY_POINT_GROUP]
+    assert trackers.tracker_names() == sorted(ours)
+
+    only = [EntryPoint("recorder", f"{__name__}:Recorder", trackers.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(trackers, "entry_points", lambda group: only if group else [])
+    trackers._installed.cache_clear()
+    try:
+        assert trackers.tracker_names() == ["recorder"]
+        assert trackers.observers_for(None) == []  # the defaults are absent, not an error
+        with pytest.raises(art.UnsupportedOptionError, match=r"'langfuse'.*installed: recorder"):
+            trackers.observers_for(["langfuse"])
+    finally:
+        trackers._installed.cache_clear()
+
+
 async def test_langfuse_on_a_call_still_works_and_says_it_is_deprecated(
     remote_backend: art.RemoteBackend, tiny_model_dir: Path
 ):

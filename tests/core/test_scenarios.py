@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import art_core as art
+from art_core.rewards._judge_usage import JudgeUsage
 from art_core.rewards._scenarios import (
     GeneratorContextError,
     GeneratorError,
@@ -15,7 +16,7 @@ from art_core.rewards._scenarios import (
     context_sizes,
     scenario_schema,
 )
-from art_core.rewards._structured import JudgeUsage, structured_completion
+from art_core.rewards._structured_completion import structured_completion
 from tests.support.scripted_judge import Reply, ScriptedJudge
 
 DESCRIPTION = "A support agent for a bike shop: answers questions about repairs and opening hours."

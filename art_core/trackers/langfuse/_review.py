@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import httpx
 
 from art_core._observers import ObservedModel
-from art_core.errors import LangfuseConfigError
+from art_core.errors import LangfuseConfigError, ReviewReadError
 from art_core.trackers.langfuse._trace import trace_id_for
 from art_core.trajectories import Trajectory
 
@@ -189,7 +189,7 @@ def decisions_from_scores(
 
 
 class HeldJob(Protocol):
-    """What the read-back reads of a train call's export job (`_export.ExportJob`)."""
+    """What the read-back reads of a train call's export job (`_exporter.ExportJob`)."""
 
     @property
     def items(self) -> list[tuple[Trajectory, Any]]: ...
@@ -206,10 +206,6 @@ class ReviewExporter(Protocol):
     def api_options(self) -> dict[str, Any]: ...
     def _count(self, owner: str, **counts: int) -> None: ...
     def _warn_once(self, kind: str, message: str) -> None: ...
-
-
-class ReviewReadError(Exception):
-    """A read or write of the review read-back failed (the poll is counted and retried)."""
 
 
 class HeldStepReview:

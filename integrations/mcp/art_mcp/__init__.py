@@ -10,7 +10,7 @@
 Command line: `art mcp-train <URL> | --stdio "<command>" --model ... --steps ...`.
 """
 
-from art_core._refused import module_getattr
+from art_core._refused_art_names import module_getattr
 from art_mcp._agent import COMPLETE_TASK, rollout
 from art_mcp._checked import CheckedScenario, load_scenarios
 from art_mcp._content import result_text
@@ -49,5 +49,5 @@ __all__ = [
 ]
 
 # ART's `art.mcp` names we do not implement (MCPResource, GeneratedScenarioCollection) import
-# from here and raise art.UnsupportedOptionError with the reason when used (art_core/_refused.py).
+# from here and raise art.UnsupportedOptionError with the reason when used (art_core/_refused_art_names.py).
 __getattr__ = module_getattr("art.mcp", __name__)

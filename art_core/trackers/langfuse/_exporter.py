@@ -1,21 +1,16 @@
-"""Langfuse export: trajectories become traces, sent in the background, never in training's way.
-
-A tracker (`TrainableModel(report_metrics=["langfuse"])`, and one of the defaults): on when
-LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST (or LANGFUSE_BASE_URL) are set, required
-when named, off with `report_metrics=[]`; `report_metrics=[LangfuseObserver(exporter)]` sends to
-that `art.LangfuseExporter`. (The per-call `langfuse=` of `train`/`log` is deprecated.)
+"""The Langfuse exporter: trajectories become traces, sent in the background, out of the way.
 
 The wire (`_wire.py`) is what the Langfuse v5 SDK sends: OTLP protobuf spans to
 `<host>/api/public/otel/v1/traces` and a JSON list of scores to `/api/public/scores`, with
 Basic auth. The trace itself is built by pure functions in `_trace.py`.
 
-One worker thread per exporter takes jobs (one per train or log call) from a bounded queue:
-it reads the calls' records from the backend in one request, waits for the step's advantages
-(train), builds the traces (`_trace.py`) and sends them. A full queue, Langfuse down
+One worker thread per exporter takes jobs (`ExportJob`, one per train or log call) from a bounded
+queue: it reads the calls' records from the backend in one request, waits for the step's
+advantages (train), builds the traces (`_trace.py`) and sends them. A full queue, Langfuse down
 or a wrong key drop traces with a count (`stats()`, `art.langfuse_stats()`, the next step's
 `langfuse/exported_traces` and `langfuse/dropped_traces`) and one warning; nothing raises into
-training. `LangfuseObserver(review=LangfuseReview(...))` also reads decisions made in Langfuse
-on a step held for review back to the trainer (`_review.py`).
+training. Every exporter alive is in `LIVE_EXPORTERS` (the step metrics and `flush_langfuse`
+read them all); at exit each gets a bounded chance to send what is queued.
 """
 
 from __future__ import annotations
@@ -30,15 +25,14 @@ import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from art_core._observers import ObservedModel, StepFinished
+from art_core._observers import ObservedModel
 from art_core.errors import LangfuseConfigError, LangfuseNotInstalledError
-from art_core.trackers.langfuse._review import HeldStepReview, LangfuseReview
 from art_core.trackers.langfuse._trace import (
     TraceContext,
     completion_ids,
@@ -46,7 +40,6 @@ from art_core.trackers.langfuse._trace import (
     trace_id_for,
 )
 from art_core.trajectories import Trajectory, TrajectoryGroup
-from art_core.types import TrainResult
 
 if TYPE_CHECKING:
     from art_core.trackers.langfuse._wire import Sender
@@ -76,7 +69,7 @@ def env_configured() -> bool:
     )
 
 
-def _require_langfuse() -> None:
+def require_langfuse() -> None:
     if not langfuse_installed():
         raise LangfuseNotInstalledError(
             "Langfuse export needs the langfuse SDK: pip install 'art-trainer[langfuse]' "
@@ -121,7 +114,7 @@ class LangfuseExporter:
         timeout: float = 10.0,
         max_queued_traces: int = 10_000,
     ) -> None:
-        _require_langfuse()
+        require_langfuse()
         self.public_key = public_key or os.environ.get("LANGFUSE_PUBLIC_KEY") or ""
         self._secret_key = secret_key or os.environ.get("LANGFUSE_SECRET_KEY") or ""
         resolved_host = (
@@ -154,7 +147,7 @@ class LangfuseExporter:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._sender: Sender | None = None
-        _live_exporters.add(self)
+        LIVE_EXPORTERS.add(self)
 
     def __repr__(self) -> str:
         return f"LangfuseExporter(host={self.host!r}, public_key={self.public_key!r})"
@@ -445,165 +438,11 @@ def _snapshot(trajectory: Trajectory) -> Trajectory:
     )
 
 
-# ------------------------------------------------------------------ the process-wide default
-
-_live_exporters: weakref.WeakSet[LangfuseExporter] = weakref.WeakSet()
-_default: LangfuseExporter | None = None
-_default_lock = threading.Lock()
-_not_installed_warned = False
-
-
-def default_exporter() -> LangfuseExporter | None:
-    """The exporter the LANGFUSE_* environment variables configure, or None."""
-    global _default, _not_installed_warned
-    if not env_configured():
-        return None
-    if not langfuse_installed():
-        if not _not_installed_warned:
-            _not_installed_warned = True
-            logger.warning(
-                "LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST are set but the "
-                "langfuse SDK is not installed: nothing is exported. pip install "
-                "'art-trainer[langfuse]' to export trajectories to Langfuse."
-            )
-        return None
-    with _default_lock:
-        if _default is None or _default._closed:
-            _default = LangfuseExporter()
-        return _default
-
-
-def resolve_exporter(langfuse: bool | LangfuseExporter | None) -> LangfuseExporter | None:
-    """The exporter a train or log call uses: None (off), the default, or the one given.
-
-    `True` asks for export: without the extra or the settings it raises a named error.
-    """
-    if langfuse is None:
-        return default_exporter()
-    if langfuse is False:
-        return None
-    if isinstance(langfuse, LangfuseExporter):
-        return langfuse
-    _require_langfuse()
-    exporter = default_exporter()
-    if exporter is None:
-        LangfuseExporter()  # raises LangfuseConfigError naming what is missing
-    return exporter
-
-
-class LangfuseObserver:
-    """The step observer that exports a model's groups as Langfuse traces.
-
-    A train step's traces are queued when it starts and sent when it is over, with each
-    trajectory's advantage (a failed step's without); a log call's at once. Which exporter is
-    used is the model's `export` (a call's deprecated `langfuse=` overrides it; see
-    `resolve_exporter`). Traces sent or dropped since
-    the model's last step are that step's `langfuse/...` metrics.
-
-    `export` is the model's choice, as `langfuse=` took it: None exports when the LANGFUSE_*
-    variables are set, True requires export (a named error now, without the extra or the
-    settings), an `art.LangfuseExporter` sends to that one. `TrainableModel(report_metrics=
-    ["langfuse"])` builds it with `requested=True`; the default (`report_metrics=None`), without.
-
-    `review=art_core.trackers.langfuse.LangfuseReview(...)`: while a train step is held for
-    review, scores and annotation-queue status set in Langfuse on its traces become decisions
-    on the review page (source `langfuse`); see `_review.py`.
-    """
-
-    def __init__(
-        self,
-        export: bool | LangfuseExporter | None = None,
-        *,
-        requested: bool = False,
-        review: LangfuseReview | None = None,
-    ) -> None:
-        self.export = True if requested and export is None else export
-        self.review = review
-        if self.export is True:
-            resolve_exporter(True)  # a missing extra or setting fails here, not at step 1
-
-    def step_metrics(self, model: ObservedModel) -> Counter[str]:
-        """This model's traces exported or dropped since its last step."""
-        return take_unreported(f"{model.project}/{model.name}")
-
-    def step_started(
-        self,
-        model: ObservedModel,
-        groups: list[TrajectoryGroup],
-        *,
-        split: str,
-        step: int,
-        options: Mapping[str, Any],
-    ) -> StepFinished | None:
-        """Queue the groups (a bad `langfuse=` raises here, before any work)."""
-        exporter = resolve_exporter(options.get("langfuse", self.export))
-        if exporter is None:
-            return None
-        try:
-            job = exporter.export_groups(
-                model, groups, split=split, step=step, wait_for_advantages=split == "train"
-            )
-        except Exception as error:  # noqa: BLE001 - export must never fail training
-            logger.warning("Langfuse export of this %s call skipped: %s", split, error)
-            return None
-        if job is None:
-            return None
-
-        held = None
-        if self.review is not None and split == "train":
-            held = HeldStepReview(exporter, self.review, model, job)
-
-        def finished(result: TrainResult | None) -> None:
-            if held is not None:
-                held.finished()
-            job.release(result.advantages if result is not None else None)
-
-        return finished
-
-
-def reset_default_exporter() -> None:
-    """Close and forget the default exporter (the next export builds it anew from LANGFUSE_*)."""
-    global _default, _not_installed_warned
-    with _default_lock:
-        if _default is not None:
-            _default.close(timeout=5)
-        _default = None
-        _not_installed_warned = False
-
-
-def take_unreported(owner: str) -> Counter[str]:
-    """Every exporter's counts of `owner`'s traces since its last step, as step metrics."""
-    counts: Counter[str] = Counter()
-    for exporter in list(_live_exporters):
-        counts.update(exporter.take_unreported(owner))
-    return counts
-
-
-def langfuse_stats() -> dict[str, Any]:
-    """The default exporter's counts (exported, dropped, pending traces...); zeros when off."""
-    if _default is not None:
-        return _default.stats()
-    return {
-        "exported_traces": 0,
-        "dropped_traces": 0,
-        "missing_records": 0,
-        "pending_traces": 0,
-        "last_error": None,
-    }
-
-
-def flush_langfuse(timeout: float | None = 60.0) -> bool:
-    """Wait until every exporter has sent (or dropped) what is queued; False on timeout."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for exporter in list(_live_exporters):
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not exporter.flush(remaining):
-            return False
-    return True
+LIVE_EXPORTERS: weakref.WeakSet[LangfuseExporter] = weakref.WeakSet()
 
 
 @atexit.register
 def _close_at_exit() -> None:
     # Traces still queued when the program ends get a bounded chance to leave.
-    for exporter in list(_live_exporters):
+    for exporter in list(LIVE_EXPORTERS):
         exporter.close(EXIT_FLUSH_SECONDS)

@@ -10,34 +10,24 @@ Every RULER judgement and every scenario batch goes through `structured_completi
 4. timeouts, 429 and 5xx are retried with exponential backoff by the openai client itself, then
    raise `JudgeUnavailableError`.
 
-A model can be named by a string, `"<provider>/<model>"`, resolved from the usual environment
-variables (`OPENAI_API_KEY`, `OPENROUTER_API_KEY`, ...; `<PROVIDER>_BASE_URL` overrides the URL).
+Which model answers is `_judge_models.py`'s; what the calls cost is counted in a `JudgeUsage`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 from typing import Any, TypeVar
-from urllib.parse import urlparse
 
 import openai
 
-from art_core.backend import Backend
-from art_core.errors import (
-    JudgeContextError,
-    JudgeError,
-    JudgeResponseError,
-    JudgeUnavailableError,
-    ModelConfigError,
-)
+from art_core.errors import JudgeContextError, JudgeError, JudgeResponseError, JudgeUnavailableError
 from art_core.model import Model
 from art_core.rewards._cache import ResponseCache
-from art_core.types import TokenPrice
+from art_core.rewards._judge_models import model_label
+from art_core.rewards._judge_usage import JudgeUsage
 
 T = TypeVar("T")
 
@@ -45,99 +35,6 @@ T = TypeVar("T")
 _CONTEXT_OVERFLOW = re.compile(
     r"context (length|window)|model's context|maximum context|prompt is too long", re.IGNORECASE
 )
-
-# Providers with an OpenAI-compatible chat endpoint: default URL; the key is <PROVIDER>_API_KEY.
-PROVIDER_URLS = {
-    "openai": "https://api.openai.com/v1",
-    "openrouter": "https://openrouter.ai/api/v1",
-    "anthropic": "https://api.anthropic.com/v1/",
-    "gemini": "https://generativelanguage.googleapis.com/v1beta/openai/",
-    "groq": "https://api.groq.com/openai/v1",
-    "together": "https://api.together.xyz/v1",
-    "fireworks": "https://api.fireworks.ai/inference/v1",
-    "deepseek": "https://api.deepseek.com/v1",
-    "mistral": "https://api.mistral.ai/v1",
-}
-
-
-def resolve_model(spec: Model | str, *, price: TokenPrice | None = None) -> Model:
-    """An `art.Model` as is, or `"<provider>/<model>"` resolved from environment variables."""
-    if isinstance(spec, Model):
-        return spec
-    if not isinstance(spec, str) or "/" not in spec:
-        raise ModelConfigError(
-            f"A judge or generator is an art.Model or a string '<provider>/<model>' such as "
-            f"'openai/gpt-4.1-mini'; got {spec!r}."
-        )
-    provider, name = spec.split("/", 1)
-    variable = re.sub(r"[^A-Z0-9]", "_", provider.upper())
-    base_url = os.environ.get(f"{variable}_BASE_URL") or PROVIDER_URLS.get(provider.lower())
-    api_key = os.environ.get(f"{variable}_API_KEY")
-    if base_url is None:
-        raise ModelConfigError(
-            f"Unknown provider {provider!r} in {spec!r}: set {variable}_BASE_URL to its "
-            f"OpenAI-compatible URL (and {variable}_API_KEY if it needs one), or pass "
-            f"art.Model(name=..., base_url=..., api_key=...). Known: {', '.join(PROVIDER_URLS)}."
-        )
-    if not api_key and provider.lower() in PROVIDER_URLS:
-        raise ModelConfigError(f"{spec!r} needs an API key: set {variable}_API_KEY.")
-    return Model(name=name, base_url=base_url, api_key=api_key, price=price)
-
-
-@dataclass
-class JudgeUsage:
-    """What judge or generator calls cost: requests, tokens, dollars (when priced), cache hits.
-
-    `truncated_*` count the messages RULER shortened to fit its per-message budget.
-    """
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
-    cache_hits: int = 0
-    reasks: int = 0
-    truncated_messages: int = 0
-    truncated_chars: int = 0
-
-    def add(self, other: JudgeUsage) -> None:
-        for field in fields(self):
-            setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
-
-    def summary(self) -> str:
-        """One line for people: requests, tokens, cache hits, and cost when priced."""
-        line = (
-            f"{self.requests} requests, {self.prompt_tokens} prompt + {self.completion_tokens} "
-            f"completion tokens, {self.cache_hits} cache hits"
-        )
-        return line + (f", ${self.cost_usd:.4f}" if self.cost_usd else "")
-
-    def metrics(self, prefix: str = "judge/") -> dict[str, float]:
-        """As step metrics (summed over groups by the backend)."""
-        return {f"{prefix}{field.name}": float(getattr(self, field.name)) for field in fields(self)}
-
-
-async def judge_or_base_model(judge: str | None, backend: Backend, base_model: str) -> Model | str:
-    """`judge` (`"<provider>/<model>"`) when given; else the base model `backend` serves,
-    registered under its own name, so a run works offline (a small model is a weak judge)."""
-    if judge:
-        return judge
-    base = Model(name=base_model)
-    await base.register(backend)
-    return base
-
-
-def model_label(model: Model) -> str:
-    """What identifies a model's answers in the cache: its served name, and its URL if remote.
-
-    Our own backend listens on a new loopback port every run; its served name (`name@step`)
-    already says which weights answered.
-    """
-    base_url = model.inference_base_url
-    host = urlparse(base_url or "").hostname or ""
-    local = host in ("127.0.0.1", "localhost", "::1", "")
-    name = model.get_inference_name()
-    return name if local else f"{base_url}#{name}"
 
 
 def parse_json_answer(text: str) -> tuple[Any, list[str]]:
@@ -188,26 +85,15 @@ async def structured_completion(
     """
     sampling = dict(sampling or {})
     label = model_label(model)
-    key = ResponseCache.key(
-        {
-            "model": label,
-            "messages": messages,
-            "schema": schema,
-            "max_tokens": max_tokens,
-            "sampling": sampling,
-        }
-    )
+    request = {"messages": messages, "schema": schema, "max_tokens": max_tokens}
+    key = ResponseCache.key({"model": label, **request, "sampling": sampling})
     if cache is not None and (hit := cache.get(key)) is not None:
-        if hit.get("context_overflow"):  # known too long for this judge: no request
-            raise JudgeContextError(f"{label}: {hit['context_overflow']} (cached)")
-        parsed, hit_problems = parse_json_answer(str(hit.get("answer", "")))
-        if not hit_problems:
-            value, hit_problems = validate(parsed)
-            if not hit_problems:
-                usage.cache_hits += 1
-                if keys is not None:
-                    keys.append(key)
-                return value  # type: ignore[return-value]
+        cached, usable = _cached_answer(hit, label, validate)
+        if usable:
+            usage.cache_hits += 1
+            if keys is not None:
+                keys.append(key)
+            return cached  # type: ignore[return-value]
 
     client = model.openai_client().with_options(timeout=timeout, max_retries=max_retries)
     response_format = {
@@ -249,6 +135,20 @@ async def structured_completion(
         problems=problems,
         answer=answer,
     )
+
+
+def _cached_answer(
+    hit: dict[str, Any], label: str, validate: Callable[[Any], tuple[T | None, list[str]]]
+) -> tuple[T | None, bool]:
+    """A cached answer's value, and whether it is usable; a prompt the cache knows is too long
+    for this judge raises `JudgeContextError` without a request."""
+    if hit.get("context_overflow"):
+        raise JudgeContextError(f"{label}: {hit['context_overflow']} (cached)")
+    parsed, problems = parse_json_answer(str(hit.get("answer", "")))
+    if problems:
+        return None, False
+    value, problems = validate(parsed)
+    return value, not problems
 
 
 async def _complete(

@@ -1,0 +1,67 @@
+"""The client's errors: one hierarchy, drawn at the top of `art_core.errors`, true to the classes."""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import inspect
+import pkgutil
+import re
+
+import art_core
+from art_core import errors
+
+TREE_LINE = re.compile(
+    r"^(?P<indent> {4,})(?P<name>[A-Z]\w*)(?: \((?P<also>[A-Za-z, ]+)\))?(?:\s|$)"
+)
+
+
+def drawn_tree() -> dict[str, tuple[str | None, tuple[str, ...]]]:
+    """class name -> (its parent in the drawing, the builtin bases drawn beside it)."""
+    drawn: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+    parents: list[tuple[int, str]] = []
+    for line in (errors.__doc__ or "").splitlines():
+        match = TREE_LINE.match(line)
+        if match is None:
+            continue
+        depth = len(match["indent"])
+        while parents and parents[-1][0] >= depth:
+            parents.pop()
+        also = tuple(name.strip() for name in (match["also"] or "").split(",") if name.strip())
+        drawn[match["name"]] = (parents[-1][1] if parents else None, also)
+        parents.append((depth, match["name"]))
+    return drawn
+
+
+def public_exceptions() -> dict[str, type[BaseException]]:
+    """Every exception class an art_core module defines under a public name."""
+    found: dict[str, type[BaseException]] = {}
+    for module_info in pkgutil.walk_packages(art_core.__path__, "art_core."):
+        module = importlib.import_module(module_info.name)
+        for name, value in vars(module).items():
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__ == module.__name__
+                and not name.startswith("_")
+            ):
+                found[name] = value
+    return found
+
+
+def test_every_public_exception_of_the_client_is_defined_in_errors_and_drawn_in_its_tree():
+    drawn = drawn_tree()
+    assert "ArtError" in drawn and drawn["ArtError"][0] is None
+    exceptions = public_exceptions()
+    elsewhere = {name: cls.__module__ for name, cls in exceptions.items()}
+    elsewhere = {name: module for name, module in elsewhere.items() if module != "art_core.errors"}
+    assert elsewhere == {}, "define these in art_core.errors (and draw them in its tree)"
+    assert sorted(exceptions) == sorted(drawn) == sorted(errors.__all__)
+
+
+def test_the_tree_draws_each_class_with_its_bases():
+    for name, (parent, also) in drawn_tree().items():
+        cls = getattr(errors, name)
+        expected = (getattr(errors, parent),) if parent else (Exception,)
+        expected += tuple(getattr(builtins, base) for base in also)
+        assert cls.__bases__ == expected, name
