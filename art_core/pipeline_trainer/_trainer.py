@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import threading
@@ -97,8 +98,15 @@ _SKIPPED = object()  # the GroupSignal passed over this scenario (its recent gro
 
 
 def _setting(name: str) -> Any:
-    """A read-only attribute of the trainer that is one of its settings (ART's attribute names)."""
-    return property(lambda trainer: getattr(trainer.settings, name), doc=f"`settings.{name}`")
+    """An attribute of the trainer that is one of its settings (ART's attribute names): read from
+    `trainer.settings`; assigned as in ART (between runs), it replaces that one setting."""
+
+    def assign(trainer: Any, value: Any) -> None:
+        trainer.settings = dataclasses.replace(trainer.settings, **{name: value})
+
+    return property(
+        lambda trainer: getattr(trainer.settings, name), assign, doc=f"`settings.{name}`"
+    )
 
 
 class PipelineTrainer(Generic[ScenarioT, ConfigT]):

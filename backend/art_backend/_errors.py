@@ -1,36 +1,34 @@
 """Every error the server raises on purpose, as one tree. Each maps to an OpenAI-shaped HTTP error
 (`_app.py` answers `{"error": {"message", "type", "param", "code"}}` with the class's status).
 
-```text
-BackendError                      500 server_error: the base of everything raised on purpose
-├── InvalidRequestError           400 invalid_request_error: malformed, or a value out of range
-│   ├── ContextLengthError            prompt + max_tokens past the context (code
-│   │                                 context_length_exceeded)
-│   ├── InvalidGrammarError           a schema or tool that does not compile into a grammar
-│   ├── InvalidNameError              a model or adapter name that is not allowed
-│   │   └── UnsafePathError           a store path that would leave --path (a symlink)
-│   └── StepsNotComparableError       two steps `art diff` cannot compare
-├── AuthenticationError           401 authentication_error: missing or wrong API key
-├── CrossSiteRequestError         403 permission_error: a review form without its CSRF token
-├── NotFoundError                 404 not_found_error: what the request names is not here
-│   ├── ModelNotServedError           no such served model (param model, code model_not_found)
-│   ├── ModelNotRegisteredError       training or logging for an unregistered model
-│   ├── CompletionNotFoundError       no stored record of that completion
-│   ├── ResponseNotFoundError         no stored response with that id
-│   └── StoreNotFoundError            a project, model, step, group or trajectory not stored
-├── ConflictError                 409 conflict_error: clashes with the server's state
-├── CheckpointLoadError           409 invalid_request_error: a checkpoint that does not load
-│   └── TrainerStateError             its trainer state is unreadable or does not fit
-├── EngineStoppedError            503 server_error: the engine stopped under the request
-├── ModelLoadError                    at start: the base model cannot be found or loaded
-│   └── UnsupportedModelError         a family the torch engine cannot serve
-├── UnslothUnavailableError           at start: `--trainer unsloth` where Unsloth cannot run
-├── ReplayInputMissingError           `art replay`: a file it needs is gone
-└── BaseModelMismatchError            `art replay`: not the base model the step trained on
+Each class below is defined in this module; the status and error type it answers with stand
+beside it (a subclass without them answers as its parent).
 
-RequestBodyTooLarge               413 (a Starlette HTTPException: raised by the body-size
-                                  middleware before any route runs)
-```
+    BackendError                       500 server_error: everything raised on purpose
+      InvalidRequestError                400 invalid_request_error: malformed, or out of range
+        ContextLengthError                 prompt + max_tokens past the context window
+        InvalidGrammarError                a schema or tool that compiles into no grammar
+        InvalidNameError                   a model or adapter name that is not allowed
+          UnsafePathError                    a store path that would leave --path (a symlink)
+        StepsNotComparableError            two steps `art diff` cannot compare
+      AuthenticationError                401 authentication_error: missing or wrong API key
+      CrossSiteRequestError              403 permission_error: a review form without its token
+      NotFoundError                      404 not_found_error: what the request names is not here
+        ModelNotServedError                no such served model (code model_not_found)
+        ModelNotRegisteredError            training or logging for an unregistered model
+        CompletionNotFoundError            no stored record of that completion
+        ResponseNotFoundError              no stored response with that id
+        StoreNotFoundError                 a project, model, step, group or trajectory
+      ConflictError                      409 conflict_error: clashes with the server's state
+      CheckpointLoadError                409 invalid_request_error: a checkpoint that won't load
+        TrainerStateError                  its trainer state is unreadable or does not fit
+      EngineStoppedError                 503 server_error: the engine stopped under the request
+      ModelLoadError                     at start: the base model cannot be found or loaded
+        UnsupportedModelError              a family the torch engine cannot serve
+      UnslothUnavailableError            at start: `--trainer unsloth` where it cannot run
+      ReplayInputMissingError            `art replay`: a file it needs is gone
+      BaseModelMismatchError             `art replay`: not the base model the step trained on
+    RequestBodyTooLarge (HTTPException)  413: raised by the body-size middleware before routes
 
 `tests/server/test_errors.py` checks that this tree is every exception class the server defines,
 with these parents.

@@ -2,35 +2,13 @@
 
 from __future__ import annotations
 
-import builtins
 import importlib
 import inspect
 import pkgutil
-import re
 
 import art_core
 from art_core import errors
-
-TREE_LINE = re.compile(
-    r"^(?P<indent> {4,})(?P<name>[A-Z]\w*)(?: \((?P<also>[A-Za-z, ]+)\))?(?:\s|$)"
-)
-
-
-def drawn_tree() -> dict[str, tuple[str | None, tuple[str, ...]]]:
-    """class name -> (its parent in the drawing, the builtin bases drawn beside it)."""
-    drawn: dict[str, tuple[str | None, tuple[str, ...]]] = {}
-    parents: list[tuple[int, str]] = []
-    for line in (errors.__doc__ or "").splitlines():
-        match = TREE_LINE.match(line)
-        if match is None:
-            continue
-        depth = len(match["indent"])
-        while parents and parents[-1][0] >= depth:
-            parents.pop()
-        also = tuple(name.strip() for name in (match["also"] or "").split(",") if name.strip())
-        drawn[match["name"]] = (parents[-1][1] if parents else None, also)
-        parents.append((depth, match["name"]))
-    return drawn
+from tests.support.error_tree import drawn_bases, drawn_tree
 
 
 def public_exceptions() -> dict[str, type[BaseException]]:
@@ -50,7 +28,7 @@ def public_exceptions() -> dict[str, type[BaseException]]:
 
 
 def test_every_public_exception_of_the_client_is_defined_in_errors_and_drawn_in_its_tree():
-    drawn = drawn_tree()
+    drawn = drawn_tree(errors)
     assert "ArtError" in drawn and drawn["ArtError"][0] is None
     exceptions = public_exceptions()
     elsewhere = {name: cls.__module__ for name, cls in exceptions.items()}
@@ -60,8 +38,5 @@ def test_every_public_exception_of_the_client_is_defined_in_errors_and_drawn_in_
 
 
 def test_the_tree_draws_each_class_with_its_bases():
-    for name, (parent, also) in drawn_tree().items():
-        cls = getattr(errors, name)
-        expected = (getattr(errors, parent),) if parent else (Exception,)
-        expected += tuple(getattr(builtins, base) for base in also)
-        assert cls.__bases__ == expected, name
+    for name in drawn_tree(errors):
+        assert getattr(errors, name).__bases__ == drawn_bases(errors, name), name

@@ -383,6 +383,8 @@ def test_defaults_follow_art():
     assert ours.settings.train_config is ours.train_config and ours.settings.min_batch_size == 4
     with pytest.raises(dataclasses.FrozenInstanceError):
         ours.settings.max_steps = 3  # type: ignore[misc]
+    ours.max_steps = 3  # as in ART: the attribute is assignable, and the settings follow
+    assert ours.settings.max_steps == 3 and ours.settings.min_batch_size == 4
 
 
 def test_keep_recent_and_top_keeps_the_latest_and_the_best():

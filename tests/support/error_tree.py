@@ -1,42 +1,52 @@
-"""Reads the exception tree an errors module draws in its docstring, for the tests that hold
-the drawing against the classes (`art_backend._errors`, `art_core.errors`)."""
+"""Reads the exception tree an errors module draws in its docstring (`art_core.errors`,
+`art_backend._errors`), so their tests hold the drawing to the classes.
+
+A line of the drawing is an indented class name, then optionally `(Base, ...)`: the bases beside
+its parent (builtins, or names the module imports), then its description.
+"""
 
 from __future__ import annotations
 
-import ast
+import builtins
 import re
-from pathlib import Path
 from types import ModuleType
 
-_NAME = re.compile(r"^(?P<lead>[\s│├└─]*)(?P<name>[A-Z]\w+)\b")
+TREE_LINE = re.compile(
+    r"^(?P<indent> {4,})(?P<name>[A-Z]\w*)(?: \((?P<also>[A-Za-z, ]+)\))?(?:\s|$)"
+)
 
 
-def drawn_tree(module: ModuleType) -> dict[str, str | None]:
-    """class name -> the name it hangs under in the module's ```text``` drawing (None: a root)."""
-    doc = module.__doc__ or ""
-    drawing = doc.split("```text", 1)[1].split("```", 1)[0]
-    parents: dict[str, str | None] = {}
-    stack: list[tuple[int, str]] = []  # (depth, name) of the open branches
-    for line in drawing.splitlines():
-        match = _NAME.match(line)
-        if not match or (match["lead"] and not set(match["lead"]) & set("├└")):
-            continue  # a blank line or a description's continuation
-        depth = len(match["lead"])
-        while stack and stack[-1][0] >= depth:
-            stack.pop()
-        parents[match["name"]] = stack[-1][1] if stack else None
-        stack.append((depth, match["name"]))
-    return parents
+def drawn_tree(module: ModuleType) -> dict[str, tuple[str | None, tuple[str, ...]]]:
+    """class name -> (its parent in the drawing, the other bases drawn beside it)."""
+    drawn: dict[str, tuple[str | None, tuple[str, ...]]] = {}
+    parents: list[tuple[int, str]] = []
+    for line in (module.__doc__ or "").splitlines():
+        match = TREE_LINE.match(line)
+        if match is None:
+            continue
+        depth = len(match["indent"])
+        while parents and parents[-1][0] >= depth:
+            parents.pop()
+        also = tuple(name.strip() for name in (match["also"] or "").split(",") if name.strip())
+        drawn[match["name"]] = (parents[-1][1] if parents else None, also)
+        parents.append((depth, match["name"]))
+    return drawn
 
 
-def exception_classes_defined(folder: Path) -> dict[str, Path]:
-    """Each class under `folder` whose bases name an exception (`...Error`, `...Exception`)."""
-    found = {}
-    for path in sorted(folder.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not isinstance(node, ast.ClassDef):
-                continue
-            bases = [ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases]
-            if any(re.search(r"(Error|Exception|TooLarge)$", base) for base in bases):
-                found[node.name] = path
-    return found
+def drawn_bases(module: ModuleType, name: str) -> tuple[type, ...]:
+    """The bases the drawing gives `name`: its parent (a root: Exception) and those beside it."""
+    parent, also = drawn_tree(module)[name]
+    bases = (getattr(module, parent),) if parent else ()
+    bases += tuple(getattr(module, base, None) or getattr(builtins, base) for base in also)
+    return bases or (Exception,)
+
+
+def defined_exceptions(module: ModuleType) -> dict[str, type[BaseException]]:
+    """The exception classes `module` itself defines, by name."""
+    return {
+        name: value
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and issubclass(value, BaseException)
+        and value.__module__ == module.__name__
+    }
