@@ -1,11 +1,12 @@
 """Reviewers' veto over a train step: the hold before it queues, and their decisions applied.
 
-The hold (`held_for_review`): with `config.review_hold_seconds > 0` the submitted groups are written as a pending step
-(`_review_store`), shown on `/review` with an "approve now" button; the request then waits
-until a person approves it or the hold expires, and only then queues its training step, which
-reads the flags and reward overrides in force at that moment. The approval is a row in the
-model's decisions file, polled here, so `art review` (another process, same folder) can approve
-too. The pending step is forgotten when the step has run (or the client went away).
+The hold (`held_for_review`): with `config.review_hold_seconds > 0` the submitted groups are
+written as a pending step (`store._review_decisions`), shown on `/review` with an "approve now"
+button; the request then waits until a person approves it or the hold expires, and only then
+queues its training step, which reads the flags and reward overrides in force at that moment.
+The approval is a row in the model's decisions file, polled here, so `art review` (another
+process, same folder) can approve too. The pending step is forgotten when the step has run (or
+the client went away).
 
 The decisions (`apply_review`, called by `_prepared_step.prepare_step` for each group when the
 step runs): a flagged group or trajectory is left out, an overridden reward replaces the
