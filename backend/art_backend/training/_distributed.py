@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -196,10 +197,11 @@ class OpenAdapter:
 
 @dataclass(frozen=True)
 class TrainerCall:
-    """Run `LoraTrainer.<method>(*args, **kwargs)` (grpo_step, sft_step) on every rank."""
+    """Run `step(trainer, *args, **kwargs)` (`LoraTrainer.grpo_step` or `sft_step`) on every
+    rank; the step function travels by reference (its module and name), as pickle sends it."""
 
     adapter_name: str
-    method: str
+    step: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
 
@@ -209,7 +211,11 @@ class Stop:
     """Leave the group and exit."""
 
 
-STEP_METHODS = ("grpo_step", "sft_step")
+def is_training_step(step: Callable[..., Any]) -> bool:
+    """Whether `step` is one of the trainer's steps, the only calls the ranks run."""
+    from art_backend.training._trainer import LoraTrainer
+
+    return step in (LoraTrainer.grpo_step, LoraTrainer.sft_step)
 
 
 @dataclass
@@ -261,10 +267,10 @@ class TrainingTeam:
         assert rank == 0
         return cls(join_group(0, world_size, "env://", device, timeout=STEP_TIMEOUT))
 
-    def run(self, trainer: LoraTrainer, method: str, *args: Any, **kwargs: Any) -> Any:
-        """`trainer.<method>(...)` here and on every other rank, on the same arguments."""
-        if method not in STEP_METHODS:
-            raise ValueError(f"{method!r} is not a training step ({', '.join(STEP_METHODS)})")
+    def run(self, trainer: LoraTrainer, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`step(trainer, ...)` here and on every other rank, on the same arguments."""
+        if not is_training_step(step):
+            raise ValueError(f"{step!r} is not a training step (grpo_step, sft_step)")
         with self._lock:
             if trainer.adapter_name not in self._synced:
                 # The first step of this adapter: the other ranks copy rank 0's (a fresh
@@ -273,8 +279,8 @@ class TrainingTeam:
                 trainer.data_parallel = self.data_parallel
                 self.data_parallel.broadcast_trainer_state(trainer)
                 self._synced.add(trainer.adapter_name)
-            self._send(TrainerCall(trainer.adapter_name, method, args, kwargs))
-            return getattr(trainer, method)(*args, **kwargs)
+            self._send(TrainerCall(trainer.adapter_name, step, args, kwargs))
+            return step(trainer, *args, **kwargs)
 
     def stop(self) -> None:
         """Tell the other ranks to exit, wait for them, and leave the group."""
@@ -353,12 +359,12 @@ def serve_rank(data_parallel: DataParallel, engine: Any) -> None:
             )
             trainers[command.adapter_name] = trainer
             data_parallel.broadcast_trainer_state(trainer)
-        elif isinstance(command, TrainerCall) and command.method in STEP_METHODS:
+        elif isinstance(command, TrainerCall) and is_training_step(command.step):
             trainer = trainers[command.adapter_name]
             try:
-                getattr(trainer, command.method)(*command.args, **command.kwargs)
+                command.step(trainer, *command.args, **command.kwargs)
             except Exception:  # rank 0 reports the step's failure; this rank waits for the next
-                logger.exception("rank %d: %s failed", data_parallel.rank, command.method)
+                logger.exception("rank %d: %s failed", data_parallel.rank, command.step.__name__)
         else:
             raise RuntimeError(f"rank {data_parallel.rank}: unknown command {command!r}")
     dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """One train step's data, before any model work: a train request read against the records.
 
-`prepare_step` applies reviewers' decisions (a flagged group or trajectory is left out, an
-overridden reward replaces the submitted one, each counted under `review/...`), looks up each
+`prepare_step` applies reviewers' decisions (`_review_veto.apply_review`: a flagged group or
+trajectory is left out, an overridden reward replaces the submitted one), looks up each
 trajectory's recorded turns (a turn without a record is dropped and counted), and sums the
 groups' metrics; `PreparedStep.set_advantages` gives each trajectory its GRPO advantage from
 its group; `PreparedStep.sequences` are what `_rows.pack_rows` turns into token rows.
@@ -10,7 +10,6 @@ its group; `PreparedStep.sequences` are what `_rows.pack_rows` turns into token 
 from __future__ import annotations
 
 import math
-import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ from art_backend._errors import InvalidRequestError
 from art_backend.store._records import CompletionRecords
 from art_backend.store._review_decisions import ReviewState
 from art_backend.training._grpo import ScaleRewards, advantages_from_rewards, balance_advantages
+from art_backend.training._review_veto import REVIEW_METRICS, apply_review
 from art_backend.training._rows import (
     RecordedAnswers,
     Sequence,
@@ -28,10 +28,8 @@ from art_backend.training._rows import (
     build_sequences,
     turns_from_record,
 )
+from art_backend.training._step_log import finite_metrics, mean_and_std, reward_metrics
 from art_core.wire import GroupPayload, TrainRequest, TrajectoryPayload
-
-# Counted in every train step: what reviewers' decisions (review page) left out or changed.
-REVIEW_METRICS = ("review/flagged_trajectories", "review/flagged_groups", "review/reward_overrides")
 
 
 @dataclass
@@ -184,7 +182,7 @@ class _Preparation:
             for name, value in trajectory.metrics.items():
                 if name.startswith("dropped/") and math.isfinite(value):
                     counts[name] += value  # type: ignore[assignment]
-        members, applied = _apply_review(group, review)
+        members, applied = apply_review(group, review)
         for trajectory_id, note in applied.items():
             self.annotations[(group_id, trajectory_id)] = note
         if members is None:
@@ -283,31 +281,22 @@ class _Preparation:
         return metrics
 
 
-def reward_metrics(rewards: list[float]) -> dict[str, float]:
-    if not rewards:
-        return {"reward": 0.0, "reward_std": 0.0}
-    mean, std = mean_and_std(rewards)
-    return {"reward": mean, "reward_std": std}
+def check_rewards(groups: list[GroupPayload], scale_rewards: ScaleRewards) -> None:
+    """`check_advantages` on the submitted rewards, before the step is queued: a 400 at once,
+    not an error event after the queue and any review hold (the step checks its own again).
 
-
-def mean_and_std(values: list[float]) -> tuple[float, float]:
-    """Mean and population std of finite values, without overflow near the float limits.
-
-    Computed on values / (their largest magnitude): `fmean([1e308, 1e308, 0])` raises
-    OverflowError, the mean of [1, 1, 0] cannot, and neither result can exceed that magnitude.
+    Only scale_rewards="none" keeps the rewards' magnitude: its advantage is a reward minus its
+    group's mean, checked here from the rewards alone. "group" and "batch" divide by a standard
+    deviation, which keeps every advantage under sqrt(trajectories): nothing to check.
     """
-    scale = max(abs(value) for value in values) or 1.0
-    unit = [value / scale for value in values]
-    std = statistics.pstdev(unit) * scale if len(unit) > 1 else 0.0
-    return statistics.fmean(unit) * scale, std
-
-
-def finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """The finite metrics, with `dropped/non_finite_metrics` counting the others (inf, NaN)."""
-    finite = {key: value for key, value in metrics.items() if math.isfinite(value)}
-    dropped = len(metrics) - len(finite)
-    finite["dropped/non_finite_metrics"] = finite.get("dropped/non_finite_metrics", 0.0) + dropped
-    return finite
+    if scale_rewards != "none":
+        return
+    for group in groups:
+        rewards = [trajectory.reward for trajectory in group.trajectories]
+        if rewards:
+            mean = mean_and_std(rewards)[0]
+            farthest = [max(rewards) - mean, min(rewards) - mean]
+            check_advantages(torch.tensor(farthest, dtype=torch.float64), scale_rewards)
 
 
 def check_advantages(advantages: torch.Tensor, scale_rewards: str) -> None:
@@ -319,41 +308,6 @@ def check_advantages(advantages: torch.Tensor, scale_rewards: str) -> None:
         'keeps their magnitude). Rescale the rewards, or use scale_rewards "group" or "batch".',
         param="groups",
     )
-
-
-def _apply_review(
-    group: GroupPayload, review: ReviewState
-) -> tuple[list[tuple[TrajectoryPayload, float]] | None, dict[str, dict[str, Any]]]:
-    """The group's trajectories that may train, each with its reward after reviewers' decisions.
-
-    None when the whole group is flagged. The second value is what was applied, by trajectory
-    id, as annotations of its logged row.
-    """
-    group_flag = review.group_flag([t.id for t in group.trajectories])
-    if group_flag is not None:
-        note = {"review": {"applied": "flagged_groups", "reason": group_flag.get("reason")}}
-        return None, {t.id: note for t in group.trajectories}
-    members: list[tuple[TrajectoryPayload, float]] = []
-    applied: dict[str, dict[str, Any]] = {}
-    for trajectory in group.trajectories:
-        if (flag := review.trajectory_flag(trajectory.id)) is not None:
-            applied[trajectory.id] = {
-                "review": {"applied": "flagged_trajectories", "reason": flag.get("reason")}
-            }
-        elif (override := review.override(trajectory.id)) is not None:
-            reward = float(override["reward"])
-            applied[trajectory.id] = {
-                "reward": reward,
-                "review": {
-                    "applied": "reward_overrides",
-                    "reason": override.get("reason"),
-                    "submitted_reward": trajectory.reward,
-                },
-            }
-            members.append((trajectory, reward))
-        else:
-            members.append((trajectory, trajectory.reward))
-    return members, applied
 
 
 def why_nothing_trained(metrics: dict[str, float]) -> str:

@@ -27,7 +27,6 @@ from art_backend._errors import (
 from art_backend.store._checkpoints import ModelStore, check_name
 from art_backend.store._manifest import (
     START_STATE,
-    STEP_INPUTS,
     folder_fingerprint,
     link_or_copy,
     read_manifest,
@@ -36,9 +35,8 @@ from art_backend.store._manifest import (
 from art_backend.training._grpo import LossConfig
 from art_backend.training._replay_record import (
     NUMERIC_PACKAGES,
-    load_rows,
     package_versions,
-    rows_sha256,
+    saved_rows,
     tensors_sha256,
 )
 from art_backend.training._rows import Rows
@@ -151,7 +149,7 @@ def replay_step(
             f"the manifest {expected}: one of them changed after the step"
         )
     recorded_env = manifest.get("environments", {}).get(record.get("environment"), {})
-    rows, inputs_ok = _saved_rows(store, step, record, notes)
+    rows, inputs_ok = saved_rows(store, step, record, notes)
     folder = _base_model_folder(manifest, base_model)
     device = device or recorded_env.get("device", "cpu")
     threads = threads or int(record["threads"])
@@ -179,25 +177,6 @@ def replay_step(
         max_delta=max_delta,
         notes=notes,
     )
-
-
-def _saved_rows(
-    store: ModelStore, step: int, record: dict[str, Any], notes: list[str]
-) -> tuple[Rows, bool]:
-    path = store.checkpoint_dir(step) / STEP_INPUTS
-    if not path.is_file():
-        raise ReplayInputMissingError(
-            f"{path} is missing: the rows step {step} trained on are gone, so it cannot be "
-            "replayed. Restore the file from a backup of the model folder."
-        )
-    rows = load_rows(path)
-    ok = rows_sha256(rows) == record["inputs"]["sha256"]
-    if not ok:
-        notes.append(
-            f"{STEP_INPUTS} of step {step} is not what the step trained on (its hash differs "
-            "from replay.json's): the file changed after the step"
-        )
-    return rows, ok
 
 
 def _base_model_folder(manifest: dict[str, Any], override: Path | None) -> Path:

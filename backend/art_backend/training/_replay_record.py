@@ -1,5 +1,5 @@
-"""Recording each step so `art replay` can train it again (`_replay`): what `_registry` and
-`_service` call while the server trains.
+"""Recording each step so `art replay` can train it again (`_replay`): what `_model_registry`
+and `_service` call while the server trains, and `saved_rows`, how a replay reads rows back.
 
   registration -> the environment (code version, packages, device, dtype, threads setting) and
   the base model's file hashes into `manifest.json` (`record_model`, `store._manifest`);
@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from art_backend._errors import ReplayInputMissingError
 from art_backend.store._checkpoints import ModelStore
 from art_backend.store._manifest import (
     START_STATE,
@@ -131,6 +132,27 @@ def load_rows(path: Path) -> Rows:
         group_ids=saved["group_ids"].to(torch.long),
         trajectory_ids=trajectory_ids,
     )
+
+
+def saved_rows(
+    store: ModelStore, step: int, record: dict[str, Any], notes: list[str]
+) -> tuple[Rows, bool]:
+    """The rows step `step` trained on, read back for a replay, and whether they are the
+    same as then (their hash in `record`); a note in `notes` where they are not."""
+    path = store.checkpoint_dir(step) / STEP_INPUTS
+    if not path.is_file():
+        raise ReplayInputMissingError(
+            f"{path} is missing: the rows step {step} trained on are gone, so it cannot be "
+            "replayed. Restore the file from a backup of the model folder."
+        )
+    rows = load_rows(path)
+    ok = rows_sha256(rows) == record["inputs"]["sha256"]
+    if not ok:
+        notes.append(
+            f"{STEP_INPUTS} of step {step} is not what the step trained on (its hash differs "
+            "from replay.json's): the file changed after the step"
+        )
+    return rows, ok
 
 
 # ------------------------------------------------------------------------------- environment

@@ -16,7 +16,7 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from art_backend._limits import CheckedJsonRoute
-from art_backend.training._review_hold import held_for_review
+from art_backend.training._review_veto import held_for_review
 from art_backend.training._service import TrainingService
 from art_core.wire import (
     DeleteCheckpointsRequest,
@@ -29,20 +29,21 @@ from art_core.wire import (
 
 
 def training_router(training: TrainingService) -> APIRouter:
-    """The training routes bound to one TrainingService."""
+    """The training routes bound to one TrainingService (and its registry and step log)."""
     router = APIRouter(prefix="/v1/training", route_class=CheckedJsonRoute)
+    registry, step_log = training.registry, training.step_log
 
     @router.post("/models")
     async def register(body: RegisterRequest):
-        return await training.register(body)
+        return await registry.register(body)
 
     @router.get("/models/{project}/{name}")
     async def get_model(project: str, name: str):
-        return training.get(project, name).info()
+        return registry.get(project, name).info()
 
     @router.get("/models/{project}/{name}/history")
     async def history(project: str, name: str):
-        return {"rows": training.get(project, name).store.read_history()}
+        return {"rows": registry.get(project, name).store.read_history()}
 
     @router.post("/models/{project}/{name}/train")
     async def train(project: str, name: str, body: TrainRequest):
@@ -54,21 +55,21 @@ def training_router(training: TrainingService) -> APIRouter:
 
     @router.post("/models/{project}/{name}/sft")
     async def train_sft(project: str, name: str, body: SFTRequest):
-        model = training.get(project, name)
+        model = registry.get(project, name)
         events = training.queued_steps(lambda progress: training.train_sft(model, body, progress))
         return _ndjson(events)
 
     @router.post("/models/{project}/{name}/log")
     async def log(project: str, name: str, body: LogRequest):
-        return await training.log(training.get(project, name), body)
+        return await step_log.log(registry.get(project, name), body)
 
     @router.post("/models/{project}/{name}/promote")
     async def promote(project: str, name: str, body: PromoteRequest):
-        return await training.promote(training.get(project, name), body)
+        return await registry.promote(registry.get(project, name), body)
 
     @router.post("/models/{project}/{name}/delete_checkpoints")
     async def delete_checkpoints(project: str, name: str, body: DeleteCheckpointsRequest):
-        return await training.delete_checkpoints(training.get(project, name), body)
+        return await registry.delete_checkpoints(registry.get(project, name), body)
 
     return router
 

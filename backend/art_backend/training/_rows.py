@@ -32,6 +32,7 @@ import torch
 from art_backend._errors import InvalidRequestError
 from art_backend.engines._chat_templates import has_chat_template
 from art_backend.engines._tool_calls import prepare_messages, template_supports_tools
+from art_core.wire import SFTRequest
 
 DROP_REASONS = ("no_trainable_tokens", "truncated", "over_length")
 
@@ -410,21 +411,9 @@ def sft_sequence(
             ) from error
         return list(ids)
 
-    # Assistant messages stay one each, in order, in the prepared list (tool results may merge).
-    turns = list(
-        zip(
-            [i for i, message in enumerate(messages) if message.get("role") == "assistant"],
-            [i for i, message in enumerate(prepared) if message["role"] == "assistant"],
-            strict=True,
-        )
-    )
-    if not turns:
-        raise ValueError("an SFT example needs at least one assistant message to train on")
-    if assistant_turns == "last":
-        turns = turns[-1:]
     tokens: list[int] = []
     trained: list[bool] = []
-    for original, index in turns:
+    for original, index in _trained_turns(messages, prepared, assistant_turns):
         prompt = render(index, True) if index else []
         full = render(index + 1, False)
         if prompt[: len(tokens)] != tokens or full[: len(prompt)] != prompt:
@@ -447,3 +436,43 @@ def sft_sequence(
         group_id=0,
         truncated=False,
     )
+
+
+def _trained_turns(
+    messages: list[dict[str, Any]], prepared: list[dict[str, Any]], assistant_turns: str
+) -> list[tuple[int, int]]:
+    """(index in `messages`, index in `prepared`) of each assistant turn SFT trains."""
+    # Assistant messages stay one each, in order, in the prepared list (tool results may merge).
+    turns = list(
+        zip(
+            [i for i, message in enumerate(messages) if message.get("role") == "assistant"],
+            [i for i, message in enumerate(prepared) if message["role"] == "assistant"],
+            strict=True,
+        )
+    )
+    if not turns:
+        raise ValueError("an SFT example needs at least one assistant message to train on")
+    return turns[-1:] if assistant_turns == "last" else turns
+
+
+def sft_sequences(tokenizer: Any, request: SFTRequest) -> list[Sequence]:
+    """The `sft_sequence` of each trajectory of an SFT request; a 400 naming the first that
+    cannot be one."""
+    sequences = []
+    for index, example in enumerate(request.trajectories):
+        try:
+            sequences.append(
+                sft_sequence(
+                    tokenizer,
+                    example.messages,
+                    example.tools,
+                    assistant_turns=request.config.assistant_turns,
+                )
+            )
+        except ValueError as error:
+            raise InvalidRequestError(
+                f"trajectories[{index}]: {error}", param=f"trajectories[{index}]"
+            ) from error
+    if not sequences:
+        raise InvalidRequestError("Nothing to train: no trajectories.", param="trajectories")
+    return sequences

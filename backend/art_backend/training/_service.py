@@ -1,11 +1,13 @@
 """Training orchestration: one queue of steps, groups -> rows -> GRPO -> step N+1.
 
-The flow of one `train` call, top to bottom in `_train`:
-  recorded completions of each trajectory -> advantages per group (`_grpo`) -> token rows
-  (`_rows`) -> one optimizer step (`_trainer`) -> checkpoint N+1 written atomically
-  (`_checkpoints`) -> served as `<name>@<N+1>` -> history row and trajectories logged.
+The flow of one `train` call, top to bottom in `TrainingService.train`:
+  recorded completions of each trajectory, reviewers' decisions applied (`_prepared_step`,
+  `_review_veto`) -> advantages per group (`_grpo`) -> token rows (`_rows`) -> one optimizer
+  step (`_trainer`) -> checkpoint N+1 written atomically (`_commit_step`, `store._checkpoints`)
+  -> served as `<name>@<N+1>` -> history row and trajectories logged.
 Anything not trained is counted in the step's metrics under `dropped/...` or `groups/...`.
-Registering models and their served steps is `_registry`'s part of the service, `log` `_step_log`'s.
+The service holds two members: `registry` (`_model_registry.ModelRegistry`: registered models,
+their served steps, promotion and checkpoint deletion) and `step_log` (`_step_log.StepLog`: `log`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from art_backend._errors import BackendError, InvalidRequestError
 from art_backend.engines._engine import Engine, TrainableEngine
@@ -31,36 +30,25 @@ from art_backend.store._checkpoints import (
 from art_backend.store._records import CompletionRecords
 from art_backend.store._review_decisions import read_review_state
 from art_backend.training._distributed import TrainingTeam
-from art_backend.training._grpo import (
-    LossConfig,
-    advantages_from_rewards,
-    loss_preset,
-)
+from art_backend.training._grpo import LossConfig, loss_preset
+from art_backend.training._model_registry import ModelRegistry, RegisteredModel
 from art_backend.training._prepared_step import (
     PreparedStep,
-    check_advantages,
+    check_rewards,
     prepare_step,
     why_nothing_trained,
 )
-from art_backend.training._registry import ModelRegistry, RegisteredModel
 from art_backend.training._replay_record import StepInputs, index_step, write_step_files
-from art_backend.training._rows import (
-    Rows,
-    pack_rows,
-    sft_sequence,
-)
+from art_backend.training._rows import Rows, pack_rows, sft_sequences
 from art_backend.training._step_log import StepLog, trajectory_rows
-from art_backend.training._trainer import (
-    LoraTrainer,
-    OptimizerSettings,
-)
+from art_backend.training._trainer import LoraTrainer, OptimizerSettings
 from art_backend.training._trainer_thread import TrainerThread
 from art_core.types import TrainConfig
 from art_core.wire import SFTRequest, TrainRequest
 
 
-class TrainingService(ModelRegistry, StepLog):
-    """Registers models and runs their training steps one at a time, beside the engine."""
+class TrainingService:
+    """Runs registered models' training steps one at a time, beside the engine."""
 
     def __init__(
         self,
@@ -85,26 +73,35 @@ class TrainingService(ModelRegistry, StepLog):
         self.engine = engine
         self.trainer_host = trainer_host
         self.records = records
-        self.art_path = art_path
-        self.base_names = base_names
-        self.models: dict[tuple[str, str], RegisteredModel] = {}
-        self._adapter_numbers = itertools.count()
+        self.team = team
+        self.steps_total = 0
         self._step_lock = asyncio.Lock()  # one training step at a time on this engine
         self._waiting = 0
-        self.steps_total = 0
-        self.team = team
         # Model work of training: one call at a time, each on a thread that exits after it
         # (why: _trainer_thread.py).
         self._trainer_thread = TrainerThread()
+        self.registry = ModelRegistry(
+            engine,
+            trainer_host,
+            art_path=art_path,
+            base_names=base_names,
+            step_lock=self._step_lock,
+            in_trainer_thread=self._in_trainer_thread,
+            team=team,
+        )
+        self.step_log = StepLog(self._in_trainer_thread)
 
     async def _in_trainer_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
         return await self._trainer_thread.run(function, *args, **kwargs)
 
-    def _trainer_step(self, trainer: LoraTrainer, method: str, *args: Any, **kwargs: Any) -> Any:
-        """`trainer.grpo_step(...)` or `sft_step(...)`: here, or on every rank of the team."""
+    def _trainer_step(
+        self, trainer: LoraTrainer, step: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """`step(trainer, ...)` (`LoraTrainer.grpo_step` or `sft_step`): here, or on every rank
+        of the team."""
         if self.team is not None:
-            return self.team.run(trainer, method, *args, **kwargs)
-        return getattr(trainer, method)(*args, **kwargs)
+            return self.team.run(trainer, step, *args, **kwargs)
+        return step(trainer, *args, **kwargs)
 
     def stop_team(self) -> None:
         """Stop the team's other processes (on shutdown, after the last step)."""
@@ -159,19 +156,12 @@ class TrainingService(ModelRegistry, StepLog):
 
     def validate_train(self, project: str, name: str, request: TrainRequest) -> RegisteredModel:
         """Checks that need no model work: a bad request fails before it is queued."""
-        model = self.get(project, name)
+        model = self.registry.get(project, name)
         loss_config = loss_config_for(request.config)  # raises on an inconsistent preset override
         if not request.groups:
             raise InvalidRequestError("No trajectory groups to train on.", param="groups")
-        rewards = [t.reward for group in request.groups for t in group.trajectories]
-        group_ids = [index for index, g in enumerate(request.groups) for _ in g.trajectories]
-        advantages, _ = advantages_from_rewards(
-            torch.tensor(rewards, dtype=torch.float64),
-            torch.tensor(group_ids, dtype=torch.long),
-            scale_rewards=loss_config.scale_rewards,
-        )
-        check_advantages(advantages, loss_config.scale_rewards)
-        self.check_train_from(model, request.train_from_step, several_ranks=self.team is not None)
+        check_rewards(request.groups, loss_config.scale_rewards)
+        self.registry.check_train_from(model, request.train_from_step)
         return model
 
     async def train(
@@ -190,44 +180,15 @@ class TrainingService(ModelRegistry, StepLog):
             request, read_review_state(model.store.dir), self.records, model_name=model.name
         )
         step.set_advantages(loss_config.scale_rewards, loss_config.advantage_balance)
-        if request.config.zero_variance_in_denominator:
-            tokens, sequences = step.untrained()
-            loss_config = dataclasses.replace(
-                loss_config, untrained_tokens=tokens, untrained_rows=sequences
-            )
-        if request.config.truncated_importance_sampling and not loss_config.precalculate_logprobs:
-            step.warnings.append(
-                "truncated_importance_sampling was not applied: it weighs the trainer's logprobs "
-                "against the sampler's, so it needs precalculate_logprobs=True (ART skips it "
-                "likewise)."
-            )
+        loss_config = _step_loss(loss_config, step, request.config)
         rows = self._pack(step, request.config)
         await progress.put({"type": "progress", "stage": "rows", "rows": rows.num_rows})
         if rows.num_rows == 0:
-            reason = why_nothing_trained(step.metrics)
-            step.warnings.append(
-                f"Nothing trained this step: {reason}. The step stays {model.step}."
-            )
-            step.metrics.update(trained=0.0, step_seconds=time.perf_counter() - started)
-            model.store.append_history(
-                {
-                    "type": "train_skipped",
-                    "step": model.step,
-                    "metrics": step.metrics,
-                    "reason": reason,
-                }
-            )
-            return {**step.answer(model.step), "promoted_step": model.promoted}
-        settings = OptimizerSettings.from_config(request.config)
-        # ART's num_trajectories_learning_rate_multiplier_power: lr x (trained trajectories)^p.
-        power = request.config.num_trajectories_learning_rate_multiplier_power
-        if power:
-            settings = dataclasses.replace(
-                settings, learning_rate=settings.learning_rate * sum(step.trainable) ** power
-            )
+            return _nothing_trained(model, step, started)
+        settings = _step_settings(request.config, trained_trajectories=sum(step.trainable))
         from_step = model.step if request.train_from_step is None else request.train_from_step
         if from_step != model.step:  # a gate's train_from="promoted": back to that adapter
-            await self._in_trainer_thread(self.load_trainer, model, from_step)
+            await self._in_trainer_thread(self.registry.load_trainer, model, from_step)
         replay = StepInputs.before_step(
             self.trainer_host, model.trainer, rows, loss_config, settings, request, from_step
         )
@@ -239,7 +200,7 @@ class TrainingService(ModelRegistry, StepLog):
             )
         except Exception:
             if from_step != model.step:  # nothing trained: the trainer holds the latest again
-                await self._in_trainer_thread(self.load_trainer, model, model.step)
+                await self._in_trainer_thread(self.registry.load_trainer, model, model.step)
             raise
         replay.after_step()
         step.metrics.update(
@@ -287,7 +248,7 @@ class TrainingService(ModelRegistry, StepLog):
                 return await self._in_trainer_thread(
                     self._trainer_step,
                     model.trainer,
-                    "grpo_step",
+                    LoraTrainer.grpo_step,
                     rows,
                     loss_config,
                     settings,
@@ -340,10 +301,10 @@ class TrainingService(ModelRegistry, StepLog):
             model.promoted = new_step
         # Optimizer state (2x the adapter) is needed only to resume (and to train again from
         # the promoted step), the trajectories copy only to repair the newest step.
-        await self._in_trainer_thread(self.prune_trainer_states, model)
+        await self._in_trainer_thread(self.registry.prune_trainer_states, model)
         await self._in_trainer_thread(model.store.prune_file, STEP_TRAJECTORIES, keep_step=new_step)
-        await self._in_trainer_thread(self._serve_step, model, new_step)
-        self._pin(model)
+        await self._in_trainer_thread(self.registry.serve_step, model, new_step)
+        self.registry.pin(model)
         fault_point("before_trajectories")
         if trajectories is not None:  # the rollouts of step N trained into N+1
             await self._in_trainer_thread(
@@ -373,24 +334,7 @@ class TrainingService(ModelRegistry, StepLog):
         """
         started = time.perf_counter()
         config = request.config
-        tokenizer = self.engine.tokenizer
-        sequences = []
-        for index, example in enumerate(request.trajectories):
-            try:
-                sequences.append(
-                    sft_sequence(
-                        tokenizer,
-                        example.messages,
-                        example.tools,
-                        assistant_turns=config.assistant_turns,
-                    )
-                )
-            except ValueError as error:
-                raise InvalidRequestError(
-                    f"trajectories[{index}]: {error}", param=f"trajectories[{index}]"
-                ) from error
-        if not sequences:
-            raise InvalidRequestError("Nothing to train: no trajectories.", param="trajectories")
+        sequences = sft_sequences(self.engine.tokenizer, request)
         max_length = config.max_length or self.engine.context_length
         batch_size = config.resolved_batch_size()
         batches = [
@@ -409,36 +353,31 @@ class TrainingService(ModelRegistry, StepLog):
             rows, drops = pack_rows(batch, max_length=max_length, mask_truncated=False)
             dropped += drops["over_length"]
             if rows.num_rows:
-                settings = OptimizerSettings(
-                    learning_rate=rate,
-                    max_grad_norm=config.max_grad_norm,
-                    weight_decay=config.weight_decay,
-                    micro_batch_tokens=config.micro_batch_tokens,
-                    gradient_checkpointing=config.gradient_checkpointing,
-                )
+                settings = OptimizerSettings.from_config(config)
+                settings = dataclasses.replace(settings, learning_rate=rate)
                 async with self._engine_paused():
-                    step = await self._in_trainer_thread(
-                        self._trainer_step, model.trainer, "sft_step", rows, settings
+                    result = await self._in_trainer_thread(
+                        self._trainer_step, model.trainer, LoraTrainer.sft_step, rows, settings
                     )
-                losses.append(step["loss"])
-                trained_tokens += int(step["trained_tokens"])
+                losses.append(result["loss"])
+                trained_tokens += int(result["trained_tokens"])
             await progress.put({"type": "progress", "done": number + 1, "total": len(batches)})
+        if not losses:
+            raise InvalidRequestError(
+                f"Nothing to train: all {len(sequences)} examples are longer than {max_length} tokens."
+            )
         metrics = {
-            "loss": losses[-1] if losses else 0.0,
-            "loss_first": losses[0] if losses else 0.0,
+            "loss": losses[-1],
+            "loss_first": losses[0],
             "optimizer_steps": float(len(losses)),
             "examples": float(len(sequences)),
             "trained_tokens": float(trained_tokens),
             "batch_size": float(batch_size),
             "dropped/over_length": float(dropped),
             # The last batch's rate: where a schedule ended (the peak is the user's own number).
-            "learning_rate": rates[-1] if rates else 0.0,
+            "learning_rate": rates[-1],
             "step_seconds": time.perf_counter() - started,
         }
-        if not losses:
-            raise InvalidRequestError(
-                f"Nothing to train: all {len(sequences)} examples are longer than {max_length} tokens."
-            )
         await self._commit_step(model, "sft", metrics)
         return {
             "step": model.step,
@@ -446,6 +385,45 @@ class TrainingService(ModelRegistry, StepLog):
             "warnings": [],
             "promoted_step": model.promoted,
         }
+
+
+def _step_loss(loss_config: LossConfig, step: PreparedStep, config: TrainConfig) -> LossConfig:
+    """The loss of this step: TRL's denominators with its untrained rows where asked; a warning
+    where truncated importance sampling cannot apply."""
+    if config.zero_variance_in_denominator:
+        tokens, sequences = step.untrained()
+        loss_config = dataclasses.replace(
+            loss_config, untrained_tokens=tokens, untrained_rows=sequences
+        )
+    if config.truncated_importance_sampling and not loss_config.precalculate_logprobs:
+        step.warnings.append(
+            "truncated_importance_sampling was not applied: it weighs the trainer's logprobs "
+            "against the sampler's, so it needs precalculate_logprobs=True (ART skips it "
+            "likewise)."
+        )
+    return loss_config
+
+
+def _step_settings(config: TrainConfig, *, trained_trajectories: int) -> OptimizerSettings:
+    """The optimizer settings of a GRPO step, with ART's
+    num_trajectories_learning_rate_multiplier_power: lr x (trained trajectories)^p."""
+    settings = OptimizerSettings.from_config(config)
+    power = config.num_trajectories_learning_rate_multiplier_power
+    if power:
+        learning_rate = settings.learning_rate * trained_trajectories**power
+        settings = dataclasses.replace(settings, learning_rate=learning_rate)
+    return settings
+
+
+def _nothing_trained(model: RegisteredModel, step: PreparedStep, started: float) -> dict[str, Any]:
+    """The answer of a step that trained no row: a warning saying why, a "train_skipped" row."""
+    reason = why_nothing_trained(step.metrics)
+    step.warnings.append(f"Nothing trained this step: {reason}. The step stays {model.step}.")
+    step.metrics.update(trained=0.0, step_seconds=time.perf_counter() - started)
+    model.store.append_history(
+        {"type": "train_skipped", "step": model.step, "metrics": step.metrics, "reason": reason}
+    )
+    return {**step.answer(model.step), "promoted_step": model.promoted}
 
 
 def loss_config_for(config: TrainConfig) -> LossConfig:

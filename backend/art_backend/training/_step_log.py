@@ -1,25 +1,29 @@
 """`log`: groups and metrics recorded at a step, a history row and a trajectories file, without
-counting a trained step twice. `StepLog` is that part of `TrainingService` (its subclass).
+counting a trained step twice. `StepLog` is that member of `TrainingService`.
+
+Here too what every recorded step shares: its trajectory rows (`trajectory_rows`) and its reward
+statistics and finite metrics (`reward_metrics`, `finite_metrics`), which train steps use as well.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from art_backend._errors import InvalidRequestError
 from art_backend.store._checkpoints import ModelStore, read_trajectories
-from art_backend.training._prepared_step import finite_metrics, mean_and_std, reward_metrics
-from art_backend.training._registry import RegisteredModel
+from art_backend.training._model_registry import RegisteredModel
 from art_core.wire import GroupPayload, LogRequest
 
 
 class StepLog:
-    """`TrainingService.log`: a "log" history row and the trajectories it names."""
+    """A "log" history row and the trajectories it names, at a step of a registered model."""
 
-    # Set by TrainingService; named here for the type checker.
-    _in_trainer_thread: Callable[..., Awaitable[Any]]
+    def __init__(self, in_trainer_thread: Callable[..., Awaitable[Any]]) -> None:
+        """`in_trainer_thread`: the service's, where file work runs off the event loop."""
+        self._in_trainer_thread = in_trainer_thread
 
     async def log(self, model: RegisteredModel, request: LogRequest) -> dict[str, Any]:
         """Record groups and/or metrics at a step: one "log" history row + trajectories file.
@@ -132,3 +136,31 @@ def trajectory_rows(
         for exception in group.exceptions:
             rows.append({"group": group_index, "exception": exception})
     return rows
+
+
+def reward_metrics(rewards: list[float]) -> dict[str, float]:
+    """A step's `reward` and `reward_std` (0 for no rewards)."""
+    if not rewards:
+        return {"reward": 0.0, "reward_std": 0.0}
+    mean, std = mean_and_std(rewards)
+    return {"reward": mean, "reward_std": std}
+
+
+def mean_and_std(values: list[float]) -> tuple[float, float]:
+    """Mean and population std of finite values, without overflow near the float limits.
+
+    Computed on values / (their largest magnitude): `fmean([1e308, 1e308, 0])` raises
+    OverflowError, the mean of [1, 1, 0] cannot, and neither result can exceed that magnitude.
+    """
+    scale = max(abs(value) for value in values) or 1.0
+    unit = [value / scale for value in values]
+    std = statistics.pstdev(unit) * scale if len(unit) > 1 else 0.0
+    return statistics.fmean(unit) * scale, std
+
+
+def finite_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The finite metrics, with `dropped/non_finite_metrics` counting the others (inf, NaN)."""
+    finite = {key: value for key, value in metrics.items() if math.isfinite(value)}
+    dropped = len(metrics) - len(finite)
+    finite["dropped/non_finite_metrics"] = finite.get("dropped/non_finite_metrics", 0.0) + dropped
+    return finite

@@ -1,7 +1,8 @@
 """Registered models: register, resume and fork; the served-steps window; promotion; deletion.
 
-`ModelRegistry` is the part of `TrainingService` (its subclass) that keeps the backend's models,
-which of their steps the engine serves, and which checkpoints stay on disk.
+`ModelRegistry` is the member of `TrainingService` that keeps the backend's models, which of
+their steps the engine serves, and which checkpoints stay on disk. It shares the service's step
+lock (nothing here moves a model while a step commits) and its trainer thread (model work).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from art_backend.engines._aliases import alias_pins
 from art_backend.engines._engine import Engine, TrainableEngine
 from art_backend.store._checkpoints import ModelStore
 from art_backend.store._review_decisions import remove_all_pending
+from art_backend.training._distributed import TrainingTeam
 from art_backend.training._replay_record import record_model
 from art_backend.training._trainer import (
     TRAINER_STATE,
@@ -75,15 +77,28 @@ class RegisteredModel:
 class ModelRegistry:
     """The models `TrainingService` registered, their served steps and their checkpoints."""
 
-    # Set by TrainingService.__init__; named here for the type checker.
-    engine: Engine
-    trainer_host: TrainableEngine
-    art_path: Path
-    base_names: list[str]
-    models: dict[tuple[str, str], RegisteredModel]
-    _adapter_numbers: itertools.count[int]
-    _step_lock: asyncio.Lock
-    _in_trainer_thread: Callable[..., Awaitable[Any]]
+    def __init__(
+        self,
+        engine: Engine,
+        trainer_host: TrainableEngine,
+        *,
+        art_path: Path,
+        base_names: list[str],
+        step_lock: asyncio.Lock,
+        in_trainer_thread: Callable[..., Awaitable[Any]],
+        team: TrainingTeam | None = None,
+    ) -> None:
+        """`step_lock` and `in_trainer_thread` are the service's: one step at a time on the
+        engine, model work on the trainer's thread. `team`: the training processes, if several."""
+        self.engine = engine
+        self.trainer_host = trainer_host
+        self.art_path = art_path
+        self.base_names = base_names
+        self.team = team
+        self.models: dict[tuple[str, str], RegisteredModel] = {}
+        self._adapter_numbers = itertools.count()
+        self._step_lock = step_lock
+        self._in_trainer_thread = in_trainer_thread
 
     # ------------------------------------------------------------------------------ registration
 
@@ -179,10 +194,10 @@ class ModelRegistry:
             if model.inference_name(step) in self.engine.adapters and step != latest
         )
         self.models[(request.project, request.name)] = model
-        self._serve_step(model, latest)
+        self.serve_step(model, latest)
         if model.inference_name(model.promoted) not in self.engine.adapters:
-            self._serve_step(model, model.promoted)
-        self._pin(model)
+            self.serve_step(model, model.promoted)
+        self.pin(model)
         record_model(self, model, request.seed)  # manifest.json: what `art replay` checks against
         for repair in repairs:
             logger.warning("%s: %s", request.name, repair)
@@ -233,7 +248,8 @@ class ModelRegistry:
         )
         return step
 
-    def _serve_step(self, model: RegisteredModel, step: int) -> None:
+    def serve_step(self, model: RegisteredModel, step: int) -> None:
+        """Load checkpoint `step` into the engine as `<name>@<step>`; the window keeps its size."""
         self.engine.load_adapter(model.inference_name(step), model.store.checkpoint_dir(step))
         model.served = sorted({*model.served, step})  # a promoted step may come back: in order
         self._trim_served(model)
@@ -246,13 +262,11 @@ class ModelRegistry:
             if model.inference_name(old) in self.engine.adapters:
                 self.engine.unload_adapter(model.inference_name(old))
 
-    def check_train_from(
-        self, model: RegisteredModel, step: int | None, *, several_ranks: bool
-    ) -> None:
+    def check_train_from(self, model: RegisteredModel, step: int | None) -> None:
         """A train request's `train_from_step`: a step on disk (None or the latest: as usual)."""
         if step is None or step == model.step:
             return
-        if several_ranks:
+        if self.team is not None:
             raise InvalidRequestError(
                 "train_from_step: training from an earlier step is not supported with several "
                 "training processes (--train-processes); use train_from='latest'.",
@@ -280,7 +294,7 @@ class ModelRegistry:
             if step not in (model.step, model.promoted):
                 (model.store.checkpoint_dir(step) / TRAINER_STATE).unlink(missing_ok=True)
 
-    def _pin(self, model: RegisteredModel) -> None:
+    def pin(self, model: RegisteredModel) -> None:
         """Point the model's plain name at its promoted step (`engines._aliases`)."""
         alias_pins(self.engine)[model.name] = model.inference_name(model.promoted)
 
@@ -297,9 +311,9 @@ class ModelRegistry:
                 )
             if request.promote:
                 if model.inference_name(request.step) not in self.engine.adapters:
-                    await self._in_trainer_thread(self._serve_step, model, request.step)
+                    await self._in_trainer_thread(self.serve_step, model, request.step)
                 model.promoted = request.step
-                self._pin(model)
+                self.pin(model)
             model.store.append_history(
                 {
                     **request.details,
