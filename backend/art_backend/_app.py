@@ -36,7 +36,7 @@ from art_backend.serving.completions import attach_completion_routes
 from art_backend.serving.messages import attach_message_routes
 from art_backend.serving.responses import attach_response_routes
 from art_backend.training._routes import training_router
-from art_backend.training._service import TrainingService
+from art_backend.training._training_service import TrainingService
 
 logger = logging.getLogger("art_backend.app")
 

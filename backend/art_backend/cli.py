@@ -69,7 +69,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
     from art_backend.engines._vllm_process import find_vllm_python
     from art_backend.serving.chat._service import ChatService
     from art_backend.store._records import CompletionRecords
-    from art_backend.training._service import TrainingService
+    from art_backend.training._training_service import TrainingService
 
     served_name = settings.name or default_served_name(settings.base_model)
     _check_choices(served_name, settings.engine, settings.trainer)

@@ -1,7 +1,7 @@
 """The review page's view of the on-disk store: models, steps, groups, trajectories.
 
 Reads what the trainer wrote (`_checkpoints.ModelStore`: history and trajectory files) and what
-reviewers decided (`_review_store`), never anything in memory, so the same code serves the
+reviewers decided (`store._review_decisions`), never anything in memory, so the same code serves the
 review page of a running `art-server` and of `art review` over a copied `.art` folder.
 """
 

@@ -1,5 +1,5 @@
 """Recording each step so `art replay` can train it again (`_replay`): what `_model_registry`
-and `_service` call while the server trains, and `saved_rows`, how a replay reads rows back.
+and `_training_service` call while the server trains, and `saved_rows`, how a replay reads rows back.
 
   registration -> the environment (code version, packages, device, dtype, threads setting) and
   the base model's file hashes into `manifest.json` (`record_model`, `store._manifest`);
@@ -213,7 +213,7 @@ def environment(registry: Any) -> dict[str, Any]:
         "cuda": torch.version.cuda if parameter.device.type == "cuda" else None,
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "engine": type(registry.engine).__name__,
-        "train_processes": 1 if team is None else int(getattr(team, "world_size", 0) or 0),
+        "train_processes": 1 if team is None else team.data_parallel.world_size,
     }
 
 

@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from art_backend._limits import CheckedJsonRoute
 from art_backend.training._review_veto import held_for_review
-from art_backend.training._service import TrainingService
+from art_backend.training._training_service import TrainingService
 from art_core.wire import (
     DeleteCheckpointsRequest,
     LogRequest,

@@ -20,7 +20,7 @@ from art_backend.training._grpo import (
     loss_preset,
     policy_loss,
 )
-from art_backend.training._service import loss_config_for
+from art_backend.training._training_service import loss_config_for
 from art_core.errors import UnknownFieldError, UnsupportedOptionError
 from art_core.types import train_config_from_art
 

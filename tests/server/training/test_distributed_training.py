@@ -8,6 +8,7 @@ divides by its own denominator: the naive port the global denominator exists to 
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -290,6 +291,10 @@ async def test_art_server_with_two_train_processes_trains_the_same_step(
             adapter, answer = await one_step(backend, tiny_model_dir)
         finally:
             await backend.close()
+        (manifest_file,) = (tmp_path / str(processes)).glob("**/manifest.json")
+        manifest = json.loads(manifest_file.read_text())
+        environment = manifest["environments"][manifest["current_environment"]]
+        assert environment["train_processes"] == processes  # what `art replay` reads
         adapters.append(adapter)
         answers.append(answer)
     assert answers[0] == answers[1]  # the same groups went to both
