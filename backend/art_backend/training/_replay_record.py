@@ -1,5 +1,5 @@
-"""Recording each step so `art replay` can train it again (`_replay`): what `_model_registry`
-and `_training_service` call while the server trains, and `saved_rows`, how a replay reads rows back.
+"""Recording each step so `art replay` can train it again (`_replay`): what `_model_registry` and
+`_training_service` call while the server trains, and `saved_rows`, how a replay reads rows back.
 
   registration -> the environment (code version, packages, device, dtype, threads setting) and
   the base model's file hashes into `manifest.json` (`record_model`, `store._manifest`);
