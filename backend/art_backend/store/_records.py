@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 from art_backend._errors import InvalidNameError
@@ -199,14 +200,17 @@ def estimated_bytes(value: Any) -> int:
     Cheap (constant work per object, a long string costs no more than a short one) and close
     enough for a budget: shared small ints and interned strings are counted each time they occur.
     """
-    total = 0
+    return sum(sys.getsizeof(node) for node in json_nodes(value))
+
+
+def json_nodes(value: Any) -> Iterator[Any]:
+    """Every object in a JSON-like value, `value` included: dict keys and values, list items."""
     stack = [value]
     while stack:
         node = stack.pop()
-        total += sys.getsizeof(node)
+        yield node
         if isinstance(node, dict):
             stack.extend(node.keys())
             stack.extend(node.values())
         elif isinstance(node, list | tuple):
             stack.extend(node)
-    return total

@@ -38,7 +38,7 @@ from art_backend.serving._request import BodySized
 from art_backend.serving._sampling_params import sampling_params
 from art_backend.serving._sse import sse_error, sse_json
 from art_backend.serving.chat._schemas import ChatCompletionRequest
-from art_backend.store._records import CompletionRecords
+from art_backend.store._records import CompletionRecords, json_nodes
 from art_core.names import ADAPTER_NAME_PATTERN
 
 _Result = TypeVar("_Result")
@@ -508,18 +508,7 @@ def _message_characters(message: Any) -> int:
 def _text_characters(value: Any) -> int:
     """Characters in the strings of a JSON-like value: its string values and its keys (a
     template renders a tool schema's property names too: 9 MB of them once passed uncounted)."""
-    total = 0
-    stack = [value]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            total += len(node)
-        elif isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, list | tuple):
-            stack.extend(node)
-    return total
+    return sum(len(node) for node in json_nodes(value) if isinstance(node, str))
 
 
 def _final_delta(
