@@ -107,6 +107,8 @@ WING_ARROWS = {
     "serving": {"engines", "store"},
     "training": {"engines", "store"},
     "review": {"store"},
+    # The Tinker API both trains and samples: above training and the engines.
+    "tinker": {"engines", "store", "training"},
 }
 
 

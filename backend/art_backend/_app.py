@@ -35,6 +35,7 @@ from art_backend.serving.chat._service import ChatService
 from art_backend.serving.completions import attach_completion_routes
 from art_backend.serving.messages import attach_message_routes
 from art_backend.serving.responses import attach_response_routes
+from art_backend.tinker import attach_tinker_routes
 from art_backend.training._routes import training_router
 from art_backend.training._training_service import TrainingService
 
@@ -80,6 +81,8 @@ def create_app(
     attach_model_routes(app, service, art_path or Path(".art"))
     if training is not None:
         app.include_router(training_router(training))
+        # The Tinker API (/api/v1/...): training runs and sampling through the `tinker` SDK.
+        attach_tinker_routes(app, service.engine, service.base_names, training)
 
     # The review page (HTML) over the same --path; `art review` serves it alone.
     app.mount("/review", create_review_app(art_path or Path(".art")))
@@ -205,7 +208,8 @@ SERVED_APIS = (
     "/v1/messages), each also under "
     "/rollouts/{rollout_id}/v1/...; GET /v1/models; the records (GET "
     "/v1/chat/completions/{id}, GET /v1/rollouts/{id}); adapters (POST /v1/adapters); training "
-    "(/v1/training/...); /health, /metrics, /openapi.json and the review page (/review/)"
+    "(/v1/training/...); the Tinker API (/api/v1/...); /health, /metrics, /openapi.json and "
+    "the review page (/review/)"
 )
 
 

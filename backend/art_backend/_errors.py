@@ -11,6 +11,7 @@ beside it (a subclass without them answers as its parent).
         InvalidNameError                   a model or adapter name that is not allowed
           UnsafePathError                    a store path that would leave --path (a symlink)
         StepsNotComparableError            two steps `art diff` cannot compare
+        MalformedProtobufError             a protobuf body that is not the message the route takes
       AuthenticationError                401 authentication_error: missing or wrong API key
       CrossSiteRequestError              403 permission_error: a review form without its token
       NotFoundError                      404 not_found_error: what the request names is not here
@@ -19,6 +20,7 @@ beside it (a subclass without them answers as its parent).
         CompletionNotFoundError            no stored record of that completion
         ResponseNotFoundError              no stored response with that id
         StoreNotFoundError                 a project, model, step, group or trajectory
+        RouteNotServedError                a route of an API served in part (the Tinker API's)
       ConflictError                      409 conflict_error: clashes with the server's state
       CheckpointLoadError                409 invalid_request_error: a checkpoint that won't load
         TrainerStateError                  its trainer state is unreadable or does not fit
@@ -97,6 +99,10 @@ class StepsNotComparableError(InvalidRequestError):
     """Two steps that cannot be compared: the same step twice, or no example in common (400)."""
 
 
+class MalformedProtobufError(InvalidRequestError):
+    """A protobuf body that does not decode as the message its route takes (HTTP 400)."""
+
+
 # ----------------------------------------------------------------------------------- 401, 403
 
 
@@ -137,6 +143,11 @@ class ResponseNotFoundError(NotFoundError):
 class StoreNotFoundError(NotFoundError):
     """A project, model, step, group or trajectory that is not in the store (HTTP 404): what the
     review pages, `art diff` and `art replay` raise, naming what is there."""
+
+
+class RouteNotServedError(NotFoundError):
+    """A route of an API this server serves in part (the Tinker API's): the message names what
+    is served instead (HTTP 404)."""
 
 
 # ----------------------------------------------------------------------------------------- 409

@@ -18,7 +18,7 @@ import math
 import pickle
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,8 +36,11 @@ from art_backend.training._packing import (
     packing_supported,
 )
 from art_backend.training._rows import Rows, micro_batches, token_logprobs_and_entropy
+from art_backend.training._target_rows import TargetRow, target_batches, target_logprobs
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# A row's elementwise loss from its target logprobs (`score_targets`): (row index, logprobs).
+RowLoss = Callable[[int, torch.Tensor], torch.Tensor]
 TRAINER_STATE = "trainer_state.pt"
 
 
@@ -50,6 +53,10 @@ class OptimizerSettings:
     weight_decay: float = 0.0
     micro_batch_tokens: int = 2048  # rows x padded length per forward pass: bounds memory
     gradient_checkpointing: bool = False
+    # AdamW's betas and eps for this step; None keeps the optimizer's (0.9, 0.99), 1e-8. The
+    # Tinker API sends them with every step.
+    betas: tuple[float, float] | None = None
+    eps: float | None = None
 
     @classmethod
     def from_config(cls, config: Any) -> OptimizerSettings:
@@ -254,6 +261,53 @@ class LoraTrainer:
         grad_norm = self._optimizer_step(settings, totals, failure)
         return totals.as_dict(time.perf_counter() - started, grad_norm, with_kl=False)
 
+    def score_targets(
+        self, rows: list[TargetRow], loss: RowLoss, *, backward: bool, token_budget: int = 2048
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each row's target logprobs and elementwise loss (`_target_rows`; `loss(index,
+        logprobs)` gives row `index`'s). With `backward`, the gradient of the summed loss is
+        added to the adapter's, and stays there until `apply_gradients` (the Tinker API's
+        forward_backward, then optim_step)."""
+        logprobs = [torch.empty(0)] * len(rows)
+        losses = [torch.empty(0)] * len(rows)
+        device = self.engine.device
+        for batch in target_batches(rows, token_budget=token_budget):
+            with self.engine.exclusive() as model, self._scoring(model, backward):
+                output = model(
+                    input_ids=batch.input_ids.to(device),
+                    attention_mask=batch.attention_mask.to(device),
+                    use_cache=False,
+                )
+                scored = target_logprobs(output.logits, batch.target_ids.to(device))
+                total = scored.new_zeros(())
+                for line, (index, length) in enumerate(
+                    zip(batch.indices, batch.lengths, strict=True)
+                ):
+                    values = loss(index, scored[line, :length])
+                    logprobs[index] = scored[line, :length].detach().cpu()
+                    losses[index] = values.detach().cpu()
+                    total = total + values.sum()
+                if backward:
+                    total.backward()
+        return logprobs, losses
+
+    def apply_gradients(self, settings: OptimizerSettings) -> float:
+        """One AdamW step with the gradients `score_targets` accumulated; returns their norm."""
+        if self.data_parallel is not None:
+            raise RuntimeError("apply_gradients runs on one process only")
+        return self._optimizer_step(settings, StepMetrics(), [])
+
+    @contextlib.contextmanager
+    def _scoring(self, model: Any, backward: bool) -> Iterator[None]:
+        """This adapter's forward, with gradients only when they are wanted."""
+        if backward:
+            with self._training(model, OptimizerSettings()):
+                yield
+            return
+        model.set_adapter(self.adapter_name)
+        with torch.no_grad():
+            yield
+
     # --------------------------------------------------------------------- several processes
 
     def _my_share(self, rows: Rows, *, keep_groups: bool = True) -> Rows:
@@ -309,6 +363,10 @@ class LoraTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = settings.learning_rate
             group["weight_decay"] = settings.weight_decay
+            if settings.betas is not None:
+                group["betas"] = settings.betas
+            if settings.eps is not None:
+                group["eps"] = settings.eps
         with self.engine.exclusive():
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

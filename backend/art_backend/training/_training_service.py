@@ -154,6 +154,21 @@ class TrainingService:
         else:
             yield {"type": "result", **task.result()}
 
+    async def step_part(self, function: Callable[..., Any], *args: Any) -> Any:
+        """`function(*args)` on the trainer's thread while no other step runs: one part of a step
+        that a client drives part by part (the Tinker API's forward_backward, optim_step)."""
+        async with self._step_lock, self._engine_paused():
+            return await self._in_trainer_thread(function, *args)
+
+    async def save_step(
+        self, model: RegisteredModel, kind: str, details: dict[str, Any] | None = None
+    ) -> int:
+        """Checkpoint the trainer's adapter as step N+1 and serve it as `<name>@<N+1>`, outside
+        a train call (the Tinker API's save_weights_for_sampler); returns N+1."""
+        async with self._step_lock:
+            await self._commit_step(model, kind, {}, details=details)
+        return model.step
+
     def validate_train(self, project: str, name: str, request: TrainRequest) -> RegisteredModel:
         """Checks that need no model work: a bad request fails before it is queued."""
         model = self.registry.get(project, name)

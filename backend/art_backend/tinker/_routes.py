@@ -1,0 +1,244 @@
+"""The routes of the Tinker API under /api/v1, as the `tinker` 0.38 SDK calls them.
+
+Served (what `ServiceClient`, `TrainingClient` and `SamplingClient` need to start, train with
+cross_entropy, save sampler weights and sample):
+
+    GET  healthz, get_server_capabilities, samplers/{id}
+    POST client/config, client/dynamic_config, telemetry (accepted, dropped)
+    POST create_session, session_heartbeat, sessions/{id}/finish
+    POST create_model, get_info, forward_backward (protobuf), optim_step,
+         save_weights_for_sampler, create_sampling_session, asample, retrieve_future
+
+Every other /api/v1 route is refused with 404, naming it and what is served. Errors take the
+SDK's shape, `{"detail": message}` (the SDK raises `BadRequestError`, `NotFoundError`, ... with
+it); a failed operation answers through its future (`_futures`). The API key is the server's
+`--api-key`, sent by the SDK as `X-API-Key` (its TINKER_API_KEY; the SDK wants it to start with
+`tml-`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from art_backend._errors import (
+    BackendError,
+    InvalidRequestError,
+    NotFoundError,
+    RouteNotServedError,
+)
+from art_backend.engines._engine import Engine
+from art_backend.tinker._futures import Answer
+from art_backend.tinker._proto import decode_forward_backward
+from art_backend.tinker._sampling import TinkerSampling
+from art_backend.tinker._schemas import (
+    CreateModelRequest,
+    CreateSamplingSessionRequest,
+    CreateSessionRequest,
+    FutureRetrieveRequest,
+    GetInfoRequest,
+    OptimStepRequest,
+    SampleRequest,
+    SaveWeightsForSamplerRequest,
+    SessionHeartbeatRequest,
+)
+from art_backend.tinker._service import TinkerTraining
+from art_backend.training._training_service import TrainingService
+
+PROTOBUF = "application/x-protobuf"
+SERVED = (
+    "healthz, get_server_capabilities, client/config, client/dynamic_config, telemetry, "
+    "create_session, session_heartbeat, sessions/{id}/finish, create_model, get_info, "
+    "forward_backward (forward too), optim_step, save_weights_for_sampler, "
+    "create_sampling_session, samplers/{id}, asample, retrieve_future"
+)
+Parsed = TypeVar("Parsed", bound=BaseModel)
+Endpoint = Callable[..., Awaitable[Any]]
+
+
+def in_sdk_shape(endpoint: Endpoint) -> Endpoint:
+    """Answer the endpoint's errors as the SDK reads them: `{"detail": message}`."""
+
+    @functools.wraps(endpoint)
+    async def answered(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await endpoint(*args, **kwargs)
+        except BackendError as error:
+            return JSONResponse({"detail": error.message}, status_code=error.status_code)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first.get("loc", ()))
+            return JSONResponse({"detail": f"{where}: {first.get('msg')}"}, status_code=400)
+
+    return answered
+
+
+async def parsed(request: Request, schema: type[Parsed]) -> Parsed:
+    """The request's JSON body as `schema` (a 400 when it is not JSON)."""
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError as error:
+        raise InvalidRequestError(f"The body is not JSON: {error}") from error
+    return schema.model_validate(body)
+
+
+def future(request_id: str, model_id: str | None = None) -> dict[str, Any]:
+    """The SDK's UntypedAPIFuture: what it polls with retrieve_future."""
+    return {"request_id": request_id, "model_id": model_id}
+
+
+def attach_tinker_routes(
+    app: FastAPI, engine: Engine, base_names: list[str], training: TrainingService
+) -> None:
+    """Add the Tinker API's routes (/api/v1/...) over `engine` and `training` to `app`."""
+    tinker = TinkerTraining(engine, base_names, training)
+    sampling = TinkerSampling(tinker)
+    router = APIRouter(prefix="/api/v1", tags=["tinker"])
+    _attach_session_routes(router, tinker)
+    _attach_training_routes(router, tinker, sampling)
+    _attach_sampling_routes(router, tinker, sampling)
+
+    @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    @in_sdk_shape
+    async def not_served(rest: str) -> Any:
+        raise RouteNotServedError(
+            f"The Tinker API's /api/v1/{rest} is not served by this server yet. It serves: "
+            f"{SERVED}."
+        )
+
+    app.include_router(router)
+
+
+def _attach_session_routes(router: APIRouter, tinker: TinkerTraining) -> None:
+    sessions: set[str] = set()
+
+    @router.get("/healthz")
+    async def healthz() -> Any:
+        return {"status": "ok"}
+
+    @router.get("/get_server_capabilities")
+    async def capabilities() -> Any:
+        context = tinker.engine.context_length
+        models = [
+            {
+                "model_name": name,
+                "max_context_length": context,
+                "trainable": True,
+                "sampleable": True,
+            }
+            for name in tinker.base_names
+        ]
+        return {"supported_models": models}
+
+    @router.post("/client/config")
+    async def client_config() -> Any:
+        # API keys as they are (no JWT exchange), httpx's own transport, JSON and plain
+        # protobuf bodies, one retrieve_future per request.
+        return {"pjwt_auth_enabled": False, "use_pyqwest_transport": False}
+
+    @router.post("/client/dynamic_config")
+    async def dynamic_config() -> Any:
+        return {}
+
+    @router.post("/telemetry")
+    async def telemetry() -> Any:
+        return {"status": "accepted"}
+
+    @router.post("/create_session")
+    @in_sdk_shape
+    async def create_session(request: Request) -> Any:
+        await parsed(request, CreateSessionRequest)
+        session_id = f"session-{uuid.uuid4().hex[:16]}"
+        sessions.add(session_id)
+        return {"type": "create_session", "session_id": session_id}
+
+    @router.post("/session_heartbeat")
+    @in_sdk_shape
+    async def session_heartbeat(request: Request) -> Any:
+        await parsed(request, SessionHeartbeatRequest)
+        return {"type": "session_heartbeat"}
+
+    @router.post("/sessions/{session_id}/finish")
+    async def finish_session(session_id: str) -> Any:
+        sessions.discard(session_id)
+        return None
+
+
+def _attach_training_routes(
+    router: APIRouter, tinker: TinkerTraining, sampling: TinkerSampling
+) -> None:
+    @router.post("/create_model")
+    @in_sdk_shape
+    async def create_model(request: Request) -> Any:
+        return future(tinker.create_model(await parsed(request, CreateModelRequest)))
+
+    @router.post("/get_info")
+    @in_sdk_shape
+    async def get_info(request: Request) -> Any:
+        return tinker.info((await parsed(request, GetInfoRequest)).model_id)
+
+    @router.post("/forward_backward")
+    @in_sdk_shape
+    async def forward_backward(request: Request) -> Any:
+        if request.headers.get("content-encoding"):
+            raise InvalidRequestError("Send forward_backward uncompressed (no Content-Encoding).")
+        if PROTOBUF not in request.headers.get("content-type", ""):
+            raise InvalidRequestError(f"forward_backward takes a protobuf body ({PROTOBUF}).")
+        wire = decode_forward_backward(await request.body())
+        return future(tinker.forward_backward(wire), wire.model_id)
+
+    @router.post("/optim_step")
+    @in_sdk_shape
+    async def optim_step(request: Request) -> Any:
+        body = await parsed(request, OptimStepRequest)
+        return future(tinker.optim_step(body), body.model_id)
+
+    @router.post("/save_weights_for_sampler")
+    @in_sdk_shape
+    async def save_weights_for_sampler(request: Request) -> Any:
+        body = await parsed(request, SaveWeightsForSamplerRequest)
+        return future(sampling.save_weights_for_sampler(body), body.model_id)
+
+    @router.post("/retrieve_future")
+    @in_sdk_shape
+    async def retrieve_future(request: Request) -> Any:
+        body = await parsed(request, FutureRetrieveRequest)
+        try:
+            outcome = await tinker.futures.retrieve(body.request_id)
+        except KeyError:
+            raise NotFoundError(
+                f"No operation {body.request_id!r} on this server (unknown, or long forgotten)."
+            ) from None
+        if outcome is None:
+            return {"type": "try_again", "request_id": body.request_id, "queue_state": "active"}
+        if not isinstance(outcome, Answer):
+            return outcome  # the failure: {"error", "category"}
+        if outcome.proto is not None:
+            return Response(outcome.proto, media_type=PROTOBUF)
+        return outcome.body
+
+
+def _attach_sampling_routes(
+    router: APIRouter, tinker: TinkerTraining, sampling: TinkerSampling
+) -> None:
+    @router.post("/create_sampling_session")
+    @in_sdk_shape
+    async def create_sampling_session(request: Request) -> Any:
+        return sampling.create_session(await parsed(request, CreateSamplingSessionRequest))
+
+    @router.get("/samplers/{sampler_id}")
+    @in_sdk_shape
+    async def describe_sampler(sampler_id: str) -> Any:
+        return sampling.describe(sampler_id)
+
+    @router.post("/asample")
+    @in_sdk_shape
+    async def asample(request: Request) -> Any:
+        return sampling.sample(await parsed(request, SampleRequest))

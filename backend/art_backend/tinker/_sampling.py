@@ -1,0 +1,273 @@
+"""The Tinker API's sampling: sampler weights are served steps, samples come from the engine.
+
+`save_weights_for_sampler(name)` checkpoints the run as step N+1 (served `<model id>@<N+1>`,
+like any step of ours) and names it `tinker://<model id>/sampler_weights/<name>`. A sampling
+session points at such a path, or at the base model; `asample` completes the prompt's token ids
+on the engine with that adapter and answers each sequence's tokens, their logprobs (always:
+the engine computes them anyway) and why it stopped.
+
+Served: num_samples, max_tokens, temperature, top_p, top_k, seed, stop strings, and stop token
+ids that are the model's own end tokens (the engine stops at those anyway). Refused by name:
+prompt logprobs, top-k logprobs, target prompt logprobs, alternative prompt tokens, other stop
+token ids, and `stop=[]` (generation past the end tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from art_backend._errors import BackendError, ContextLengthError, InvalidRequestError, NotFoundError
+from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams
+from art_backend.tinker._futures import Answer
+from art_backend.tinker._proto import WireSequence, encode_sample_response
+from art_backend.tinker._schemas import (
+    CreateSamplingSessionRequest,
+    SampleRequest,
+    SaveWeightsForSamplerRequest,
+)
+from art_backend.tinker._service import TinkerTraining, TrainingRun
+from art_core.names import check_name
+
+SAMPLER_PATH = "tinker://{model_id}/sampler_weights/{name}"
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """What a sampling session samples from: the base model or a run's served step."""
+
+    base_model: str
+    model_path: str | None
+    adapter: str | None  # the engine's served name, `<model id>@<step>`; None: the base model
+    run: TrainingRun | None = None
+    step: int | None = None
+
+
+class TinkerSampling:
+    """Sampler weights, sampling sessions and samples, over one `TinkerTraining`."""
+
+    def __init__(self, training: TinkerTraining):
+        self.training = training
+        self.engine = training.engine
+        self.sessions: dict[str, Sampler] = {}
+
+    # ----------------------------------------------------------------- save_weights_for_sampler
+
+    def save_weights_for_sampler(self, request: SaveWeightsForSamplerRequest) -> str:
+        """Checkpoint the run as its next step (in order) and name it, or open a session on it."""
+        run = self.training.run(request.model_id)
+        name = request.path
+        try:
+            if name is None and request.sampling_session_seq_id is None:
+                raise InvalidRequestError("Give a sampler name (path).", param="path")
+            if name is not None:
+                check_name(name, "sampler name")
+        except ValueError as error:
+            self.training.skip_turn(run, request.seq_id)
+            raise InvalidRequestError(str(error), param="path") from error
+
+        async def work() -> Answer:
+            step = await self.training.training.save_step(
+                run.registered, "tinker_sampler", {"tinker_sampler": name}
+            )
+            if name is None:  # save_weights_and_get_sampling_client: a session, unnamed
+                session_id = self._open(self._sampler(run, step, None))
+                return Answer(
+                    {"sampling_session_id": session_id, "type": "save_weights_for_sampler"}
+                )
+            run.samplers[name] = step
+            path = SAMPLER_PATH.format(model_id=run.model_id, name=name)
+            return Answer({"path": path, "type": "save_weights_for_sampler"})
+
+        return self.training.in_order(run, request.seq_id, work)
+
+    def _sampler(self, run: TrainingRun, step: int, path: str | None) -> Sampler:
+        return Sampler(
+            run.registered.base_model, path, run.registered.inference_name(step), run, step
+        )
+
+    # ----------------------------------------------------------------------- sampling sessions
+
+    def create_session(self, request: CreateSamplingSessionRequest) -> dict[str, Any]:
+        """A sampling session on a sampler path, or on the base model."""
+        return {
+            "sampling_session_id": self._open(self.resolve(request.model_path, request.base_model)),
+            "type": "create_sampling_session",
+        }
+
+    def _open(self, sampler: Sampler) -> str:
+        session_id = f"sampler-{uuid.uuid4().hex[:16]}"
+        self.sessions[session_id] = sampler
+        return session_id
+
+    def session(self, session_id: str) -> Sampler:
+        """The sampling session `session_id` names (404 otherwise)."""
+        sampler = self.sessions.get(session_id)
+        if sampler is None:
+            raise NotFoundError(f"No sampling session {session_id!r} on this server.")
+        return sampler
+
+    def describe(self, session_id: str) -> dict[str, Any]:
+        """GET samplers/{id}: what the session samples from."""
+        sampler = self.session(session_id)
+        return {
+            "sampler_id": session_id,
+            "base_model": sampler.base_model,
+            "model_path": sampler.model_path,
+        }
+
+    def resolve(self, model_path: str | None, base_model: str | None) -> Sampler:
+        """A `tinker://<model id>/sampler_weights/<name>` path, else the base model."""
+        if model_path is None:
+            if base_model is None:
+                raise InvalidRequestError("Give model_path or base_model.", param="model_path")
+            self.training.check_base_model(base_model)
+            return Sampler(base_model, None, None)
+        parts = model_path.removeprefix("tinker://").split("/")
+        if not model_path.startswith("tinker://") or len(parts) != 3:
+            raise InvalidRequestError(
+                f"model_path {model_path!r} is not a sampler path "
+                "(tinker://<model id>/sampler_weights/<name>).",
+                param="model_path",
+            )
+        if parts[1] != "sampler_weights":
+            raise InvalidRequestError(
+                f"model_path {model_path!r}: only sampler weights (sampler_weights/) are "
+                "served for sampling yet; save them with save_weights_for_sampler.",
+                param="model_path",
+            )
+        run = self.training.run(parts[0])
+        step = run.samplers.get(parts[2])
+        if step is None:
+            raise NotFoundError(
+                f"Training run {parts[0]} has no sampler weights named {parts[2]!r} (it has "
+                f"{sorted(run.samplers) or 'none'})."
+            )
+        return self._sampler(run, step, model_path)
+
+    # --------------------------------------------------------------------------------- asample
+
+    def sample(self, request: SampleRequest) -> dict[str, Any]:
+        """Check the request, then sample in a future; the future with one id per sample."""
+        if request.sampling_session_id is not None:
+            sampler = self.session(request.sampling_session_id)
+        else:
+            sampler = self.resolve(request.model_path, request.base_model)
+        _refuse_unserved(request)
+        prompt = self._prompt(request)
+        generation = GenerationRequest(
+            prompt_ids=prompt,
+            params=self._params(request, len(prompt)),
+            n=request.num_samples,
+            adapter=sampler.adapter,
+            stream_tokens=False,
+        )
+        request_id = self.training.futures.start(self._generate(sampler, generation))
+        return {
+            "request_id": request_id,
+            "sample_sequence_ids": [f"{request_id}-{i}" for i in range(request.num_samples)],
+        }
+
+    def _prompt(self, request: SampleRequest) -> list[int]:
+        tokens: list[int] = []
+        for chunk in request.prompt.chunks:
+            if chunk.type != "encoded_text" or chunk.tokens is None:
+                raise InvalidRequestError(
+                    f"Prompt chunks of type {chunk.type!r} are not served; send encoded_text.",
+                    param="prompt",
+                )
+            tokens += chunk.tokens
+        vocabulary = self.engine.vocab_size
+        outside = sorted({token for token in tokens if not 0 <= token < vocabulary})
+        if outside:
+            raise InvalidRequestError(
+                f"The prompt holds token ids {outside[:5]} outside the vocabulary "
+                f"[0, {vocabulary}).",
+                param="prompt",
+            )
+        if not tokens:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        return tokens
+
+    def _params(self, request: SampleRequest, prompt_length: int) -> SamplingParams:
+        params = request.sampling_params
+        room = self.engine.context_length - prompt_length
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if max_tokens > room or room < 1:
+            raise ContextLengthError(
+                f"The prompt's {prompt_length} tokens plus max_tokens {max_tokens} exceed the "
+                f"model's context of {self.engine.context_length} tokens.",
+                param="sampling_params.max_tokens",
+            )
+        return SamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=max(params.top_k, 0),
+            stop=self._stop_strings(params.stop),
+            seed=params.seed,
+        )
+
+    def _stop_strings(self, stop: str | list[str] | list[int] | None) -> list[str]:
+        if stop is None:
+            return []
+        if isinstance(stop, str):
+            return [stop]
+        if not stop:
+            raise InvalidRequestError(
+                "stop=[] (generation past the model's end tokens) is not served yet.",
+                param="sampling_params.stop",
+            )
+        if all(isinstance(item, str) for item in stop):
+            return [str(item) for item in stop]
+        ends = set(getattr(self.engine, "eos_token_ids", ()))
+        others = sorted({int(item) for item in stop} - ends)
+        if others:
+            raise InvalidRequestError(
+                f"Stop token ids {others} are not served yet; the engine stops at the model's "
+                f"end tokens {sorted(ends)}. Give stop strings instead.",
+                param="sampling_params.stop",
+            )
+        return []
+
+    async def _generate(self, sampler: Sampler, generation: GenerationRequest) -> Answer:
+        if sampler.adapter is not None and sampler.adapter not in self.engine.adapters:
+            assert sampler.run is not None and sampler.step is not None
+            # An older sampler step, out of the served window: served again for this request.
+            folder = sampler.run.registered.store.checkpoint_dir(sampler.step)
+            await asyncio.to_thread(self.engine.load_adapter, sampler.adapter, folder)
+        events = self.engine.submit(generation)
+        finished: dict[int, FinishEvent] = {}
+        while len(finished) < generation.n:
+            event = await events.get()
+            if isinstance(event, FinishEvent):
+                finished[event.choice_index] = event
+        sequences = []
+        for index in range(generation.n):
+            event = finished[index]
+            if event.finish_reason not in ("stop", "length"):
+                raise BackendError(f"Generation failed: {event.error or event.finish_reason}")
+            sequences.append(WireSequence(event.finish_reason, event.token_ids, event.logprobs))
+        return Answer(proto=encode_sample_response(sequences))
+
+
+def _refuse_unserved(request: SampleRequest) -> None:
+    """Sampling options this server does not serve yet, refused by their SDK names."""
+    unserved = {
+        "include_prompt_logprobs": bool(request.prompt_logprobs),
+        "topk_prompt_logprobs": request.topk_prompt_logprobs > 0,
+        "topk_sample_logprobs": request.topk_sample_logprobs > 0,
+        "target_prompt_logprobs": request.target_prompt_logprobs is not None,
+        "prompt_alt_tokens_k": request.prompt_alt_tokens_k > 0,
+        "prompt_logprobs_last_n": request.prompt_logprobs_last_n is not None,
+        "record_stability_info": bool(request.record_stability_info),
+    }
+    named = [name for name, asked in unserved.items() if asked]
+    if named:
+        raise InvalidRequestError(
+            f"Sampling options {named} are not served by this server yet; it answers the "
+            "sampled tokens with their logprobs.",
+            param=named[0],
+        )

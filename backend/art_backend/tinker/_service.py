@@ -1,0 +1,339 @@
+"""The Tinker API's training semantics over our trainer: a training run is a registered model.
+
+    create_model               -> `ModelRegistry.register` (project "tinker", name = model id):
+                                  a LoRA on the served base model, checkpoint 0, served `<id>@0`
+    forward_backward           -> `LoraTrainer.score_targets` with a loss of `_losses.LOSSES`:
+                                  gradients add up until the next optim_step
+    optim_step                 -> `LoraTrainer.apply_gradients` with the step's AdamW settings
+    save_weights_for_sampler   -> checkpoint N+1, served `<id>@<N+1>` (`TrainingService.save_step`),
+                                  named `tinker://<id>/sampler_weights/<name>` (`_sampling`)
+
+Each operation is checked when it arrives (a 400 the SDK raises as `BadRequestError`, naming what
+is wrong), then runs through the futures in its training run's `seq_id` order (`_futures`), on
+the trainer's thread while no other step runs (`TrainingService.step_part`). Runs live in this
+process: a restarted server keeps their checkpoints on disk but not their model ids.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from art_backend._errors import InvalidRequestError, NotFoundError
+from art_backend.engines._engine import Engine
+from art_backend.tinker._futures import Answer, Futures, RunOrder
+from art_backend.tinker._losses import LOSSES, NOT_SERVED_YET, TinkerLoss
+from art_backend.tinker._proto import ForwardBackwardWire, encode_forward_backward_output
+from art_backend.tinker._schemas import CreateModelRequest, OptimStepRequest
+from art_backend.training._model_registry import RegisteredModel
+from art_backend.training._target_rows import TargetRow
+from art_backend.training._trainer import OptimizerSettings
+from art_backend.training._training_service import TrainingService
+from art_core.types import LoRAConfig
+from art_core.wire import RegisterRequest
+
+logger = logging.getLogger("art_backend.tinker")
+
+PROJECT = "tinker"  # the store's project of every run created through the Tinker API
+LORA_ALPHA = 32.0  # Tinker's own, whatever the rank
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class TrainingRun:
+    """A training client's model: the registered model and its operations' order."""
+
+    model_id: str
+    registered: RegisteredModel
+    lora_rank: int
+    order: RunOrder = field(default_factory=RunOrder)
+    requests: dict[int, str] = field(default_factory=dict)  # seq_id -> request id (retries)
+    samplers: dict[str, int] = field(default_factory=dict)  # sampler name -> step
+
+
+class TinkerTraining:
+    """Training runs, created and trained through the Tinker API."""
+
+    def __init__(self, engine: Engine, base_names: list[str], training: TrainingService):
+        self.engine = engine
+        self.base_names = base_names
+        self.training = training
+        self.futures = Futures()
+        self.runs: dict[str, TrainingRun] = {}
+
+    def run(self, model_id: str) -> TrainingRun:
+        """The training run `model_id` names (404 naming the runs of this server otherwise)."""
+        run = self.runs.get(model_id)
+        if run is None:
+            known = ", ".join(sorted(self.runs)) or "none yet"
+            raise NotFoundError(
+                f"No training run {model_id!r} on this server (runs: {known}). Runs live as long "
+                "as the server: create one with create_lora_training_client."
+            )
+        return run
+
+    def check_base_model(self, base_model: str) -> None:
+        """A 400 naming the served base model when another one is asked for."""
+        if base_model not in self.base_names:
+            raise InvalidRequestError(
+                f"This server serves base model {self.base_names[0]!r}; the request names "
+                f"{base_model!r}. Start art-server with that model, or ask for this one.",
+                param="base_model",
+            )
+
+    # ------------------------------------------------------------------------------ create_model
+
+    def create_model(self, request: CreateModelRequest) -> str:
+        """Check the request, then register the run in a future; the future's request id."""
+        self.check_base_model(request.base_model)
+        if request.optimizer_config.type != "adamw":
+            raise InvalidRequestError(
+                f"Optimizer {request.optimizer_config.type!r} is not served; this server's "
+                "training runs use AdamW (the SDK's default optimizer).",
+                param="optimizer_config",
+            )
+        lora = request.lora_config
+        rank = lora.rank if lora is not None else 32
+        modules = [
+            *(ATTENTION_MODULES if lora is None or lora.train_attn else ()),
+            *(MLP_MODULES if lora is None or lora.train_mlp else ()),
+        ]
+        if not modules:
+            raise InvalidRequestError(
+                "This server adapts attention and MLP layers (train_attn, train_mlp); the "
+                "unembedding alone (train_unembed) is not served yet.",
+                param="lora_config",
+            )
+        model_id = f"tinker-{uuid.uuid4().hex[:16]}"
+        register = RegisterRequest(
+            project=PROJECT,
+            name=model_id,
+            base_model=request.base_model,
+            lora=LoRAConfig(r=rank, alpha=LORA_ALPHA, target_modules=modules),
+            seed=(lora.seed if lora is not None and lora.seed is not None else 0),
+        )
+        return self.futures.start(self._register(model_id, rank, register))
+
+    async def _register(self, model_id: str, rank: int, register: RegisterRequest) -> Answer:
+        if self.training.team is not None:
+            raise InvalidRequestError(
+                "The Tinker API trains on one process; this server runs several "
+                "(--train-processes). Start it with one."
+            )
+        await self.training.registry.register(register)
+        registered = self.training.registry.get(PROJECT, model_id)
+        self.runs[model_id] = TrainingRun(model_id, registered, rank)
+        return Answer({"model_id": model_id, "type": "create_model"})
+
+    def info(self, model_id: str) -> dict[str, Any]:
+        """get_info: the run's base model, its tokenizer (the served model's folder), LoRA rank."""
+        run = self.run(model_id)
+        config = getattr(getattr(self.engine, "tokenizer", None), "name_or_path", None)
+        model_data = {
+            "arch": "lora",
+            "model_name": run.registered.base_model,
+            "tokenizer_id": config or run.registered.base_model,
+        }
+        return {
+            "type": "get_info",
+            "model_data": model_data,
+            "model_id": model_id,
+            "is_lora": True,
+            "lora_rank": run.lora_rank,
+            "model_name": run.registered.base_model,
+        }
+
+    # ------------------------------------------------------------------------ in seq_id order
+
+    def in_order(
+        self, run: TrainingRun, seq_id: int | None, work: Callable[[], Awaitable[Answer]]
+    ) -> str:
+        """Start `work` in the run's seq_id order; a seq_id seen before gets its first answer."""
+        if seq_id is not None and seq_id in run.requests:
+            return run.requests[seq_id]
+        request_id = self.futures.start(run.order.run(seq_id, work))
+        if seq_id is not None:
+            run.requests[seq_id] = request_id
+        return request_id
+
+    def skip_turn(self, run: TrainingRun, seq_id: int | None) -> None:
+        """A refused operation still takes its turn, so the ones after it are not held."""
+        if seq_id is not None and seq_id not in run.requests:
+            self.futures.start(run.order.run(seq_id, _nothing))
+
+    # --------------------------------------------------------------------------- forward_backward
+
+    def forward_backward(self, wire: ForwardBackwardWire) -> str:
+        """Check the datums and the loss, then score them (and keep the gradient) in order."""
+        run = self.run(wire.model_id)
+        seq_id = wire.seq_id or None
+        try:
+            loss = self._loss(wire)
+            rows, inputs = self._rows(wire, loss)
+        except InvalidRequestError:
+            self.skip_turn(run, seq_id)
+            raise
+        elementwise = functools.partial(_row_loss, loss, inputs, wire.loss_fn_config)
+        score = functools.partial(
+            run.registered.trainer.score_targets, backward=not wire.forward_only
+        )
+
+        async def work() -> Answer:
+            logprobs, losses = await self.training.step_part(score, rows, elementwise)
+            total = float(sum(float(values.sum()) for values in losses))
+            outputs = {
+                "logprobs": [values.numpy() for values in logprobs],
+                "elementwise_loss": [values.numpy() for values in losses],
+            }
+            proto = encode_forward_backward_output(outputs, {"loss:sum": total}, len(rows))
+            return Answer(proto=proto)
+
+        return self.in_order(run, seq_id, work)
+
+    def _loss(self, wire: ForwardBackwardWire) -> TinkerLoss:
+        loss = LOSSES.get(wire.loss_fn)
+        if loss is None:
+            served = ", ".join(LOSSES)
+            later = (
+                " It is not served yet." if wire.loss_fn in NOT_SERVED_YET else " It is unknown."
+            )
+            raise InvalidRequestError(
+                f"Loss function {wire.loss_fn!r} is not served by this server.{later} "
+                f"Served: {served}.",
+                param="loss_fn",
+            )
+        unknown = sorted(set(wire.loss_fn_config) - set(loss.config_keys))
+        if unknown:
+            raise InvalidRequestError(
+                f"loss_fn_config keys {unknown} are not read by {wire.loss_fn!r} (it reads "
+                f"{list(loss.config_keys) or 'none'}).",
+                param="loss_fn_config",
+            )
+        return loss
+
+    def _rows(
+        self, wire: ForwardBackwardWire, loss: TinkerLoss
+    ) -> tuple[list[TargetRow], list[dict[str, torch.Tensor]]]:
+        """Each datum as a `TargetRow` and its other loss inputs as tensors, all checked."""
+        if not wire.data:
+            raise InvalidRequestError("forward_backward needs at least one datum.", param="data")
+        vocabulary = self.engine.vocab_size
+        rows, inputs = [], []
+        for number, datum in enumerate(wire.data):
+            where = f"data[{number}]"
+            if datum.other_chunks:
+                raise InvalidRequestError(
+                    f"{where}: {sorted(set(datum.other_chunks))} chunks are not served; this "
+                    "server trains on encoded_text chunks.",
+                    param="data",
+                )
+            missing = [name for name in loss.required if name not in datum.inputs]
+            extra = sorted(set(datum.inputs) - {*loss.required, *loss.optional})
+            if missing or extra:
+                raise InvalidRequestError(
+                    f"{where}: {loss_name(loss)} reads loss_fn_inputs {list(loss.required)} "
+                    f"(optional {list(loss.optional)}); missing {missing}, not read {extra}.",
+                    param="data",
+                )
+            tokens = datum.tokens
+            targets = datum.inputs["target_tokens"].values
+            for name, tensor in datum.inputs.items():
+                if tensor.values.shape != (len(tokens),):
+                    raise InvalidRequestError(
+                        f"{where}: loss_fn_inputs[{name!r}] has shape "
+                        f"{list(tensor.values.shape)}; it needs one value per input token "
+                        f"([{len(tokens)}]).",
+                        param="data",
+                    )
+            if not tokens:
+                raise InvalidRequestError(f"{where} has no input tokens.", param="data")
+            _check_vocabulary(f"{where}: model_input", tokens, vocabulary)
+            _check_vocabulary(f"{where}: target_tokens", targets.tolist(), vocabulary)
+            if len(tokens) > self.engine.context_length:
+                raise InvalidRequestError(
+                    f"{where} has {len(tokens)} tokens; the model's context is "
+                    f"{self.engine.context_length}.",
+                    param="data",
+                )
+            rows.append(TargetRow(list(tokens), [int(t) for t in targets.tolist()]))
+            inputs.append(
+                {
+                    name: torch.from_numpy(np.array(tensor.values, dtype=np.float32))
+                    for name, tensor in datum.inputs.items()
+                    if name != "target_tokens"
+                }
+            )
+        return rows, inputs
+
+    # --------------------------------------------------------------------------------- optim_step
+
+    def optim_step(self, request: OptimStepRequest) -> str:
+        """One AdamW step with the run's accumulated gradients, in order."""
+        run = self.run(request.model_id)
+        if request.adam_params is None:
+            self.skip_turn(run, request.seq_id)
+            kind = (request.optimizer_params or {}).get("type", "unknown")
+            raise InvalidRequestError(
+                f"Optimizer {kind!r} is not served; send AdamParams (this server's runs use "
+                "AdamW).",
+                param="optim_params",
+            )
+        adam = request.adam_params
+        settings = OptimizerSettings(
+            learning_rate=adam.learning_rate,
+            max_grad_norm=adam.grad_clip_norm if adam.grad_clip_norm > 0 else math.inf,
+            weight_decay=adam.weight_decay,
+            betas=(adam.beta1, adam.beta2),
+            eps=adam.eps,
+        )
+        trainer = run.registered.trainer
+
+        async def work() -> Answer:
+            try:
+                grad_norm = await self.training.step_part(trainer.apply_gradients, settings)
+            except FloatingPointError as error:
+                raise InvalidRequestError(
+                    f"The accumulated gradient is not finite ({error}); nothing was updated."
+                ) from error
+            return Answer({"metrics": {"grad_norm": grad_norm}, "type": "optim_step"})
+
+        return self.in_order(run, request.seq_id, work)
+
+
+def loss_name(loss: TinkerLoss) -> str:
+    """The table's name of `loss`."""
+    return next(name for name, row in LOSSES.items() if row is loss)
+
+
+def _row_loss(
+    loss: TinkerLoss,
+    inputs: list[dict[str, torch.Tensor]],
+    config: dict[str, float | str],
+    index: int,
+    logprobs: torch.Tensor,
+) -> torch.Tensor:
+    """Row `index`'s elementwise loss, its inputs moved beside its logprobs."""
+    tensors = {name: value.to(logprobs.device) for name, value in inputs[index].items()}
+    return loss.elementwise(logprobs, tensors, config)
+
+
+def _check_vocabulary(where: str, tokens: list[int], vocabulary: int) -> None:
+    outside = sorted({token for token in tokens if not 0 <= token < vocabulary})
+    if outside:
+        raise InvalidRequestError(
+            f"{where} holds token ids {outside[:5]} outside the vocabulary [0, {vocabulary}).",
+            param="data",
+        )
+
+
+async def _nothing() -> Answer:
+    return Answer({})
