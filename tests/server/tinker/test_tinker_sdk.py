@@ -1,0 +1,210 @@
+"""The Tinker API through the real `tinker` SDK against a real art-server on the tiny model.
+
+What the SDK's loops rely on: a training client trains with cross_entropy exactly as our own
+SFT step does on the same tokens (the adapters agree to 1e-5 in float32), sampler weights sample
+with the logprobs the trainer computes for the same tokens (1e-3), and bad input comes back as
+the SDK's own error type carrying our message. Skipped where the SDK is not installed (the
+`tinker` extra).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+tinker = pytest.importorskip(
+    "tinker", reason="the tinker SDK is not installed: pip install 'art[tinker]'"
+)
+from tinker import types  # noqa: E402
+
+from art_backend.training._rows import Sequence, pack_rows  # noqa: E402
+from art_backend.training._trainer import LoraTrainer, OptimizerSettings  # noqa: E402
+from tests.support.servers import RunningServer, running_server  # noqa: E402
+
+API_KEY = "tml-test-key"  # the SDK refuses a key without its `tml-` prefix
+LEARNING_RATE = 1e-3
+# Our trainer's AdamW (betas 0.9/0.99, eps 1e-8) and SFT clip (1.0), as Tinker's AdamParams.
+ADAM = types.AdamParams(
+    learning_rate=LEARNING_RATE, beta1=0.9, beta2=0.99, eps=1e-8, grad_clip_norm=1.0
+)
+# Two conversations: a prompt (not trained) then an answer (trained), of different lengths.
+EXAMPLES = [
+    (list(range(10, 22)), list(range(40, 49))),
+    (list(range(100, 106)), list(range(200, 214))),
+]
+
+
+@pytest.fixture(scope="module")
+def tinker_server(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    previous = os.environ.get("TINKER_TELEMETRY")
+    os.environ["TINKER_TELEMETRY"] = "0"  # the SDK would post its telemetry (accepted, dropped)
+    path = tmp_path_factory.mktemp("art-tinker")
+    with running_server(tiny_model_dir, path, api_key=API_KEY) as running:
+        yield running
+    if previous is None:
+        os.environ.pop("TINKER_TELEMETRY", None)
+    else:
+        os.environ["TINKER_TELEMETRY"] = previous
+
+
+@pytest.fixture(scope="module")
+def service(tinker_server: RunningServer) -> Iterator[tinker.ServiceClient]:
+    client = tinker.ServiceClient(base_url=tinker_server.url, api_key=API_KEY)
+    yield client
+    client.close("success")
+
+
+def datums() -> list[types.Datum]:
+    """The examples in Tinker's shape: input = tokens[:-1], target = tokens[1:], and weights
+    1/N on the answer's tokens (N: all trained tokens), so the summed loss is our SFT mean."""
+    trained = sum(len(answer) for _, answer in EXAMPLES)
+    data = []
+    for prompt, answer in EXAMPLES:
+        tokens = prompt + answer
+        weights = [0.0] * (len(prompt) - 1) + [1.0 / trained] * len(answer)
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
+            )
+        )
+    return data
+
+
+def our_sft_adapter(
+    server: RunningServer, lora: dict, seed: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Three of our own SFT steps on the same tokens, from the same LoRA initialisation: the
+    adapter before and after."""
+    sequences = [
+        Sequence(
+            input_ids=torch.tensor(prompt + answer),
+            trained_mask=torch.tensor([False] * len(prompt) + [True] * len(answer)),
+            old_logprobs=torch.zeros(len(prompt) + len(answer)),
+            advantage=0.0,
+            trajectory_id=str(number),
+            group_id=0,
+            truncated=False,
+        )
+        for number, (prompt, answer) in enumerate(EXAMPLES)
+    ]
+    rows, _ = pack_rows(sequences, max_length=2048, mask_truncated=False)
+    trainer = LoraTrainer(server.app.state.training.trainer_host, "reference", lora, seed=seed)
+    try:
+        before = [param.detach().clone() for param in trainer.params]
+        settings = OptimizerSettings(learning_rate=LEARNING_RATE, max_grad_norm=1.0)
+        for _ in range(3):
+            trainer.sft_step(rows, settings)
+        return before, [param.detach().clone() for param in trainer.params]
+    finally:
+        trainer.close()
+
+
+def test_three_sdk_steps_train_the_adapter_our_sft_step_trains(
+    service: tinker.ServiceClient, tinker_server: RunningServer
+):
+    training = service.create_lora_training_client(base_model="tiny", rank=8, seed=7).result()
+    losses = []
+    for _ in range(3):
+        backward = training.forward_backward(datums(), "cross_entropy")
+        step = training.optim_step(ADAM)
+        losses.append(backward.result().metrics["loss:sum"])
+        assert step.result().metrics["grad_norm"] > 0
+    assert losses[2] < losses[1] < losses[0]
+
+    registered = tinker_server.app.state.training.registry.get("tinker", training.model_id)
+    before, ours = our_sft_adapter(tinker_server, registered.lora, seed=7)
+    moved = largest_difference(before, ours)
+    difference = largest_difference(registered.trainer.params, ours)
+    print(f"adapter: moved {moved:.2e} in 3 steps; Tinker API vs our SFT step {difference:.2e}")
+    assert moved > 1e-3 and difference < 1e-5
+
+
+def largest_difference(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
+    return max(float((a - b).abs().max()) for a, b in zip(first, second, strict=True))
+
+
+def test_sampler_weights_sample_with_the_trainers_logprobs(service: tinker.ServiceClient):
+    training = service.create_lora_training_client(base_model="tiny", rank=8, seed=1).result()
+    training.forward_backward(datums(), "cross_entropy")
+    training.optim_step(ADAM).result()
+    path = training.save_weights_for_sampler("after-one-step").result().path
+    assert path == f"tinker://{training.model_id}/sampler_weights/after-one-step"
+
+    sampler = service.create_sampling_client(model_path=path).result()
+    prompt = types.ModelInput.from_ints(EXAMPLES[0][0])
+    params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=11)
+    response = sampler.sample(prompt, num_samples=2, sampling_params=params).result()
+    assert len(response.sequences) == 2
+    again = sampler.sample(prompt, num_samples=2, sampling_params=params).result()
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in response.sequences]
+
+    differences = []
+    for sequence in response.sequences:
+        assert 1 <= len(sequence.tokens) <= 8 and sequence.stop_reason in ("stop", "length")
+        assert sequence.logprobs is not None and len(sequence.logprobs) == len(sequence.tokens)
+        tokens = EXAMPLES[0][0] + sequence.tokens
+        scored = training.forward(
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(tokens[:-1]),
+                    loss_fn_inputs={"target_tokens": tokens[1:]},
+                )
+            ],
+            "cross_entropy",
+        ).result()
+        trainer_logprobs = scored.loss_fn_outputs[0]["logprobs"].tolist()[-len(sequence.tokens) :]
+        differences += [
+            abs(a - b) for a, b in zip(sequence.logprobs, trainer_logprobs, strict=True)
+        ]
+    print(f"sampler vs trainer logprobs, largest difference: {max(differences):.2e}")
+    assert max(differences) < 1e-3
+
+
+def test_bad_input_is_the_sdks_error_with_our_message(service: tinker.ServiceClient):
+    training = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    with pytest.raises(tinker.BadRequestError, match=r"'ppo' is not served.*Served: cross_entropy"):
+        training.forward_backward(datums(), "ppo").result()
+    outside = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 100_000]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+    )
+    with pytest.raises(tinker.BadRequestError, match=r"\[100000\] outside the vocabulary"):
+        training.forward_backward([outside], "cross_entropy").result()
+    wrong_shape = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0]},
+    )
+    with pytest.raises(tinker.BadRequestError, match=r"'weights'\] has shape \[2\]"):
+        training.forward_backward([wrong_shape], "cross_entropy").result()
+    # The refused operations took their turns: the next one runs.
+    assert training.forward_backward(datums(), "cross_entropy").result().metrics["loss:sum"] > 0
+    with pytest.raises(tinker.BadRequestError, match="serves base model 'tiny'"):
+        service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
+    sampler = service.create_sampling_client(base_model="tiny").result()
+    params = types.SamplingParams(max_tokens=4)
+    with pytest.raises(tinker.BadRequestError, match="outside the vocabulary"):
+        sampler.sample(types.ModelInput.from_ints([5, 100_000]), 1, params).result()
+
+
+def test_routes_not_served_yet_are_refused_by_name(tinker_server: RunningServer):
+    answer = httpx.post(
+        f"{tinker_server.url}/api/v1/load_weights", json={}, headers={"X-API-Key": API_KEY}
+    )
+    assert answer.status_code == 404
+    assert "/api/v1/load_weights is not served by this server yet" in answer.json()["detail"]
+    assert "forward_backward" in answer.json()["detail"]
+
+
+def test_the_api_key_is_the_servers(tinker_server: RunningServer):
+    with pytest.raises(tinker.AuthenticationError):
+        tinker.ServiceClient(
+            base_url=tinker_server.url, api_key="tml-wrong"
+        ).create_lora_training_client(base_model="tiny", rank=4)
