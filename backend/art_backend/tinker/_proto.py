@@ -26,12 +26,17 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from art_backend._errors import MalformedProtobufError
 
-DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.int64), 3: np.dtype(np.int32)}
+DTYPES: dict[int, np.dtype[Any]] = {
+    1: np.dtype(np.float32),
+    2: np.dtype(np.int64),
+    3: np.dtype(np.int32),
+}
 DTYPE_NUMBERS = {"float32": 1, "int64": 2}
 CHUNK_KINDS = {1: "encoded_text", 2: "image", 3: "dmel"}
 STOP_REASONS = {"stop": 0, "length": 1}

@@ -170,6 +170,7 @@ def test_sampler_weights_sample_with_the_trainers_logprobs(service: tinker.Servi
 
 def test_bad_input_is_the_sdks_error_with_our_message(service: tinker.ServiceClient):
     training = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    assert training.get_tokenizer().encode("hello")  # the served model's own tokenizer
     with pytest.raises(tinker.BadRequestError, match=r"'ppo' is not served.*Served: cross_entropy"):
         training.forward_backward(datums(), "ppo").result()
     outside = types.Datum(
