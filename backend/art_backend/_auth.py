@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from art_backend._log_redaction import SECRET_PARAMS
 
 REVIEW_PREFIX = "/review"
+TINKER_PREFIX = "/api/v1/"  # the Tinker API's routes (art_backend.tinker)
 SESSION_COOKIE = "art_review_session"
 MAX_LOGIN_BODY = 16 * 1024
 
@@ -86,8 +87,14 @@ class ApiKeyMiddleware:
                 "param": None,
                 "code": "invalid_api_key",
             }
-            # Anthropic's clients read `{"type": "error", "error": ...}`; OpenAI's ignore `type`.
+            # Anthropic's clients read `{"type": "error", "error": ...}`; OpenAI's ignore `type`;
+            # the Tinker SDK reads `{"detail": ...}` (it sends the key as `X-API-Key`).
             body = {"type": "error", "error": error} if _anthropic_path(path) else {"error": error}
+            if path.startswith(TINKER_PREFIX):
+                body = {
+                    "detail": "Missing or invalid API key: give the Tinker SDK the key the server "
+                    "was started with (TINKER_API_KEY = art-server's --api-key or ART_API_KEY)."
+                }
             response = JSONResponse(body, status_code=401)
         await response(scope, receive, send)
 

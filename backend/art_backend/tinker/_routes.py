@@ -100,7 +100,8 @@ def attach_tinker_routes(
     """Add the Tinker API's routes (/api/v1/...) over `engine` and `training` to `app`."""
     tinker = TinkerTraining(engine, base_names, training)
     sampling = TinkerSampling(tinker)
-    router = APIRouter(prefix="/api/v1", tags=["tinker"])
+    # Not in /openapi.json: the SDK's own types describe these routes (`_schemas`, `_proto`).
+    router = APIRouter(prefix="/api/v1", include_in_schema=False)
     _attach_session_routes(router, tinker)
     _attach_training_routes(router, tinker, sampling)
     _attach_sampling_routes(router, tinker, sampling)

@@ -205,7 +205,7 @@ def test_routes_not_served_yet_are_refused_by_name(tinker_server: RunningServer)
 
 
 def test_the_api_key_is_the_servers(tinker_server: RunningServer):
-    with pytest.raises(tinker.AuthenticationError):
+    with pytest.raises(tinker.AuthenticationError, match="TINKER_API_KEY = art-server's --api-key"):
         tinker.ServiceClient(
             base_url=tinker_server.url, api_key="tml-wrong"
         ).create_lora_training_client(base_model="tiny", rank=4)
