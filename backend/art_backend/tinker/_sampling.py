@@ -62,6 +62,12 @@ class TinkerSampling:
         try:
             if name is None and request.sampling_session_seq_id is None:
                 raise InvalidRequestError("Give a sampler name (path).", param="path")
+            if request.kind != "snapshot":
+                raise InvalidRequestError(
+                    f"Sampling clients of kind {request.kind!r} are not served yet; this server "
+                    "saves snapshots (kind 'snapshot', the SDK's default).",
+                    param="kind",
+                )
             if name is not None:
                 check_name(name, "sampler name")
         except ValueError as error:

@@ -167,6 +167,10 @@ def test_sampler_weights_sample_with_the_trainers_logprobs(service: tinker.Servi
     print(f"sampler vs trainer logprobs, largest difference: {max(differences):.2e}")
     assert max(differences) < 1e-3
 
+    # The cookbook's RL loops save unnamed weights and sample from them at once.
+    latest = training.save_weights_and_get_sampling_client().result()
+    assert latest.sample(prompt, 1, params).result().sequences[0].tokens
+
 
 def test_bad_input_is_the_sdks_error_with_our_message(service: tinker.ServiceClient):
     training = service.create_lora_training_client(base_model="tiny", rank=4).result()
