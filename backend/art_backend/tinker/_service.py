@@ -2,7 +2,8 @@
 
     create_model               -> `ModelRegistry.register` (project "tinker", name = model id):
                                   a LoRA on the served base model, checkpoint 0, served `<id>@0`
-    forward_backward           -> `LoraTrainer.score_targets` with a loss of `_losses.LOSSES`:
+    forward_backward           -> `LoraTrainer.score_targets` with a loss of `_losses.LOSSES`
+                                  (cross_entropy, importance_sampling, ppo, cispo):
                                   gradients add up until the next optim_step
     optim_step                 -> `LoraTrainer.apply_gradients` with the step's AdamW settings
     save_weights_for_sampler   -> checkpoint N+1, served `<id>@<N+1>` (`TrainingService.save_step`),
@@ -30,7 +31,7 @@ import torch
 from art_backend._errors import InvalidRequestError, NotFoundError
 from art_backend.engines._engine import Engine
 from art_backend.tinker._futures import Answer, Futures, RunOrder
-from art_backend.tinker._losses import LOSSES, NOT_SERVED_YET, TinkerLoss
+from art_backend.tinker._losses import LOSSES, NOT_SERVED_YET, TinkerLoss, resolved_config
 from art_backend.tinker._proto import ForwardBackwardWire, encode_forward_backward_output
 from art_backend.tinker._schemas import CreateModelRequest, OptimStepRequest
 from art_backend.training._model_registry import RegisteredModel
@@ -177,12 +178,12 @@ class TinkerTraining:
         run = self.run(wire.model_id)
         seq_id = wire.seq_id or None
         try:
-            loss = self._loss(wire)
+            loss, config = self._loss(wire)
             rows, inputs = self._rows(wire, loss)
         except InvalidRequestError:
             self.skip_turn(run, seq_id)
             raise
-        elementwise = functools.partial(_row_loss, loss, inputs, wire.loss_fn_config)
+        elementwise = functools.partial(_row_loss, loss, inputs, config)
         score = functools.partial(
             run.registered.trainer.score_targets, backward=not wire.forward_only
         )
@@ -199,7 +200,8 @@ class TinkerTraining:
 
         return self.in_order(run, seq_id, work)
 
-    def _loss(self, wire: ForwardBackwardWire) -> TinkerLoss:
+    def _loss(self, wire: ForwardBackwardWire) -> tuple[TinkerLoss, dict[str, float | str]]:
+        """The loss `wire` names, and its loss_fn_config over the loss's defaults."""
         loss = LOSSES.get(wire.loss_fn)
         if loss is None:
             served = ", ".join(LOSSES)
@@ -211,14 +213,10 @@ class TinkerTraining:
                 f"Served: {served}.",
                 param="loss_fn",
             )
-        unknown = sorted(set(wire.loss_fn_config) - set(loss.config_keys))
-        if unknown:
-            raise InvalidRequestError(
-                f"loss_fn_config keys {unknown} are not read by {wire.loss_fn!r} (it reads "
-                f"{list(loss.config_keys) or 'none'}).",
-                param="loss_fn_config",
-            )
-        return loss
+        try:
+            return loss, resolved_config(loss, wire.loss_fn_config)
+        except ValueError as error:
+            raise InvalidRequestError(f"{wire.loss_fn}: {error}.", param="loss_fn_config") from None
 
     def _rows(
         self, wire: ForwardBackwardWire, loss: TinkerLoss

@@ -256,7 +256,7 @@ def policy_loss(
         A = A + config.kl_penalty_coef * torch.where(trained, mean_kl - kl_per_token, 0.0)
         metrics["kl_policy_ref"] = mean_kl
 
-    per_token, clipped = _objective(config, ratio, raw_ratio, A, new_logprobs)
+    per_token, clipped = token_objective(config, ratio, raw_ratio, A, new_logprobs)
     if config.precalculate_logprobs and config.truncated_is_max is not None:
         # Truncated importance sampling: corrects for the sampler/trainer mismatch, capped.
         sampler_ratio = torch.where(trained, old_logprobs - sampler_logprobs, 0.0).exp()
@@ -288,14 +288,15 @@ def policy_loss(
     return loss, metrics
 
 
-def _objective(
+def token_objective(
     config: LossConfig,
     ratio: torch.Tensor,
     raw_ratio: torch.Tensor,
     A: torch.Tensor,
     new_logprobs: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The per-token objective to minimise, and which tokens the clip holds back."""
+    """The per-token objective to minimise, and which tokens the clip holds back. `A` is per token
+    (`policy_loss` spreads each row's advantage; the Tinker API sends one per token)."""
     low, high = 1 - config.eps_low, 1 + config.eps_high
     if config.objective == "ppo_clip":
         # PPO-clip as in GRPO (DeepSeekMath): -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)

@@ -9,6 +9,7 @@ the SDK's own error type carrying our message. Skipped where the SDK is not inst
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,16 +23,19 @@ tinker = pytest.importorskip(
 )
 from tinker import types  # noqa: E402
 
+from art_backend.training._grpo import loss_preset  # noqa: E402
 from art_backend.training._rows import Sequence, pack_rows  # noqa: E402
 from art_backend.training._trainer import LoraTrainer, OptimizerSettings  # noqa: E402
 from tests.support.servers import RunningServer, running_server  # noqa: E402
 
 API_KEY = "tml-test-key"  # the SDK refuses a key without its `tml-` prefix
-LEARNING_RATE = 1e-3
-# Our trainer's AdamW (betas 0.9/0.99, eps 1e-8) and SFT clip (1.0), as Tinker's AdamParams.
+# AdamW with eps 1: an update then follows the gradient's size. With a tiny eps, Adam's first
+# steps move every weight by +-lr whatever the loss, and a wrong loss could pass for a right one.
+LEARNING_RATE, EPS = 1.0, 1.0
 ADAM = types.AdamParams(
-    learning_rate=LEARNING_RATE, beta1=0.9, beta2=0.99, eps=1e-8, grad_clip_norm=1.0
+    learning_rate=LEARNING_RATE, beta1=0.9, beta2=0.99, eps=EPS, grad_clip_norm=1.0
 )
+OURS = OptimizerSettings(learning_rate=LEARNING_RATE, max_grad_norm=1.0, betas=(0.9, 0.99), eps=EPS)
 # Two conversations: a prompt (not trained) then an answer (trained), of different lengths.
 EXAMPLES = [
     (list(range(10, 22)), list(range(40, 49))),
@@ -78,30 +82,64 @@ def datums() -> list[types.Datum]:
     return data
 
 
+ADVANTAGES = [1.0, -0.5]  # one per example: its answer's tokens all carry it
+
+
+def policy_datums(sampler_logprobs: list[list[float]]) -> list[types.Datum]:
+    """The examples as RL data: the sampler's logprob and the advantage of every target token,
+    the advantage divided by N (all trained tokens): Tinker sums, our presets take the mean."""
+    trained = sum(len(answer) for _, answer in EXAMPLES)
+    data = []
+    for (prompt, answer), advantage, logprobs in zip(
+        EXAMPLES, ADVANTAGES, sampler_logprobs, strict=True
+    ):
+        tokens = prompt + answer
+        advantages = [0.0] * (len(prompt) - 1) + [advantage / trained] * len(answer)
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": tokens[1:],
+                    "logprobs": logprobs,
+                    "advantages": advantages,
+                },
+            )
+        )
+    return data
+
+
+def example_sequences(sampler_logprobs: list[list[float]] | None = None) -> list[Sequence]:
+    """The examples as our own rows: the answer trained, with the sampler's logprobs."""
+    sequences = []
+    for number, (prompt, answer) in enumerate(EXAMPLES):
+        length = len(prompt) + len(answer)
+        old = [0.0] + sampler_logprobs[number] if sampler_logprobs else [0.0] * length
+        sequences.append(
+            Sequence(
+                input_ids=torch.tensor(prompt + answer),
+                trained_mask=torch.tensor([False] * len(prompt) + [True] * len(answer)),
+                old_logprobs=torch.tensor(old)
+                * torch.tensor([0.0] * len(prompt) + [1.0] * len(answer)),
+                advantage=ADVANTAGES[number],
+                trajectory_id=str(number),
+                group_id=number,
+                truncated=False,
+            )
+        )
+    return sequences
+
+
 def our_sft_adapter(
     server: RunningServer, lora: dict, seed: int
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Three of our own SFT steps on the same tokens, from the same LoRA initialisation: the
     adapter before and after."""
-    sequences = [
-        Sequence(
-            input_ids=torch.tensor(prompt + answer),
-            trained_mask=torch.tensor([False] * len(prompt) + [True] * len(answer)),
-            old_logprobs=torch.zeros(len(prompt) + len(answer)),
-            advantage=0.0,
-            trajectory_id=str(number),
-            group_id=0,
-            truncated=False,
-        )
-        for number, (prompt, answer) in enumerate(EXAMPLES)
-    ]
-    rows, _ = pack_rows(sequences, max_length=2048, mask_truncated=False)
+    rows, _ = pack_rows(example_sequences(), max_length=2048, mask_truncated=False)
     trainer = LoraTrainer(server.app.state.training.trainer_host, "reference", lora, seed=seed)
     try:
         before = [param.detach().clone() for param in trainer.params]
-        settings = OptimizerSettings(learning_rate=LEARNING_RATE, max_grad_norm=1.0)
         for _ in range(3):
-            trainer.sft_step(rows, settings)
+            trainer.sft_step(rows, OURS)
         return before, [param.detach().clone() for param in trainer.params]
     finally:
         trainer.close()
@@ -124,6 +162,47 @@ def test_three_sdk_steps_train_the_adapter_our_sft_step_trains(
     moved = largest_difference(before, ours)
     difference = largest_difference(registered.trainer.params, ours)
     print(f"adapter: moved {moved:.2e} in 3 steps; Tinker API vs our SFT step {difference:.2e}")
+    assert moved > 1e-3 and difference < 1e-5
+
+
+# Tinker's loss (its loss_fn_config) and the preset of ours it must equal.
+POLICY_LOSSES = {
+    "importance_sampling": ({}, loss_preset("ppo", eps_low=float("inf"), eps_high=float("inf"))),
+    "ppo": ({}, loss_preset("ppo")),  # Tinker's 0.8 / 1.2 are our ppo preset's 0.2 / 0.2
+    "cispo": ({"clip_low_threshold": 0.0, "clip_high_threshold": 5.0}, loss_preset("cispo")),
+}
+
+
+@pytest.mark.parametrize("loss_fn", list(POLICY_LOSSES))
+def test_three_sdk_steps_of_a_policy_loss_train_what_our_preset_trains(
+    loss_fn: str, service: tinker.ServiceClient, tinker_server: RunningServer
+):
+    config, preset = POLICY_LOSSES[loss_fn]
+    training = service.create_lora_training_client(base_model="tiny", rank=8, seed=5).result()
+    # The sampler's logprobs: the model's own, moved so that some ratios leave [0.8, 1.2].
+    scored = training.forward(datums(), "cross_entropy").result().loss_fn_outputs
+    sampler = [
+        [value + 0.4 * math.sin(3 * t) for t, value in enumerate(out["logprobs"].tolist())]
+        for out in scored
+    ]
+    for _ in range(3):
+        backward = training.forward_backward(policy_datums(sampler), loss_fn, loss_fn_config=config)
+        training.optim_step(ADAM).result()
+        assert backward.result().metrics["loss:sum"] != 0
+
+    registered = tinker_server.app.state.training.registry.get("tinker", training.model_id)
+    rows, _ = pack_rows(example_sequences(sampler), max_length=2048, mask_truncated=False)
+    engine = tinker_server.app.state.training.trainer_host
+    trainer = LoraTrainer(engine, "reference", registered.lora, seed=5)
+    try:
+        before = [param.detach().clone() for param in trainer.params]
+        for _ in range(3):
+            trainer.grpo_step(rows, preset, OURS, beta=0.0)
+        moved = largest_difference(before, trainer.params)
+        difference = largest_difference(registered.trainer.params, trainer.params)
+    finally:
+        trainer.close()
+    print(f"{loss_fn}: moved {moved:.2e}; Tinker API vs our preset {difference:.2e}")
     assert moved > 1e-3 and difference < 1e-5
 
 
@@ -175,8 +254,14 @@ def test_sampler_weights_sample_with_the_trainers_logprobs(service: tinker.Servi
 def test_bad_input_is_the_sdks_error_with_our_message(service: tinker.ServiceClient):
     training = service.create_lora_training_client(base_model="tiny", rank=4).result()
     assert training.get_tokenizer().encode("hello")  # the served model's own tokenizer
-    with pytest.raises(tinker.BadRequestError, match=r"'ppo' is not served.*Served: cross_entropy"):
-        training.forward_backward(datums(), "ppo").result()
+    with pytest.raises(tinker.BadRequestError, match=r"'dro' is not served.*Served: cross_entropy"):
+        training.forward_backward(datums(), "dro").result()
+    with pytest.raises(tinker.BadRequestError, match="clip_low_threshold <= 1"):
+        training.forward_backward(
+            policy_datums([[0.0] * 20, [0.0] * 19]),
+            "ppo",
+            loss_fn_config={"clip_low_threshold": 1.5, "clip_high_threshold": 2.0},
+        ).result()
     outside = types.Datum(
         model_input=types.ModelInput.from_ints([1, 2, 100_000]),
         loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
