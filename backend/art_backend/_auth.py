@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import html
 import os
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -89,7 +90,9 @@ class ApiKeyMiddleware:
             }
             # Anthropic's clients read `{"type": "error", "error": ...}`; OpenAI's ignore `type`;
             # the Tinker SDK reads `{"detail": ...}` (it sends the key as `X-API-Key`).
-            body = {"type": "error", "error": error} if _anthropic_path(path) else {"error": error}
+            body: dict[str, Any] = (
+                {"type": "error", "error": error} if _anthropic_path(path) else {"error": error}
+            )
             if path.startswith(TINKER_PREFIX):
                 body = {
                     "detail": "Missing or invalid API key: give the Tinker SDK the key the server "
