@@ -251,7 +251,9 @@ def test_sampler_weights_sample_with_the_trainers_logprobs(service: tinker.Servi
     assert latest.sample(prompt, 1, params).result().sequences[0].tokens
 
 
-def test_bad_input_is_the_sdks_error_with_our_message(service: tinker.ServiceClient):
+def test_bad_input_is_the_sdks_error_with_our_message(
+    service: tinker.ServiceClient, tinker_server: RunningServer
+):
     training = service.create_lora_training_client(base_model="tiny", rank=4).result()
     assert training.get_tokenizer().encode("hello")  # the served model's own tokenizer
     with pytest.raises(tinker.BadRequestError, match=r"'dro' is not served.*Served: cross_entropy"):
@@ -282,6 +284,16 @@ def test_bad_input_is_the_sdks_error_with_our_message(service: tinker.ServiceCli
     params = types.SamplingParams(max_tokens=4)
     with pytest.raises(tinker.BadRequestError, match="outside the vocabulary"):
         sampler.sample(types.ModelInput.from_ints([5, 100_000]), 1, params).result()
+    # Stop token ids: the model's own end token (a renderer's usual stop) is served, others not.
+    end_token = tinker_server.app.state.service.engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompt = types.ModelInput.from_ints([5, 6, 7])
+    for stop in ([end_token], ["Answer:"]):
+        stopping = types.SamplingParams(max_tokens=4, stop=stop)
+        assert sampler.sample(prompt, 1, stopping).result().sequences
+    with pytest.raises(tinker.BadRequestError, match=r"Stop token ids \[7\] are not served yet"):
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=4, stop=[7])).result()
+    with pytest.raises(tinker.BadRequestError, match="include_prompt_logprobs"):
+        sampler.sample(prompt, 1, params, include_prompt_logprobs=True).result()
 
 
 def test_routes_not_served_yet_are_refused_by_name(tinker_server: RunningServer):
