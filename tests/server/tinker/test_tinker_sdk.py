@@ -206,6 +206,26 @@ def test_three_sdk_steps_of_a_policy_loss_train_what_our_preset_trains(
     assert moved > 1e-3 and difference < 1e-5
 
 
+def test_gradients_add_up_until_optim_step(
+    service: tinker.ServiceClient, tinker_server: RunningServer
+):
+    registry = tinker_server.app.state.training.registry
+    together = service.create_lora_training_client(base_model="tiny", rank=8, seed=2).result()
+    apart = service.create_lora_training_client(base_model="tiny", rank=8, seed=2).result()
+    for _ in range(2):
+        together.forward_backward(datums(), "cross_entropy")
+        together.optim_step(ADAM).result()
+        first, second = datums()
+        apart.forward_backward([first], "cross_entropy")
+        apart.forward_backward([second], "cross_entropy")
+        apart.optim_step(ADAM).result()
+    difference = largest_difference(
+        registry.get("tinker", together.model_id).trainer.params,
+        registry.get("tinker", apart.model_id).trainer.params,
+    )
+    assert difference < 1e-6
+
+
 def largest_difference(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
     return max(float((a - b).abs().max()) for a, b in zip(first, second, strict=True))
 
