@@ -7,7 +7,8 @@ cross_entropy, save sampler weights and sample):
     POST client/config, client/dynamic_config, telemetry (accepted, dropped)
     POST create_session, session_heartbeat, sessions/{id}/finish
     POST create_model, get_info, forward_backward (protobuf), optim_step,
-         save_weights_for_sampler, create_sampling_session, asample, retrieve_future
+         save_weights, load_weights (`_states`), save_weights_for_sampler,
+         create_sampling_session, asample, retrieve_future
 
 Every other /api/v1 route is refused with 404, naming it and what is served. Errors take the
 SDK's shape, `{"detail": message}` (the SDK raises `BadRequestError`, `NotFoundError`, ... with
@@ -44,19 +45,23 @@ from art_backend.tinker._schemas import (
     CreateSessionRequest,
     FutureRetrieveRequest,
     GetInfoRequest,
+    LoadWeightsRequest,
     OptimStepRequest,
     SampleRequest,
     SaveWeightsForSamplerRequest,
+    SaveWeightsRequest,
     SessionHeartbeatRequest,
 )
 from art_backend.tinker._service import TinkerTraining
+from art_backend.tinker._states import TinkerStates
 from art_backend.training._training_service import TrainingService
 
 PROTOBUF = "application/x-protobuf"
 SERVED = (
     "healthz, get_server_capabilities, client/config, client/dynamic_config, telemetry, "
     "create_session, session_heartbeat, sessions/{id}/finish, create_model, get_info, "
-    "forward_backward (forward too), optim_step, save_weights_for_sampler, "
+    "forward_backward (forward too), optim_step, save_weights, load_weights, "
+    "save_weights_for_sampler, "
     "create_sampling_session, samplers/{id}, asample, retrieve_future"
 )
 Parsed = TypeVar("Parsed", bound=BaseModel)
@@ -99,11 +104,13 @@ def attach_tinker_routes(
 ) -> None:
     """Add the Tinker API's routes (/api/v1/...) over `engine` and `training` to `app`."""
     tinker = TinkerTraining(engine, base_names, training)
+    app.state.tinker = tinker  # its runs, by model id (tests look inside)
     sampling = TinkerSampling(tinker)
     # Not in /openapi.json: the SDK's own types describe these routes (`_schemas`, `_proto`).
     router = APIRouter(prefix="/api/v1", include_in_schema=False)
     _attach_session_routes(router, tinker)
     _attach_training_routes(router, tinker, sampling)
+    _attach_state_routes(router, TinkerStates(tinker))
     _attach_sampling_routes(router, tinker, sampling)
 
     @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
@@ -224,6 +231,20 @@ def _attach_training_routes(
         if outcome.proto is not None:
             return Response(outcome.proto, media_type=PROTOBUF)
         return outcome.body
+
+
+def _attach_state_routes(router: APIRouter, states: TinkerStates) -> None:
+    @router.post("/save_weights")
+    @in_sdk_shape
+    async def save_weights(request: Request) -> Any:
+        body = await parsed(request, SaveWeightsRequest)
+        return future(states.save(body), body.model_id)
+
+    @router.post("/load_weights")
+    @in_sdk_shape
+    async def load_weights(request: Request) -> Any:
+        request_id, model_id = states.load(await parsed(request, LoadWeightsRequest))
+        return future(request_id, model_id)
 
 
 def _attach_sampling_routes(

@@ -135,3 +135,28 @@ class SampleRequest(_Wire):
 class FutureRetrieveRequest(_Wire):
     request_id: str
     allow_metadata_only: bool = False
+
+
+class SaveWeightsRequest(_Wire):
+    model_id: str
+    path: str | None = None
+    seq_id: int | None = None
+    ttl_seconds: int | None = None
+    overwrite: bool = False
+    user_metadata: dict[str, str] | None = None
+
+
+class LoadWeightsRequest(_Wire):
+    """Into a run (model_id, seq_id: `load_state`), or a new run (session_id, model_seq_id:
+    `create_training_client_from_state[_with_optimizer]`)."""
+
+    model_id: str | None = None
+    seq_id: int | None = None
+    session_id: str | None = None
+    model_seq_id: int | None = None
+    base_model: str | None = None
+    user_metadata: dict[str, Any] | None = None
+    path: str
+    optimizer: bool = False
+    optimizer_config: OptimizerConfig | None = None
+    weights_access_token: str | None = None

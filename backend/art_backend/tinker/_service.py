@@ -114,7 +114,7 @@ class TinkerTraining:
                 "unembedding alone (train_unembed) is not served yet.",
                 param="lora_config",
             )
-        model_id = f"tinker-{uuid.uuid4().hex[:16]}"
+        model_id = new_store_name()
         register = RegisterRequest(
             project=PROJECT,
             name=model_id,
@@ -122,18 +122,25 @@ class TinkerTraining:
             lora=LoRAConfig(r=rank, alpha=LORA_ALPHA, target_modules=modules),
             seed=(lora.seed if lora is not None and lora.seed is not None else 0),
         )
-        return self.futures.start(self._register(model_id, rank, register))
+        return self.futures.start(self._answer_created(model_id, register))
 
-    async def _register(self, model_id: str, rank: int, register: RegisterRequest) -> Answer:
+    async def _answer_created(self, model_id: str, register: RegisterRequest) -> Answer:
+        await self.register(model_id, register)
+        return Answer({"model_id": model_id, "type": "create_model"})
+
+    async def register(self, model_id: str, register: RegisterRequest) -> TrainingRun:
+        """Register a new training run: its model in the store (`register.name`), its LoRA."""
         if self.training.team is not None:
             raise InvalidRequestError(
                 "The Tinker API trains on one process; this server runs several "
                 "(--train-processes). Start it with one."
             )
+        if model_id in self.runs:
+            raise InvalidRequestError(f"Training run {model_id!r} exists already.")
         await self.training.registry.register(register)
-        registered = self.training.registry.get(PROJECT, model_id)
-        self.runs[model_id] = TrainingRun(model_id, registered, rank)
-        return Answer({"model_id": model_id, "type": "create_model"})
+        registered = self.training.registry.get(PROJECT, register.name)
+        run = self.runs[model_id] = TrainingRun(model_id, registered, register.lora.r)
+        return run
 
     def info(self, model_id: str) -> dict[str, Any]:
         """get_info: the run's base model, its tokenizer (the served model's folder), LoRA rank."""
@@ -305,6 +312,11 @@ class TinkerTraining:
             return Answer({"metrics": {"grad_norm": grad_norm}, "type": "optim_step"})
 
         return self.in_order(run, request.seq_id, work)
+
+
+def new_store_name() -> str:
+    """A fresh name for a run's model in the store (project "tinker")."""
+    return f"tinker-{uuid.uuid4().hex[:16]}"
 
 
 def loss_name(loss: TinkerLoss) -> str:

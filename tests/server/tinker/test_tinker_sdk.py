@@ -226,6 +226,48 @@ def test_gradients_add_up_until_optim_step(
     assert difference < 1e-6
 
 
+def test_a_saved_state_loads_with_or_without_its_optimizer(
+    service: tinker.ServiceClient, tinker_server: RunningServer
+):
+    runs = tinker_server.app.state.tinker.runs
+
+    def adapter(client: tinker.TrainingClient) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in runs[client.model_id].registered.trainer.params]
+
+    def one_step(client: tinker.TrainingClient) -> None:
+        client.forward_backward(datums(), "cross_entropy")
+        client.optim_step(ADAM).result()
+
+    original = service.create_lora_training_client(base_model="tiny", rank=8, seed=4).result()
+    one_step(original)
+    path = original.save_state("after-one-step").result().path
+    assert path == f"tinker://{original.model_id}/weights/after-one-step"
+    saved = adapter(original)
+    one_step(original)
+
+    resumed = service.create_training_client_from_state_with_optimizer(path).result()
+    assert largest_difference(adapter(resumed), saved) == 0
+    one_step(resumed)  # with the saved optimizer moments: the step the original took
+    assert largest_difference(adapter(resumed), adapter(original)) < 1e-6
+
+    fresh = service.create_training_client_from_state(path).result()
+    assert largest_difference(adapter(fresh), saved) == 0
+    one_step(fresh)  # fresh moments: another step
+    assert largest_difference(adapter(fresh), adapter(original)) > 1e-3
+
+    with pytest.warns(FutureWarning):  # load_state: deprecated by the SDK, still served
+        original.load_state(path).result()
+    assert largest_difference(adapter(original), saved) == 0
+    with pytest.raises(tinker.NotFoundError, match="No saved state"):
+        original.load_state("tinker://nothing/weights/here").result()
+    one_step(original)  # the refused load took its turn
+
+    with pytest.raises(tinker.BadRequestError, match="exists; save with overwrite=True"):
+        original.save_state("after-one-step").result()
+    with pytest.raises(tinker.NotFoundError, match="No saved state"):
+        service.create_training_client_from_state("tinker://nothing/weights/here").result()
+
+
 def largest_difference(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
     return max(float((a - b).abs().max()) for a, b in zip(first, second, strict=True))
 
@@ -318,10 +360,10 @@ def test_bad_input_is_the_sdks_error_with_our_message(
 
 def test_routes_not_served_yet_are_refused_by_name(tinker_server: RunningServer):
     answer = httpx.post(
-        f"{tinker_server.url}/api/v1/load_weights", json={}, headers={"X-API-Key": API_KEY}
+        f"{tinker_server.url}/api/v1/save_weights_external", json={}, headers={"X-API-Key": API_KEY}
     )
     assert answer.status_code == 404
-    assert "/api/v1/load_weights is not served by this server yet" in answer.json()["detail"]
+    assert "/api/v1/save_weights_external is not served by this server yet" in answer.json()["detail"]
     assert "forward_backward" in answer.json()["detail"]
 
 
