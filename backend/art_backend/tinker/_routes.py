@@ -99,6 +99,23 @@ def future(request_id: str, model_id: str | None = None) -> dict[str, Any]:
     return {"request_id": request_id, "model_id": model_id}
 
 
+async def once(
+    tinker: TinkerTraining,
+    request: Request,
+    model_id: str | None,
+    seq_id: int | None,
+    start: Callable[[], str],
+) -> dict[str, Any]:
+    """The future of a training run's operation: started once per seq_id (an SDK retry gets the
+    first one's request id)."""
+    body = await request.body()
+    request_id = tinker.repeated(model_id, seq_id, body)
+    if request_id is None:
+        request_id = start()
+        tinker.remember(model_id, seq_id, body, request_id)
+    return future(request_id, model_id)
+
+
 def attach_tinker_routes(
     app: FastAPI, engine: Engine, base_names: list[str], training: TrainingService
 ) -> None:
@@ -200,19 +217,22 @@ def _attach_training_routes(
         if PROTOBUF not in request.headers.get("content-type", ""):
             raise InvalidRequestError(f"forward_backward takes a protobuf body ({PROTOBUF}).")
         wire = decode_forward_backward(await request.body())
-        return future(tinker.forward_backward(wire), wire.model_id)
+        start = functools.partial(tinker.forward_backward, wire)
+        return await once(tinker, request, wire.model_id, wire.seq_id or None, start)
 
     @router.post("/optim_step")
     @in_sdk_shape
     async def optim_step(request: Request) -> Any:
         body = await parsed(request, OptimStepRequest)
-        return future(tinker.optim_step(body), body.model_id)
+        start = functools.partial(tinker.optim_step, body)
+        return await once(tinker, request, body.model_id, body.seq_id, start)
 
     @router.post("/save_weights_for_sampler")
     @in_sdk_shape
     async def save_weights_for_sampler(request: Request) -> Any:
         body = await parsed(request, SaveWeightsForSamplerRequest)
-        return future(sampling.save_weights_for_sampler(body), body.model_id)
+        start = functools.partial(sampling.save_weights_for_sampler, body)
+        return await once(tinker, request, body.model_id, body.seq_id, start)
 
     @router.post("/retrieve_future")
     @in_sdk_shape
@@ -234,17 +254,27 @@ def _attach_training_routes(
 
 
 def _attach_state_routes(router: APIRouter, states: TinkerStates) -> None:
+    tinker = states.training
+
     @router.post("/save_weights")
     @in_sdk_shape
     async def save_weights(request: Request) -> Any:
         body = await parsed(request, SaveWeightsRequest)
-        return future(states.save(body), body.model_id)
+        start = functools.partial(states.save, body)
+        return await once(tinker, request, body.model_id, body.seq_id, start)
 
     @router.post("/load_weights")
     @in_sdk_shape
     async def load_weights(request: Request) -> Any:
-        request_id, model_id = states.load(await parsed(request, LoadWeightsRequest))
-        return future(request_id, model_id)
+        body = await parsed(request, LoadWeightsRequest)
+        if body.session_id is not None:  # a new training run
+            request_id, model_id = states.load(body)
+            return future(request_id, model_id)
+
+        def start() -> str:
+            return states.load(body)[0]
+
+        return await once(tinker, request, body.model_id, body.seq_id, start)
 
 
 def _attach_sampling_routes(

@@ -18,6 +18,7 @@ process: a restarted server keeps their checkpoints on disk but not their model 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 import uuid
@@ -57,7 +58,8 @@ class TrainingRun:
     registered: RegisteredModel
     lora_rank: int
     order: RunOrder = field(default_factory=RunOrder)
-    requests: dict[int, str] = field(default_factory=dict)  # seq_id -> request id (retries)
+    # seq_id -> (request id, sha256 of the body): a retried operation gets its first answer
+    requests: dict[int, tuple[str, str]] = field(default_factory=dict)
     samplers: dict[str, int] = field(default_factory=dict)  # sampler name -> step
 
 
@@ -165,17 +167,35 @@ class TinkerTraining:
     def in_order(
         self, run: TrainingRun, seq_id: int | None, work: Callable[[], Awaitable[Answer]]
     ) -> str:
-        """Start `work` in the run's seq_id order; a seq_id seen before gets its first answer."""
-        if seq_id is not None and seq_id in run.requests:
-            return run.requests[seq_id]
-        request_id = self.futures.start(run.order.run(seq_id, work))
-        if seq_id is not None:
-            run.requests[seq_id] = request_id
+        """Start `work` in the run's seq_id order; its request id."""
+        return self.futures.start(run.order.run(seq_id, work))
+
+    def repeated(self, model_id: str | None, seq_id: int | None, body: bytes) -> str | None:
+        """The request id of the operation this seq_id started before (the SDK retried it),
+        or None; a 400 when the seq_id comes back with another body."""
+        run = self.runs.get(model_id or "")
+        if run is None or seq_id is None or seq_id not in run.requests:
+            return None
+        request_id, digest = run.requests[seq_id]
+        if digest != hashlib.sha256(body).hexdigest():
+            raise InvalidRequestError(
+                f"Operation {seq_id} of training run {run.model_id} was sent before with "
+                "another body; an operation's number names one operation.",
+                param="seq_id",
+            )
         return request_id
+
+    def remember(
+        self, model_id: str | None, seq_id: int | None, body: bytes, request_id: str
+    ) -> None:
+        """Keep the operation a seq_id started, for `repeated`."""
+        run = self.runs.get(model_id or "")
+        if run is not None and seq_id is not None:
+            run.requests[seq_id] = (request_id, hashlib.sha256(body).hexdigest())
 
     def skip_turn(self, run: TrainingRun, seq_id: int | None) -> None:
         """A refused operation still takes its turn, so the ones after it are not held."""
-        if seq_id is not None and seq_id not in run.requests:
+        if seq_id not in run.requests:
             self.futures.start(run.order.run(seq_id, _nothing))
 
     # --------------------------------------------------------------------------- forward_backward

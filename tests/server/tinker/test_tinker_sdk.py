@@ -358,12 +358,27 @@ def test_bad_input_is_the_sdks_error_with_our_message(
         sampler.sample(prompt, 1, params, include_prompt_logprobs=True).result()
 
 
+def test_an_operation_sent_again_gets_its_first_answer(
+    service: tinker.ServiceClient, tinker_server: RunningServer
+):
+    training = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    url, headers = f"{tinker_server.url}/api/v1/optim_step", {"X-API-Key": API_KEY}
+    body = {"adam_params": {"learning_rate": 1e-4}, "model_id": training.model_id, "seq_id": 1}
+    first = httpx.post(url, json=body, headers=headers).json()["request_id"]
+    assert httpx.post(url, json=body, headers=headers).json()["request_id"] == first
+    other = httpx.post(url, json={**body, "adam_params": {"learning_rate": 1.0}}, headers=headers)
+    assert other.status_code == 400
+    assert "sent before with another body" in other.json()["detail"]
+
+
 def test_routes_not_served_yet_are_refused_by_name(tinker_server: RunningServer):
     answer = httpx.post(
         f"{tinker_server.url}/api/v1/save_weights_external", json={}, headers={"X-API-Key": API_KEY}
     )
     assert answer.status_code == 404
-    assert "/api/v1/save_weights_external is not served by this server yet" in answer.json()["detail"]
+    assert (
+        "/api/v1/save_weights_external is not served by this server yet" in answer.json()["detail"]
+    )
     assert "forward_backward" in answer.json()["detail"]
 
 
