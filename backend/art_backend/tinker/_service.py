@@ -147,11 +147,10 @@ class TinkerTraining:
     def info(self, model_id: str) -> dict[str, Any]:
         """get_info: the run's base model, its tokenizer (the served model's folder), LoRA rank."""
         run = self.run(model_id)
-        config = getattr(getattr(self.engine, "tokenizer", None), "name_or_path", None)
+        tokenizer = getattr(getattr(self.engine, "tokenizer", None), "name_or_path", None)
         model_data = {
-            "arch": "lora",
             "model_name": run.registered.base_model,
-            "tokenizer_id": config or run.registered.base_model,
+            "tokenizer_id": tokenizer or run.registered.base_model,
         }
         return {
             "type": "get_info",
