@@ -220,19 +220,14 @@ def _attach_training_routes(
         start = functools.partial(tinker.forward_backward, wire)
         return await once(tinker, request, wire.model_id, wire.seq_id or None, start)
 
-    @router.post("/optim_step")
-    @in_sdk_shape
-    async def optim_step(request: Request) -> Any:
-        body = await parsed(request, OptimStepRequest)
-        start = functools.partial(tinker.optim_step, body)
-        return await once(tinker, request, body.model_id, body.seq_id, start)
-
-    @router.post("/save_weights_for_sampler")
-    @in_sdk_shape
-    async def save_weights_for_sampler(request: Request) -> Any:
-        body = await parsed(request, SaveWeightsForSamplerRequest)
-        start = functools.partial(sampling.save_weights_for_sampler, body)
-        return await once(tinker, request, body.model_id, body.seq_id, start)
+    _add_ordered_operation(router, tinker, "/optim_step", OptimStepRequest, tinker.optim_step)
+    _add_ordered_operation(
+        router,
+        tinker,
+        "/save_weights_for_sampler",
+        SaveWeightsForSamplerRequest,
+        sampling.save_weights_for_sampler,
+    )
 
     @router.post("/retrieve_future")
     @in_sdk_shape
@@ -256,12 +251,7 @@ def _attach_training_routes(
 def _attach_state_routes(router: APIRouter, states: TinkerStates) -> None:
     tinker = states.training
 
-    @router.post("/save_weights")
-    @in_sdk_shape
-    async def save_weights(request: Request) -> Any:
-        body = await parsed(request, SaveWeightsRequest)
-        start = functools.partial(states.save, body)
-        return await once(tinker, request, body.model_id, body.seq_id, start)
+    _add_ordered_operation(router, tinker, "/save_weights", SaveWeightsRequest, states.save)
 
     @router.post("/load_weights")
     @in_sdk_shape
@@ -294,3 +284,23 @@ def _attach_sampling_routes(
     @in_sdk_shape
     async def asample(request: Request) -> Any:
         return sampling.sample(await parsed(request, SampleRequest))
+
+
+def _add_ordered_operation(
+    router: APIRouter,
+    tinker: TinkerTraining,
+    path: str,
+    schema: type[Any],
+    start: Callable[[Any], str],
+) -> None:
+    """POST `path`: its JSON body as `schema`, run as `start(body)` in the model's `seq_id`
+    order (`once`: a retry with the same body gets the first future)."""
+
+    async def operation(request: Request) -> Any:
+        body = await parsed(request, schema)
+        return await once(
+            tinker, request, body.model_id, body.seq_id, functools.partial(start, body)
+        )
+
+    operation.__name__ = path.strip("/")
+    router.post(path)(in_sdk_shape(operation))
