@@ -62,6 +62,8 @@ def wandb_records(run_file: Path) -> Iterator[Any]:
         if left < 7 or (length == 0 and kind == 0):  # block padding
             offset += left
             continue
+        if offset + 7 + length > len(data):
+            return  # wandb-core is still writing this record: it is read on the next poll
         chunk = data[offset + 7 : offset + 7 + length]
         offset += 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk  # full, first | middle, last
