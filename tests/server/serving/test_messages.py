@@ -402,6 +402,15 @@ BAD_REQUESTS = [
         "messages[0].content",
         "cannot hold tool_use",
     ),
+    *(  # a block type that is not a string (once a 500: unhashable type 'dict')
+        (
+            request(messages=[{"role": "user", "content": [{"type": kind}]}]),
+            400,
+            "messages[0].content",
+            "must be a string naming the block",
+        )
+        for kind in ({}, [], 7)
+    ),
     (
         request(
             messages=[

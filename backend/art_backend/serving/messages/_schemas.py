@@ -164,6 +164,11 @@ class InputMessage(BaseModel):
             kind = block.get("type")
             if kind in allowed:
                 continue
+            if not isinstance(kind, str):  # an object or a list: no block type to look up
+                raise ValueError(
+                    f"content[{index}].type must be a string naming the block "
+                    f"({', '.join(allowed)}), not {type(kind).__name__}"
+                )
             if kind in UNSUPPORTED_BLOCKS:
                 reason = UNSUPPORTED_BLOCKS[kind]
             elif kind in ("text", "tool_use", "tool_result"):
