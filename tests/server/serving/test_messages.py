@@ -502,3 +502,18 @@ def test_a_doubled_v1_is_explained_to_an_anthropic_client(server: RunningServer)
             model="tiny", max_tokens=2, messages=[{"role": "user", "content": "Hi"}]
         )
     assert "without /v1" in raised.value.body["error"]["message"]
+
+
+async def test_a_bug_behind_a_messages_route_is_a_500_in_anthropics_shape_and_is_logged(caplog):
+    """Were the app's handler to answer it, an Anthropic SDK would get OpenAI's shape."""
+    from art_backend.serving.messages._service import in_anthropic_shape
+
+    async def broken() -> None:
+        raise TypeError("unhashable type: 'dict'")
+
+    response = await in_anthropic_shape(broken())
+    assert response.status_code == 500
+    body = json.loads(response.body)
+    assert body["type"] == "error" and body["error"]["type"] == "api_error"
+    assert body["error"]["message"] == "Internal error: TypeError: unhashable type: 'dict'"
+    assert "unexpected error" in caplog.text

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
@@ -53,6 +54,8 @@ from art_backend.serving.messages._schemas import (
 _MESSAGES_TERMS = {"max_completion_tokens": "max_tokens", "stop": "stop_sequences"}
 _MESSAGES_WORDS = {"max_completion_tokens": "max_tokens"}  # "stop" is a plain word in messages
 OPENAI_STOP_LIMIT = 4  # the chat schema's bound; Anthropic allows more, set after validation
+
+logger = logging.getLogger("art_backend.messages")
 
 
 class MessagesService:
@@ -220,6 +223,9 @@ async def in_anthropic_shape(work: Awaitable[Any]) -> Any:
         return error_response(error.status_code, error.message, param=error.param, code=error.code)
     except ValidationError as error:
         return _validation_error(error)
+    except Exception as error:  # a bug: logged as the app logs one, answered as the SDK reads
+        logger.exception("unexpected error")
+        return error_response(500, f"Internal error: {type(error).__name__}: {error}")
 
 
 def _validation_error(error: ValidationError) -> Response:
