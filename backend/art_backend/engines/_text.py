@@ -35,18 +35,65 @@ def decode_increment(tokenizer: Any, state: DecodingState, *, final: bool) -> st
     return ""
 
 
-def find_stop(text: str, stops: list[str]) -> int | None:
-    """Where the first stop string in `text` starts, or None."""
-    positions = [text.find(stop) for stop in stops if stop and stop in text]
-    return min(positions) if positions else None
+class StopMatcher:
+    """One choice's stop strings, matched as its text grows, in time independent of their number
+    and length: an Aho-Corasick automaton over the stop strings, fed each new character once.
 
+    `feed(text)` reads what `text` (the whole text so far; it only grows) adds and returns where
+    the earliest stop string completed in it starts, or None; `held_back` is how many characters
+    at the end may still begin a stop string (not sent yet). Checking every stop at every token
+    instead cost 12 s for 2,000 tokens with 4 stops of 10,000 characters (issue 43).
+    """
 
-def stop_prefix_length(text: str, stops: list[str]) -> int:
-    """How many characters at the end of `text` may begin a stop string (held back)."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:size]):
-                longest = max(longest, size)
-                break
-    return longest
+    def __init__(self, stops: list[str]) -> None:
+        self._next: list[dict[str, int]] = [{}]  # node -> character -> node (the trie)
+        self._depth = [0]  # node -> its prefix's length
+        self._longest = [0]  # node -> the longest stop ending here (its suffixes included)
+        for stop in filter(None, stops):
+            node = 0
+            for character in stop:
+                if character not in self._next[node]:
+                    self._next[node][character] = len(self._next)
+                    self._next.append({})
+                    self._depth.append(self._depth[node] + 1)
+                    self._longest.append(0)
+                node = self._next[node][character]
+            self._longest[node] = len(stop)
+        self._fail = self._failure_links()
+        self._node = 0
+        self._read = 0
+
+    def _failure_links(self) -> list[int]:
+        """node -> the node of its longest proper suffix in the trie (breadth first)."""
+        fail = [0] * len(self._next)
+        queue = list(self._next[0].values())
+        for node in queue:
+            for character, child in self._next[node].items():
+                queue.append(child)
+                link = fail[node]
+                while link and character not in self._next[link]:
+                    link = fail[link]
+                target = self._next[link].get(character, 0)
+                fail[child] = target if target != child else 0
+                self._longest[child] = max(self._longest[child], self._longest[fail[child]])
+        return fail
+
+    def feed(self, text: str) -> int | None:
+        """Read `text[what was read:]`; where the earliest stop completed in it starts, or None."""
+        earliest = None
+        for position in range(self._read, len(text)):
+            character, node = text[position], self._node
+            while node and character not in self._next[node]:
+                node = self._fail[node]
+            node = self._next[node].get(character, 0)
+            self._node = node
+            if self._longest[node]:
+                start = position + 1 - self._longest[node]
+                earliest = start if earliest is None else min(earliest, start)
+        self._read = len(text)
+        return earliest
+
+    @property
+    def held_back(self) -> int:
+        """How many characters at the end of what was read may begin a stop string."""
+        return self._depth[self._node]

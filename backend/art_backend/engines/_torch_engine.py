@@ -24,7 +24,6 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,39 +48,20 @@ from art_backend.engines._kv_cache import (
     keep_rows,
     make_growing,
 )
+from art_backend.engines._running_choice import RunningChoice
 from art_backend.engines._sampling import (
     SampledBatch,
     apply_bias_and_penalties,
     make_generator,
     sample_batch,
 )
-from art_backend.engines._text import decode_increment, find_stop, stop_prefix_length
+from art_backend.engines._text import decode_increment
 from art_backend.engines._threads import ThreadGovernor
 from art_backend.engines._torch_adapters import AdapterSlots
 
 logger = logging.getLogger("art_backend.engine")
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
-
-
-@dataclass
-class _Sequence:
-    """The state of one choice inside the running batch."""
-
-    request: GenerationRequest
-    choice_index: int
-    generator: torch.Generator | None  # a seeded choice's own; None draws with the batch
-    constraint: Any = None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    token_counts: dict[int, int] = field(default_factory=dict)
-    text: str = ""  # decoded so far
-    emitted_text: str = ""  # sent to the client so far (stop-string prefixes held back)
-    prefix_offset: int = 0  # incremental detokenization window
-    read_offset: int = 0
-    length: int = 0  # real tokens in the cache for this row (prompt + sampled, before next)
-    finished: bool = False
 
 
 class TorchEngine(AdapterSlots):
@@ -131,7 +111,7 @@ class TorchEngine(AdapterSlots):
         self._exclusive_waiters = 0  # threads waiting in exclusive(): the loop yields to them
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="art-engine", daemon=True)
-        self._batch: list[_Sequence] = []
+        self._batch: list[RunningChoice] = []
         self._cache: Any = None  # a DynamicCache whose layers are edited in place
         self._attention_mask: Any = None  # [rows, columns] 1 for real tokens, 0 for padding
         self._next_tokens: Any = None  # tensor of the tokens to feed at the next decode step
@@ -340,7 +320,7 @@ class TorchEngine(AdapterSlots):
         self.metrics.prefill_batches_total += 1
         self.metrics.prefill_shared_requests_total += len(live) - len(prompts)
         rows: list[int] = []
-        sequences: list[_Sequence] = []
+        sequences: list[RunningChoice] = []
         for row, request in zip(prompt_rows, live, strict=True):
             try:
                 choices = self._new_sequences(request)
@@ -359,13 +339,13 @@ class TorchEngine(AdapterSlots):
         next_tokens = self._sample_rows(logits[row_index.to(logits.device)], sequences)
         self._merge(sequences, cache, mask, next_tokens)
 
-    def _new_sequences(self, request: GenerationRequest) -> list[_Sequence]:
+    def _new_sequences(self, request: GenerationRequest) -> list[RunningChoice]:
         sequences = []
         for choice_index in range(request.n):
             seed = None if request.params.seed is None else request.params.seed + choice_index
             constraint = request.constraint_factory() if request.constraint_factory else None
             sequences.append(
-                _Sequence(
+                RunningChoice(
                     request=request,
                     choice_index=choice_index,
                     generator=make_generator(seed, self.device),
@@ -400,7 +380,7 @@ class TorchEngine(AdapterSlots):
 
     def _merge(
         self,
-        sequences: list[_Sequence],
+        sequences: list[RunningChoice],
         cache: Any,
         mask: torch.Tensor,
         next_tokens: torch.Tensor,
@@ -452,7 +432,7 @@ class TorchEngine(AdapterSlots):
         self.metrics.decode_sampling_seconds_total += sampled - forwarded
         self.metrics.decode_rows_seconds_total += time.perf_counter() - sampled
 
-    def _sample_rows(self, logits: torch.Tensor, sequences: list[_Sequence]) -> torch.Tensor:
+    def _sample_rows(self, logits: torch.Tensor, sequences: list[RunningChoice]) -> torch.Tensor:
         """Sample one token per row, record it, and finish rows that hit a stop condition.
 
         The batch is processed and sampled on the logits' device in one pass (`_draw`); one
@@ -463,7 +443,9 @@ class TorchEngine(AdapterSlots):
         self._record_rows(sequences, drawn)
         return drawn[0].tokens
 
-    def _draw(self, logits: torch.Tensor, sequences: list[_Sequence]) -> tuple[SampledBatch, Any]:
+    def _draw(
+        self, logits: torch.Tensor, sequences: list[RunningChoice]
+    ) -> tuple[SampledBatch, Any]:
         """The batch's draws on the device, and their host copy (tokens, logprobs, tops)."""
         for sequence in sequences:
             if not sequence.finished and sequence.request.cancelled:
@@ -481,7 +463,7 @@ class TorchEngine(AdapterSlots):
         sampled = sample_batch(processed, raw_logprobs, params, [s.generator for s in sequences])
         return sampled, sampled.to_host()
 
-    def _record_rows(self, sequences: list[_Sequence], drawn: tuple[SampledBatch, Any]) -> None:
+    def _record_rows(self, sequences: list[RunningChoice], drawn: tuple[SampledBatch, Any]) -> None:
         """Each live row's token, text and stop checks, on the host; a failing row finishes."""
         tokens, logprobs, tops = drawn[1]
         for row, sequence in enumerate(sequences):
@@ -494,7 +476,7 @@ class TorchEngine(AdapterSlots):
                 logger.exception("sampling failed for one row")
                 self._finish(sequence, "error", f"sampling failed: {error}")
 
-    def _apply_grammars(self, logits: torch.Tensor, sequences: list[_Sequence]) -> None:
+    def _apply_grammars(self, logits: torch.Tensor, sequences: list[RunningChoice]) -> None:
         """Mask each live constrained row with its grammar; a row whose constraint fails
         finishes with the error."""
         constrained = {
@@ -506,7 +488,7 @@ class TorchEngine(AdapterSlots):
             self._finish(sequences[row], "error", f"sampling failed: {error}")
 
     def _record_token(
-        self, sequence: _Sequence, token: int, logprob: float, top: list[tuple[int, float]]
+        self, sequence: RunningChoice, token: int, logprob: float, top: list[tuple[int, float]]
     ) -> None:
         if sequence.constraint is not None:
             sequence.constraint.advance(token)
@@ -518,7 +500,7 @@ class TorchEngine(AdapterSlots):
         self._after_token(sequence, token, logprob, top)
 
     def _after_token(
-        self, sequence: _Sequence, token: int, logprob: float, top: list[tuple[int, float]]
+        self, sequence: RunningChoice, token: int, logprob: float, top: list[tuple[int, float]]
     ) -> None:
         params = sequence.request.params
         emit = sequence.request._emit
@@ -530,7 +512,7 @@ class TorchEngine(AdapterSlots):
         last = out_of_room or token in self.eos_token_ids
         sequence.text += decode_increment(self.tokenizer, sequence, final=last)
         text = sequence.text
-        stop_at = find_stop(text, params.stop)
+        stop_at = sequence.stops.feed(text)
         reason: str | None = None
         if stop_at is not None:
             text, reason = text[:stop_at], "stop"
@@ -539,7 +521,7 @@ class TorchEngine(AdapterSlots):
         elif out_of_room:
             reason = "length"
         else:  # hold back what may be the start of a stop string
-            text = text[: len(text) - stop_prefix_length(text, params.stop)]
+            text = text[: len(text) - sequence.stops.held_back]
         delta = text[len(sequence.emitted_text) :]
         sequence.emitted_text += delta
         if sequence.request.stream_tokens:
@@ -548,7 +530,7 @@ class TorchEngine(AdapterSlots):
             self._finish(sequence, reason, None, text=text)
 
     def _finish(
-        self, sequence: _Sequence, reason: str, error: str | None, *, text: str | None = None
+        self, sequence: RunningChoice, reason: str, error: str | None, *, text: str | None = None
     ) -> None:
         if sequence.finished:
             return
@@ -575,7 +557,7 @@ class TorchEngine(AdapterSlots):
 
     def _finish_request_early(self, request: GenerationRequest, reason: str, error: str | None):
         for choice_index in range(request.n):
-            sequence = _Sequence(request, choice_index, None)
+            sequence = RunningChoice(request, choice_index, None)
             self._finish(sequence, reason, error)
 
     def _fail_everything(self, new_requests: list[GenerationRequest], message: str) -> None:

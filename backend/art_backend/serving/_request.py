@@ -38,12 +38,29 @@ def check_parameters_schema(parameters: dict[str, Any] | None) -> dict[str, Any]
     return parameters
 
 
+# Stop strings in all, per request: matching costs nothing per token however many there are
+# (engines/_text.StopMatcher), but the automaton is built from every character of them.
+MAX_STOP_CHARACTERS = 16_384
+MAX_MESSAGES_STOP_SEQUENCES = 256  # Anthropic's API documents no bound; OpenAI's is 4
+
+
 def check_stop_sequences(stop: str | list[str] | None) -> str | list[str] | None:
-    """At most four non-empty stop sequences, as OpenAI allows."""
+    """At most four non-empty stop sequences, as OpenAI allows, of bounded length in all."""
     if isinstance(stop, list) and len(stop) > 4:
         raise ValueError("at most 4 stop sequences")
     if isinstance(stop, list) and any(not s for s in stop):
         raise ValueError("stop sequences must not be empty")
+    return check_stop_characters(stop)
+
+
+def check_stop_characters(stop: str | list[str] | None) -> str | list[str] | None:
+    """Stop strings of at most MAX_STOP_CHARACTERS characters in all."""
+    stops = [stop] if isinstance(stop, str) else stop or []
+    if sum(len(s) for s in stops) > MAX_STOP_CHARACTERS:
+        raise ValueError(
+            f"stop sequences hold at most {MAX_STOP_CHARACTERS:,} characters in all; "
+            "stop on a shorter marker"
+        )
     return stop
 
 

@@ -438,6 +438,8 @@ BAD_REQUESTS = [
         "output_config",
         "response_format",
     ),
+    (request(stop_sequences=[f"s{i}" for i in range(257)]), 400, "stop_sequences", "at most 256"),
+    (request(stop_sequences=["x" * 9_000] * 2), 400, "stop_sequences", "16,384 characters"),
     (request(temperature=1.5), 400, "temperature", "less than or equal to 1"),
     (request(max_tokens=100_000), 400, "max_tokens", "max_tokens"),
     (request(bogus=1), 400, "bogus", "Extra inputs"),

@@ -27,10 +27,12 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from art_backend.serving._request import (
+    MAX_MESSAGES_STOP_SEQUENCES,
     BodySized,
     ToolName,
     check_named_tool,
     check_parameters_schema,
+    check_stop_characters,
     refuse_deferred_loading,
     refuse_unsupported,
 )
@@ -232,7 +234,11 @@ class MessageCreateRequest(BodySized):
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    stop_sequences: list[Annotated[str, Field(min_length=1)]] | None = None
+    stop_sequences: Annotated[
+        list[Annotated[str, Field(min_length=1)]] | None,
+        Field(max_length=MAX_MESSAGES_STOP_SEQUENCES),
+        AfterValidator(check_stop_characters),
+    ] = None
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
