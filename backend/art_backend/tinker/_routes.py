@@ -107,11 +107,16 @@ async def once(
     start: Callable[[], str],
 ) -> dict[str, Any]:
     """The future of a training run's operation: started once per seq_id (an SDK retry gets the
-    first one's request id)."""
+    first one's request id). A refused operation still takes its turn (`skip_turn`), so the
+    run's later operations are not held."""
     body = await request.body()
     request_id = tinker.repeated(model_id, seq_id, body)
     if request_id is None:
-        request_id = start()
+        try:
+            request_id = start()
+        except BackendError:
+            tinker.skip_turn(model_id, seq_id)
+            raise
         tinker.remember(model_id, seq_id, body, request_id)
     return future(request_id, model_id)
 

@@ -59,20 +59,19 @@ class TinkerSampling:
         """Checkpoint the run as its next step (in order) and name it, or open a session on it."""
         run = self.training.run(request.model_id)
         name = request.path
-        try:
-            if name is None and request.sampling_session_seq_id is None:
-                raise InvalidRequestError("Give a sampler name (path).", param="path")
-            if request.kind != "snapshot":
-                raise InvalidRequestError(
-                    f"Sampling clients of kind {request.kind!r} are not served yet; this server "
-                    "saves snapshots (kind 'snapshot', the SDK's default).",
-                    param="kind",
-                )
-            if name is not None:
+        if name is None and request.sampling_session_seq_id is None:
+            raise InvalidRequestError("Give a sampler name (path).", param="path")
+        if request.kind != "snapshot":
+            raise InvalidRequestError(
+                f"Sampling clients of kind {request.kind!r} are not served yet; this server "
+                "saves snapshots (kind 'snapshot', the SDK's default).",
+                param="kind",
+            )
+        if name is not None:
+            try:
                 check_name(name, "sampler name")
-        except ValueError as error:
-            self.training.skip_turn(run, request.seq_id)
-            raise InvalidRequestError(str(error), param="path") from error
+            except ValueError as error:
+                raise InvalidRequestError(str(error), param="path") from error
 
         async def work() -> Answer:
             step = await self.training.training.save_step(

@@ -192,9 +192,11 @@ class TinkerTraining:
         if run is not None and seq_id is not None:
             run.requests[seq_id] = (request_id, hashlib.sha256(body).hexdigest())
 
-    def skip_turn(self, run: TrainingRun, seq_id: int | None) -> None:
-        """A refused operation still takes its turn, so the ones after it are not held."""
-        if seq_id not in run.requests:
+    def skip_turn(self, model_id: str | None, seq_id: int | None) -> None:
+        """A refused operation still takes its turn, so the ones after it are not held (a run
+        that does not exist has no turns)."""
+        run = self.runs.get(model_id or "")
+        if run is not None and seq_id not in run.requests:
             self.futures.start(run.order.run(seq_id, _nothing))
 
     # --------------------------------------------------------------------------- forward_backward
@@ -202,13 +204,8 @@ class TinkerTraining:
     def forward_backward(self, wire: ForwardBackwardWire) -> str:
         """Check the datums and the loss, then score them (and keep the gradient) in order."""
         run = self.run(wire.model_id)
-        seq_id = wire.seq_id or None
-        try:
-            loss, config = self._loss(wire)
-            rows, inputs = self._rows(wire, loss)
-        except InvalidRequestError:
-            self.skip_turn(run, seq_id)
-            raise
+        loss, config = self._loss(wire)
+        rows, inputs = self._rows(wire, loss)
         elementwise = functools.partial(_row_loss, loss, inputs, config)
         score = functools.partial(
             run.registered.trainer.score_targets, backward=not wire.forward_only
@@ -224,7 +221,7 @@ class TinkerTraining:
             proto = encode_forward_backward_output(outputs, {"loss:sum": total}, len(rows))
             return Answer(proto=proto)
 
-        return self.in_order(run, seq_id, work)
+        return self.in_order(run, wire.seq_id or None, work)
 
     def _loss(self, wire: ForwardBackwardWire) -> tuple[TinkerLoss, dict[str, float | str]]:
         """The loss `wire` names, and its loss_fn_config over the loss's defaults."""
@@ -304,7 +301,6 @@ class TinkerTraining:
         """One AdamW step with the run's accumulated gradients, in order."""
         run = self.run(request.model_id)
         if request.adam_params is None:
-            self.skip_turn(run, request.seq_id)
             kind = (request.optimizer_params or {}).get("type", "unknown")
             raise InvalidRequestError(
                 f"Optimizer {kind!r} is not served; send AdamParams (this server's runs use "

@@ -61,7 +61,6 @@ class TinkerStates:
             if path in self.saved and not request.overwrite:
                 raise ValueError(f"state {path} exists; save with overwrite=True to replace it")
         except ValueError as error:
-            self.training.skip_turn(run, request.seq_id)
             raise InvalidRequestError(str(error), param="path") from error
         art_path = self.training.training.registry.art_path
         folder = art_path / PROJECT / "states" / run.registered.name / name
@@ -81,8 +80,6 @@ class TinkerStates:
         run = self.training.run(request.model_id or "") if request.session_id is None else None
         state = self.saved.get(request.path)
         if state is None:
-            if run is not None:
-                self.training.skip_turn(run, request.seq_id)
             known = ", ".join(sorted(self.saved)) or "none yet"
             raise NotFoundError(
                 f"No saved state {request.path!r} on this server (saved: {known}). Save one "
