@@ -28,7 +28,7 @@ from art_backend.tinker._schemas import (
     SampleRequest,
     SaveWeightsForSamplerRequest,
 )
-from art_backend.tinker._service import TinkerTraining, TrainingRun
+from art_backend.tinker._service import TinkerTraining, TrainingRun, check_vocabulary
 from art_core.names import check_name
 
 SAMPLER_PATH = "tinker://{model_id}/sampler_weights/{name}"
@@ -184,14 +184,7 @@ class TinkerSampling:
                     param="prompt",
                 )
             tokens += chunk.tokens
-        vocabulary = self.engine.vocab_size
-        outside = sorted({token for token in tokens if not 0 <= token < vocabulary})
-        if outside:
-            raise InvalidRequestError(
-                f"The prompt holds token ids {outside[:5]} outside the vocabulary "
-                f"[0, {vocabulary}).",
-                param="prompt",
-            )
+        check_vocabulary("The prompt", tokens, self.engine.vocab_size, param="prompt")
         if not tokens:
             raise InvalidRequestError("The prompt is empty.", param="prompt")
         return tokens

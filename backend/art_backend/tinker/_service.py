@@ -261,12 +261,12 @@ class TinkerTraining:
             extra = sorted(set(datum.inputs) - {*loss.required, *loss.optional})
             if missing or extra:
                 raise InvalidRequestError(
-                    f"{where}: {loss_name(loss)} reads loss_fn_inputs {list(loss.required)} "
+                    f"{where}: {wire.loss_fn} reads loss_fn_inputs {list(loss.required)} "
                     f"(optional {list(loss.optional)}); missing {missing}, not read {extra}.",
                     param="data",
                 )
             tokens = datum.tokens
-            targets = datum.inputs["target_tokens"].values
+            targets = datum.inputs["target_tokens"].values.tolist()
             for name, tensor in datum.inputs.items():
                 if tensor.values.shape != (len(tokens),):
                     raise InvalidRequestError(
@@ -277,15 +277,15 @@ class TinkerTraining:
                     )
             if not tokens:
                 raise InvalidRequestError(f"{where} has no input tokens.", param="data")
-            _check_vocabulary(f"{where}: model_input", tokens, vocabulary)
-            _check_vocabulary(f"{where}: target_tokens", targets.tolist(), vocabulary)
+            check_vocabulary(f"{where}: model_input", tokens, vocabulary)
+            check_vocabulary(f"{where}: target_tokens", targets, vocabulary)
             if len(tokens) > self.engine.context_length:
                 raise InvalidRequestError(
                     f"{where} has {len(tokens)} tokens; the model's context is "
                     f"{self.engine.context_length}.",
                     param="data",
                 )
-            rows.append(TargetRow(list(tokens), [int(t) for t in targets.tolist()]))
+            rows.append(TargetRow(list(tokens), [int(target) for target in targets]))
             inputs.append(
                 {
                     name: torch.from_numpy(np.array(tensor.values, dtype=np.float32))
@@ -334,11 +334,6 @@ def new_store_name() -> str:
     return f"tinker-{uuid.uuid4().hex[:16]}"
 
 
-def loss_name(loss: TinkerLoss) -> str:
-    """The table's name of `loss`."""
-    return next(name for name, row in LOSSES.items() if row is loss)
-
-
 def _row_loss(
     loss: TinkerLoss,
     inputs: list[dict[str, torch.Tensor]],
@@ -351,12 +346,13 @@ def _row_loss(
     return loss.elementwise(logprobs, tensors, config)
 
 
-def _check_vocabulary(where: str, tokens: list[int], vocabulary: int) -> None:
+def check_vocabulary(where: str, tokens: list[int], vocabulary: int, param: str = "data") -> None:
+    """A 400 naming the token ids outside [0, vocabulary), if any."""
     outside = sorted({token for token in tokens if not 0 <= token < vocabulary})
     if outside:
         raise InvalidRequestError(
             f"{where} holds token ids {outside[:5]} outside the vocabulary [0, {vocabulary}).",
-            param="data",
+            param=param,
         )
 
 
