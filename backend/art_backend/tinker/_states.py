@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from art_backend._errors import InvalidRequestError, NotFoundError
+from art_backend.store._checkpoints import inside
 from art_backend.tinker._futures import Answer
 from art_backend.tinker._schemas import LoadWeightsRequest, SaveWeightsRequest
 from art_backend.tinker._service import PROJECT, TinkerTraining, TrainingRun, new_store_name
@@ -63,7 +64,7 @@ class TinkerStates:
         except ValueError as error:
             raise InvalidRequestError(str(error), param="path") from error
         art_path = self.training.training.registry.art_path
-        folder = art_path / PROJECT / "states" / run.registered.name / name
+        folder = inside(art_path, PROJECT, "states", run.registered.name, name)
         state = SavedState(folder, run.registered.base_model, run.registered.lora)
         record = {"base_model": state.base_model, "lora": state.lora, "path": path}
 
@@ -93,8 +94,7 @@ class TinkerStates:
 
             return self.training.in_order(run, request.seq_id, into_run), run.model_id
         self.training.check_base_model(request.base_model or state.base_model)
-        if state.base_model not in self.training.base_names:
-            self.training.check_base_model(state.base_model)  # a state of another base model
+        self.training.check_base_model(state.base_model)  # a state of another base model
         if request.optimizer_config is not None and request.optimizer_config.type != "adamw":
             raise InvalidRequestError(
                 f"Optimizer {request.optimizer_config.type!r} is not served; training runs use "
