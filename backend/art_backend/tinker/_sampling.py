@@ -14,7 +14,6 @@ token ids, and `stop=[]` (generation past the end tokens).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -233,9 +232,10 @@ class TinkerSampling:
     async def _generate(self, sampler: Sampler, generation: GenerationRequest) -> Answer:
         if sampler.adapter is not None and sampler.adapter not in self.engine.adapters:
             assert sampler.run is not None and sampler.step is not None
-            # An older sampler step, out of the served window: served again for this request.
-            folder = sampler.run.registered.store.checkpoint_dir(sampler.step)
-            await asyncio.to_thread(self.engine.load_adapter, sampler.adapter, folder)
+            # An older sampler step, out of the served window: served again for this request,
+            # until the window's next trim.
+            registry = self.training.training.registry
+            await registry.serve_again(sampler.run.registered, sampler.step)
         events = self.engine.submit(generation)
         finished: dict[int, FinishEvent] = {}
         while len(finished) < generation.n:

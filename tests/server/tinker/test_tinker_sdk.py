@@ -314,6 +314,24 @@ def test_sampler_weights_sample_with_the_trainers_logprobs(service: tinker.Servi
     assert latest.sample(prompt, 1, params).result().sequences[0].tokens
 
 
+def test_an_older_sampler_step_is_served_again_until_the_windows_next_trim(
+    service: tinker.ServiceClient, tinker_server: RunningServer
+):
+    engine = tinker_server.app.state.service.engine
+    training = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    path = training.save_weights_for_sampler("first").result().path  # step 1
+    for name in ("second", "third"):  # steps 2 and 3: the window (2 steps) drops step 1
+        training.save_weights_for_sampler(name).result()
+    first = f"{training.model_id}@1"
+    assert first not in engine.adapters
+    sampler = service.create_sampling_client(model_path=path).result()
+    prompt = types.ModelInput.from_ints([5, 6, 7])
+    assert sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result().sequences
+    assert first in engine.adapters  # served again for the sampler
+    training.save_weights_for_sampler("fourth").result()
+    assert first not in engine.adapters  # and unloaded by the window's next trim
+
+
 def test_bad_input_is_the_sdks_error_with_our_message(
     service: tinker.ServiceClient, tinker_server: RunningServer
 ):
