@@ -3,7 +3,7 @@ sentence of its docstring (`make layout-doc` writes it)."""
 
 from __future__ import annotations
 
-from tests.support.layout_doc import PAGE, first_sentence, generated_map, page_with_map
+from tests.support.layout_doc import PACKAGES, PAGE, first_sentence, generated_map, page_with_map
 
 
 def test_the_layout_page_maps_the_tree_as_it_is():
@@ -16,12 +16,7 @@ def test_every_module_appears_in_the_map(tmp_path):
     package.mkdir()
     (package / "__init__.py").write_text('"""The client. More."""\n')
     (package / "_new_room.py").write_text('"""What the new room holds.\n\nDetails."""\n')
-    for other in (
-        "backend/art_backend",
-        "integrations/langgraph/art_langgraph",
-        "integrations/mcp/art_mcp",
-        "integrations/ray/art_ray",
-    ):
+    for other in PACKAGES[1:]:
         (tmp_path / other).mkdir(parents=True)
     block = generated_map(tmp_path)
     assert "_new_room.py" in block and "What the new room holds" in block

@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from art_backend._log_redaction import SECRET_PARAMS
 
 REVIEW_PREFIX = "/review"
-TINKER_PREFIX = "/api/v1/"  # the Tinker API's routes (art_backend.tinker)
+TINKER_PREFIX = "/api/v1/"  # the Tinker API's routes (art_backend.tinker's router uses it)
 SESSION_COOKIE = "art_review_session"
 MAX_LOGIN_BODY = 16 * 1024
 

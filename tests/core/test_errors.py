@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 import pkgutil
 
 import art_core
 from art_core import errors
-from tests.support.error_tree import drawn_bases, drawn_tree
+from tests.support.error_tree import defined_exceptions, drawn_bases, drawn_tree
 
 
 def public_exceptions() -> dict[str, type[BaseException]]:
@@ -16,14 +15,8 @@ def public_exceptions() -> dict[str, type[BaseException]]:
     found: dict[str, type[BaseException]] = {}
     for module_info in pkgutil.walk_packages(art_core.__path__, "art_core."):
         module = importlib.import_module(module_info.name)
-        for name, value in vars(module).items():
-            if (
-                inspect.isclass(value)
-                and issubclass(value, BaseException)
-                and value.__module__ == module.__name__
-                and not name.startswith("_")
-            ):
-                found[name] = value
+        defined = defined_exceptions(module).items()
+        found.update({name: value for name, value in defined if not name.startswith("_")})
     return found
 
 

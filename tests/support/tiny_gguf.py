@@ -138,7 +138,6 @@ class Family:
     vocabulary: Any  # () -> Vocabulary
     config: Any  # vocab_size -> a transformers config
     template: str
-    tied: bool
 
 
 def _config(class_name: str, **fields: Any) -> Any:
@@ -155,19 +154,16 @@ FAMILIES = {
         lambda: byte_level_vocabulary("qwen2"),
         _config("Qwen2Config", tie_word_embeddings=False),
         CHATML_TEMPLATE,
-        False,
     ),
     "llama": Family(
         lambda: byte_level_vocabulary("llama-bpe"),
         _config("LlamaConfig", tie_word_embeddings=True),
         CHATML_TEMPLATE,
-        True,
     ),
     "gemma3": Family(
         sentencepiece_vocabulary,
         _config("Gemma3TextConfig", head_dim=16, sliding_window=64, tie_word_embeddings=True),
         GEMMA_TEMPLATE,
-        True,
     ),
 }
 

@@ -31,6 +31,11 @@ class RunningChoice:
     length: int = 0  # real tokens in the cache for this row (prompt + sampled, before next)
     finished: bool = False
     stops: StopMatcher = field(init=False)  # the request's stop strings, matched as text grows
+    # The prompt's distinct ids, once, for the repetition penalty (empty when it is off).
+    prompt_id_set: frozenset[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.stops = StopMatcher(self.request.params.stop)
+        params = self.request.params
+        self.stops = StopMatcher(params.stop)
+        penalised = params.repetition_penalty != 1.0
+        self.prompt_id_set = frozenset(self.request.prompt_ids if penalised else ())

@@ -16,7 +16,7 @@ what the trainer compares its new policy against; the top logprobs a row asks fo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +52,7 @@ def apply_bias_and_penalties(
     logits: torch.Tensor,
     params: list[SamplingParams],
     token_counts: list[dict[int, int]],
-    prompt_ids: Sequence[Sequence[int]] | None = None,
+    prompt_ids: Sequence[Iterable[int]] | None = None,
 ) -> None:
     """In place on the [B, V] batch: each row's repetition penalty over the tokens it has seen
     (`prompt_ids` and its output), then its logit_bias and OpenAI's presence/frequency penalties
@@ -82,7 +82,7 @@ def _apply_repetition_penalty(
     logits: torch.Tensor,
     params: list[SamplingParams],
     token_counts: list[dict[int, int]],
-    prompt_ids: Sequence[Sequence[int]] | None,
+    prompt_ids: Sequence[Iterable[int]] | None,
 ) -> None:
     """A seen token's logit divided by the penalty when positive, multiplied when negative."""
     rows: list[int] = []
@@ -91,9 +91,11 @@ def _apply_repetition_penalty(
     for row, row_params in enumerate(params):
         if row_params.repetition_penalty == 1.0:
             continue
-        seen = set(token_counts[row]) | set(prompt_ids[row] if prompt_ids is not None else ())
+        seen = set(token_counts[row])
+        if prompt_ids is not None:
+            seen.update(prompt_ids[row])
         rows += [row] * len(seen)
-        ids += sorted(seen)
+        ids += seen  # distinct: the order of an indexed assignment does not matter
         penalties += [row_params.repetition_penalty] * len(seen)
     if not rows:
         return

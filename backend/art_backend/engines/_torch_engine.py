@@ -457,7 +457,7 @@ class TorchEngine(AdapterSlots):
             processed,
             params,
             [s.token_counts for s in sequences],
-            [s.request.prompt_ids for s in sequences],
+            [s.prompt_id_set for s in sequences],
         )
         self._apply_grammars(processed, sequences)
         sampled = sample_batch(processed, raw_logprobs, params, [s.generator for s in sequences])

@@ -46,7 +46,7 @@ async def answer(
     stream: Callable[[Any, str | None], Awaitable[AsyncIterator[str]]],
     complete: Callable[[Any, str | None], Coroutine[Any, Any, Any]],
 ) -> Any:
-    """One generation route (chat completions, responses, messages): parse the body, then
+    """One generation route (chat completions, completions, responses, messages): parse the body, then
     stream it as server-sent events or answer once, cancelled if the client goes away."""
     rollout_id, request = await parsed_request(raw, rollout_id, parse)
     if request.stream:

@@ -1,7 +1,7 @@
 """The routes of the Tinker API under /api/v1, as the `tinker` 0.38 SDK calls them.
 
 Served (what `ServiceClient`, `TrainingClient` and `SamplingClient` need to start, train with
-cross_entropy, save sampler weights and sample):
+the losses of `_losses.LOSSES`, save sampler weights and sample):
 
     GET  healthz, get_server_capabilities, samplers/{id}
     POST client/config, client/dynamic_config, telemetry (accepted, dropped)
@@ -29,6 +29,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from art_backend._auth import TINKER_PREFIX
 from art_backend._errors import (
     BackendError,
     InvalidRequestError,
@@ -107,11 +108,16 @@ async def once(
     start: Callable[[], str],
 ) -> dict[str, Any]:
     """The future of a training run's operation: started once per seq_id (an SDK retry gets the
-    first one's request id)."""
+    first one's request id). A refused operation still takes its turn (`skip_turn`), so the
+    run's later operations are not held."""
     body = await request.body()
     request_id = tinker.repeated(model_id, seq_id, body)
     if request_id is None:
-        request_id = start()
+        try:
+            request_id = start()
+        except BackendError:
+            tinker.skip_turn(model_id, seq_id)
+            raise
         tinker.remember(model_id, seq_id, body, request_id)
     return future(request_id, model_id)
 
@@ -124,7 +130,7 @@ def attach_tinker_routes(
     app.state.tinker = tinker  # its runs, by model id (tests look inside)
     sampling = TinkerSampling(tinker)
     # Not in /openapi.json: the SDK's own types describe these routes (`_schemas`, `_proto`).
-    router = APIRouter(prefix="/api/v1", include_in_schema=False)
+    router = APIRouter(prefix=TINKER_PREFIX.rstrip("/"), include_in_schema=False)
     _attach_session_routes(router, tinker)
     _attach_training_routes(router, tinker, sampling)
     _attach_state_routes(router, TinkerStates(tinker))
@@ -134,7 +140,7 @@ def attach_tinker_routes(
     @in_sdk_shape
     async def not_served(rest: str) -> Any:
         raise RouteNotServedError(
-            f"The Tinker API's /api/v1/{rest} is not served by this server yet. It serves: "
+            f"The Tinker API's {TINKER_PREFIX}{rest} is not served by this server yet. It serves: "
             f"{SERVED}."
         )
 
@@ -142,8 +148,6 @@ def attach_tinker_routes(
 
 
 def _attach_session_routes(router: APIRouter, tinker: TinkerTraining) -> None:
-    sessions: set[str] = set()
-
     @router.get("/healthz")
     async def healthz() -> Any:
         return {"status": "ok"}
@@ -181,7 +185,6 @@ def _attach_session_routes(router: APIRouter, tinker: TinkerTraining) -> None:
     async def create_session(request: Request) -> Any:
         await parsed(request, CreateSessionRequest)
         session_id = f"session-{uuid.uuid4().hex[:16]}"
-        sessions.add(session_id)
         return {"type": "create_session", "session_id": session_id}
 
     @router.post("/session_heartbeat")
@@ -192,7 +195,6 @@ def _attach_session_routes(router: APIRouter, tinker: TinkerTraining) -> None:
 
     @router.post("/sessions/{session_id}/finish")
     async def finish_session(session_id: str) -> Any:
-        sessions.discard(session_id)
         return None
 
 

@@ -14,7 +14,6 @@ token ids, and `stop=[]` (generation past the end tokens).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,7 @@ from art_backend.tinker._schemas import (
     SampleRequest,
     SaveWeightsForSamplerRequest,
 )
-from art_backend.tinker._service import TinkerTraining, TrainingRun
+from art_backend.tinker._service import TinkerTraining, TrainingRun, check_vocabulary
 from art_core.names import check_name
 
 SAMPLER_PATH = "tinker://{model_id}/sampler_weights/{name}"
@@ -59,20 +58,19 @@ class TinkerSampling:
         """Checkpoint the run as its next step (in order) and name it, or open a session on it."""
         run = self.training.run(request.model_id)
         name = request.path
-        try:
-            if name is None and request.sampling_session_seq_id is None:
-                raise InvalidRequestError("Give a sampler name (path).", param="path")
-            if request.kind != "snapshot":
-                raise InvalidRequestError(
-                    f"Sampling clients of kind {request.kind!r} are not served yet; this server "
-                    "saves snapshots (kind 'snapshot', the SDK's default).",
-                    param="kind",
-                )
-            if name is not None:
+        if name is None and request.sampling_session_seq_id is None:
+            raise InvalidRequestError("Give a sampler name (path).", param="path")
+        if request.kind != "snapshot":
+            raise InvalidRequestError(
+                f"Sampling clients of kind {request.kind!r} are not served yet; this server "
+                "saves snapshots (kind 'snapshot', the SDK's default).",
+                param="kind",
+            )
+        if name is not None:
+            try:
                 check_name(name, "sampler name")
-        except ValueError as error:
-            self.training.skip_turn(run, request.seq_id)
-            raise InvalidRequestError(str(error), param="path") from error
+            except ValueError as error:
+                raise InvalidRequestError(str(error), param="path") from error
 
         async def work() -> Answer:
             step = await self.training.training.save_step(
@@ -185,14 +183,7 @@ class TinkerSampling:
                     param="prompt",
                 )
             tokens += chunk.tokens
-        vocabulary = self.engine.vocab_size
-        outside = sorted({token for token in tokens if not 0 <= token < vocabulary})
-        if outside:
-            raise InvalidRequestError(
-                f"The prompt holds token ids {outside[:5]} outside the vocabulary "
-                f"[0, {vocabulary}).",
-                param="prompt",
-            )
+        check_vocabulary("The prompt", tokens, self.engine.vocab_size, param="prompt")
         if not tokens:
             raise InvalidRequestError("The prompt is empty.", param="prompt")
         return tokens
@@ -241,9 +232,10 @@ class TinkerSampling:
     async def _generate(self, sampler: Sampler, generation: GenerationRequest) -> Answer:
         if sampler.adapter is not None and sampler.adapter not in self.engine.adapters:
             assert sampler.run is not None and sampler.step is not None
-            # An older sampler step, out of the served window: served again for this request.
-            folder = sampler.run.registered.store.checkpoint_dir(sampler.step)
-            await asyncio.to_thread(self.engine.load_adapter, sampler.adapter, folder)
+            # An older sampler step, out of the served window: served again for this request,
+            # until the window's next trim.
+            registry = self.training.training.registry
+            await registry.serve_again(sampler.run.registered, sampler.step)
         events = self.engine.submit(generation)
         finished: dict[int, FinishEvent] = {}
         while len(finished) < generation.n:

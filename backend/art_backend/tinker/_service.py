@@ -192,9 +192,11 @@ class TinkerTraining:
         if run is not None and seq_id is not None:
             run.requests[seq_id] = (request_id, hashlib.sha256(body).hexdigest())
 
-    def skip_turn(self, run: TrainingRun, seq_id: int | None) -> None:
-        """A refused operation still takes its turn, so the ones after it are not held."""
-        if seq_id not in run.requests:
+    def skip_turn(self, model_id: str | None, seq_id: int | None) -> None:
+        """A refused operation still takes its turn, so the ones after it are not held (a run
+        that does not exist has no turns)."""
+        run = self.runs.get(model_id or "")
+        if run is not None and seq_id not in run.requests:
             self.futures.start(run.order.run(seq_id, _nothing))
 
     # --------------------------------------------------------------------------- forward_backward
@@ -202,13 +204,8 @@ class TinkerTraining:
     def forward_backward(self, wire: ForwardBackwardWire) -> str:
         """Check the datums and the loss, then score them (and keep the gradient) in order."""
         run = self.run(wire.model_id)
-        seq_id = wire.seq_id or None
-        try:
-            loss, config = self._loss(wire)
-            rows, inputs = self._rows(wire, loss)
-        except InvalidRequestError:
-            self.skip_turn(run, seq_id)
-            raise
+        loss, config = self._loss(wire)
+        rows, inputs = self._rows(wire, loss)
         elementwise = functools.partial(_row_loss, loss, inputs, config)
         score = functools.partial(
             run.registered.trainer.score_targets, backward=not wire.forward_only
@@ -224,7 +221,7 @@ class TinkerTraining:
             proto = encode_forward_backward_output(outputs, {"loss:sum": total}, len(rows))
             return Answer(proto=proto)
 
-        return self.in_order(run, seq_id, work)
+        return self.in_order(run, wire.seq_id or None, work)
 
     def _loss(self, wire: ForwardBackwardWire) -> tuple[TinkerLoss, dict[str, float | str]]:
         """The loss `wire` names, and its loss_fn_config over the loss's defaults."""
@@ -264,12 +261,12 @@ class TinkerTraining:
             extra = sorted(set(datum.inputs) - {*loss.required, *loss.optional})
             if missing or extra:
                 raise InvalidRequestError(
-                    f"{where}: {loss_name(loss)} reads loss_fn_inputs {list(loss.required)} "
+                    f"{where}: {wire.loss_fn} reads loss_fn_inputs {list(loss.required)} "
                     f"(optional {list(loss.optional)}); missing {missing}, not read {extra}.",
                     param="data",
                 )
             tokens = datum.tokens
-            targets = datum.inputs["target_tokens"].values
+            targets = datum.inputs["target_tokens"].values.tolist()
             for name, tensor in datum.inputs.items():
                 if tensor.values.shape != (len(tokens),):
                     raise InvalidRequestError(
@@ -280,15 +277,15 @@ class TinkerTraining:
                     )
             if not tokens:
                 raise InvalidRequestError(f"{where} has no input tokens.", param="data")
-            _check_vocabulary(f"{where}: model_input", tokens, vocabulary)
-            _check_vocabulary(f"{where}: target_tokens", targets.tolist(), vocabulary)
+            check_vocabulary(f"{where}: model_input", tokens, vocabulary)
+            check_vocabulary(f"{where}: target_tokens", targets, vocabulary)
             if len(tokens) > self.engine.context_length:
                 raise InvalidRequestError(
                     f"{where} has {len(tokens)} tokens; the model's context is "
                     f"{self.engine.context_length}.",
                     param="data",
                 )
-            rows.append(TargetRow(list(tokens), [int(t) for t in targets.tolist()]))
+            rows.append(TargetRow(list(tokens), [int(target) for target in targets]))
             inputs.append(
                 {
                     name: torch.from_numpy(np.array(tensor.values, dtype=np.float32))
@@ -304,7 +301,6 @@ class TinkerTraining:
         """One AdamW step with the run's accumulated gradients, in order."""
         run = self.run(request.model_id)
         if request.adam_params is None:
-            self.skip_turn(run, request.seq_id)
             kind = (request.optimizer_params or {}).get("type", "unknown")
             raise InvalidRequestError(
                 f"Optimizer {kind!r} is not served; send AdamParams (this server's runs use "
@@ -338,11 +334,6 @@ def new_store_name() -> str:
     return f"tinker-{uuid.uuid4().hex[:16]}"
 
 
-def loss_name(loss: TinkerLoss) -> str:
-    """The table's name of `loss`."""
-    return next(name for name, row in LOSSES.items() if row is loss)
-
-
 def _row_loss(
     loss: TinkerLoss,
     inputs: list[dict[str, torch.Tensor]],
@@ -355,12 +346,13 @@ def _row_loss(
     return loss.elementwise(logprobs, tensors, config)
 
 
-def _check_vocabulary(where: str, tokens: list[int], vocabulary: int) -> None:
+def check_vocabulary(where: str, tokens: list[int], vocabulary: int, param: str = "data") -> None:
+    """A 400 naming the token ids outside [0, vocabulary), if any."""
     outside = sorted({token for token in tokens if not 0 <= token < vocabulary})
     if outside:
         raise InvalidRequestError(
             f"{where} holds token ids {outside[:5]} outside the vocabulary [0, {vocabulary}).",
-            param="data",
+            param=param,
         )
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from art_backend._errors import InvalidRequestError, NotFoundError
+from art_backend.store._checkpoints import inside
 from art_backend.tinker._futures import Answer
 from art_backend.tinker._schemas import LoadWeightsRequest, SaveWeightsRequest
 from art_backend.tinker._service import PROJECT, TinkerTraining, TrainingRun, new_store_name
@@ -61,10 +62,9 @@ class TinkerStates:
             if path in self.saved and not request.overwrite:
                 raise ValueError(f"state {path} exists; save with overwrite=True to replace it")
         except ValueError as error:
-            self.training.skip_turn(run, request.seq_id)
             raise InvalidRequestError(str(error), param="path") from error
         art_path = self.training.training.registry.art_path
-        folder = art_path / PROJECT / "states" / run.registered.name / name
+        folder = inside(art_path, PROJECT, "states", run.registered.name, name)
         state = SavedState(folder, run.registered.base_model, run.registered.lora)
         record = {"base_model": state.base_model, "lora": state.lora, "path": path}
 
@@ -81,8 +81,6 @@ class TinkerStates:
         run = self.training.run(request.model_id or "") if request.session_id is None else None
         state = self.saved.get(request.path)
         if state is None:
-            if run is not None:
-                self.training.skip_turn(run, request.seq_id)
             known = ", ".join(sorted(self.saved)) or "none yet"
             raise NotFoundError(
                 f"No saved state {request.path!r} on this server (saved: {known}). Save one "
@@ -96,8 +94,7 @@ class TinkerStates:
 
             return self.training.in_order(run, request.seq_id, into_run), run.model_id
         self.training.check_base_model(request.base_model or state.base_model)
-        if state.base_model not in self.training.base_names:
-            self.training.check_base_model(state.base_model)  # a state of another base model
+        self.training.check_base_model(state.base_model)  # a state of another base model
         if request.optimizer_config is not None and request.optimizer_config.type != "adamw":
             raise InvalidRequestError(
                 f"Optimizer {request.optimizer_config.type!r} is not served; training runs use "

@@ -250,9 +250,20 @@ class ModelRegistry:
 
     def serve_step(self, model: RegisteredModel, step: int) -> None:
         """Load checkpoint `step` into the engine as `<name>@<step>`; the window keeps its size."""
+        self._load_served(model, step)
+        self._trim_served(model)
+
+    async def serve_again(self, model: RegisteredModel, step: int) -> None:
+        """Serve an older step once more (a Tinker sampler of it): loaded and counted in the
+        served window, which is not trimmed now (the sampler is about to use it), so the
+        window's next trim unloads it again."""
+        async with self._step_lock:  # as `promote`: not while a step commits
+            if model.inference_name(step) not in self.engine.adapters:
+                await self._in_trainer_thread(self._load_served, model, step)
+
+    def _load_served(self, model: RegisteredModel, step: int) -> None:
         self.engine.load_adapter(model.inference_name(step), model.store.checkpoint_dir(step))
         model.served = sorted({*model.served, step})  # a promoted step may come back: in order
-        self._trim_served(model)
 
     def _trim_served(self, model: RegisteredModel) -> None:
         """Unload the steps older than the window; the promoted step stays, even outside it."""

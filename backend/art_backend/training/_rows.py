@@ -1,7 +1,8 @@
 """Training rows: a trajectory's recorded completions become padded token tensors for the trainer.
 
 Pure functions, no model: recorded turns -> `Sequence`s (`build_sequences`) -> padded `Rows`
-with drop counts (`pack_rows`) -> micro-batches under a token budget (`micro_batches`).
+with drop counts (`pack_rows`) -> micro-batches under a token budget (`micro_batches`, its
+grouping `longest_first_groups` shared with `_target_rows`).
 
 Alignment convention (the trainer must use exactly this)
 --------------------------------------------------------
@@ -315,16 +316,26 @@ def micro_batches(rows: Rows, *, token_budget: int) -> list[Rows]:
     """
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    lengths = rows.lengths.tolist()
-    order = sorted(range(rows.num_rows), key=lambda i: (-lengths[i], i))
-    batches: list[list[int]] = []
+    return [
+        rows.select(batch) for batch in longest_first_groups(rows.lengths.tolist(), token_budget)
+    ]
+
+
+def longest_first_groups(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Row indices, longest first, in groups of (rows x longest) <= token_budget tokens.
+
+    Deterministic: ties in length keep the original order. A row longer than the budget is a
+    group of its own. `micro_batches` and `_target_rows.target_batches` group with it.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
     for index in order:
-        # Longest first, so the batch's first row sets its width.
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= token_budget:
-            batches[-1].append(index)
+        # Longest first, so the group's first row sets its width.
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= token_budget:
+            groups[-1].append(index)
         else:
-            batches.append([index])
-    return [rows.select(batch) for batch in batches]
+            groups.append([index])
+    return groups
 
 
 def token_logprobs(

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from art_backend.training._rows import longest_first_groups
+
 
 @dataclass(frozen=True)
 class TargetRow:
@@ -49,13 +51,7 @@ def target_batches(rows: list[TargetRow], *, token_budget: int) -> list[TargetBa
 
     Deterministic: equal lengths keep their order. A row longer than the budget is a batch alone.
     """
-    order = sorted(range(len(rows)), key=lambda index: (-len(rows[index].input_ids), index))
-    groups: list[list[int]] = []
-    for index in order:
-        if groups and (len(groups[-1]) + 1) * len(rows[groups[-1][0]].input_ids) <= token_budget:
-            groups[-1].append(index)
-        else:
-            groups.append([index])
+    groups = longest_first_groups([len(row.input_ids) for row in rows], token_budget)
     return [_padded(rows, group) for group in groups]
 
 

@@ -519,3 +519,15 @@ async def test_a_bug_behind_a_messages_route_is_a_500_in_anthropics_shape_and_is
     assert body["type"] == "error" and body["error"]["type"] == "api_error"
     assert body["error"]["message"] == "Internal error: TypeError: unhashable type: 'dict'"
     assert "unexpected error" in caplog.text
+
+
+async def test_the_apps_own_http_answers_pass_through_a_messages_route():
+    """A body over --max-body-mb read inside the route is the app's 413, not a bug's 500."""
+    from art_backend._errors import RequestBodyTooLarge
+    from art_backend.serving.messages._service import in_anthropic_shape
+
+    async def too_large() -> None:
+        raise RequestBodyTooLarge("The request body is larger than this server's limit.")
+
+    with pytest.raises(RequestBodyTooLarge):
+        await in_anthropic_shape(too_large())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -313,6 +314,24 @@ def test_sampler_weights_sample_with_the_trainers_logprobs(service: tinker.Servi
     assert latest.sample(prompt, 1, params).result().sequences[0].tokens
 
 
+def test_an_older_sampler_step_is_served_again_until_the_windows_next_trim(
+    service: tinker.ServiceClient, tinker_server: RunningServer
+):
+    engine = tinker_server.app.state.service.engine
+    training = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    path = training.save_weights_for_sampler("first").result().path  # step 1
+    for name in ("second", "third"):  # steps 2 and 3: the window (2 steps) drops step 1
+        training.save_weights_for_sampler(name).result()
+    first = f"{training.model_id}@1"
+    assert first not in engine.adapters
+    sampler = service.create_sampling_client(model_path=path).result()
+    prompt = types.ModelInput.from_ints([5, 6, 7])
+    assert sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result().sequences
+    assert first in engine.adapters  # served again for the sampler
+    training.save_weights_for_sampler("fourth").result()
+    assert first not in engine.adapters  # and unloaded by the window's next trim
+
+
 def test_bad_input_is_the_sdks_error_with_our_message(
     service: tinker.ServiceClient, tinker_server: RunningServer
 ):
@@ -369,6 +388,34 @@ def test_an_operation_sent_again_gets_its_first_answer(
     other = httpx.post(url, json={**body, "adam_params": {"learning_rate": 1.0}}, headers=headers)
     assert other.status_code == 400
     assert "sent before with another body" in other.json()["detail"]
+
+
+def test_a_refused_save_weights_for_sampler_does_not_hold_the_runs_next_operation(
+    service: tinker.ServiceClient, tinker_server: RunningServer
+):
+    training = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    api, headers = f"{tinker_server.url}/api/v1", {"X-API-Key": API_KEY}
+    model_id = training.model_id
+    refusals = [
+        ({"model_id": model_id, "seq_id": 1}, "Give a sampler name"),
+        ({"model_id": model_id, "seq_id": 2, "path": "x", "kind": "other"}, "kind 'other'"),
+    ]
+    for body, message in refusals:
+        answer = httpx.post(f"{api}/save_weights_for_sampler", json=body, headers=headers)
+        assert answer.status_code == 400
+        assert message in answer.json()["detail"]
+    body = {"model_id": model_id, "seq_id": 3, "path": "after-refusals"}
+    started = httpx.post(f"{api}/save_weights_for_sampler", json=body, headers=headers).json()
+    deadline = time.monotonic() + 120
+    while True:
+        outcome = httpx.post(
+            f"{api}/retrieve_future", json={"request_id": started["request_id"]}, headers=headers
+        ).json()
+        if outcome.get("type") != "try_again":
+            break
+        assert time.monotonic() < deadline, "the refused operations held the run's next one"
+        time.sleep(0.1)
+    assert outcome["path"] == f"tinker://{model_id}/sampler_weights/after-refusals"
 
 
 def test_routes_not_served_yet_are_refused_by_name(tinker_server: RunningServer):

@@ -22,6 +22,7 @@ from typing import Any
 
 from fastapi.responses import Response
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
 from art_backend._errors import BackendError
 from art_backend.serving._request import parse_request
@@ -223,6 +224,8 @@ async def in_anthropic_shape(work: Awaitable[Any]) -> Any:
         return error_response(error.status_code, error.message, param=error.param, code=error.code)
     except ValidationError as error:
         return _validation_error(error)
+    except HTTPException:
+        raise  # the app's own answers (a body over --max-body-mb: 413), not bugs
     except Exception as error:  # a bug: logged as the app logs one, answered as the SDK reads
         logger.exception("unexpected error")
         return error_response(500, f"Internal error: {type(error).__name__}: {error}")
