@@ -43,6 +43,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -72,6 +73,7 @@ def fault_point(name: str) -> None:
     """Sleep here if the crash tests asked for it (no effect otherwise)."""
     point, _, seconds = os.environ.get(FAULT_ENV, "").partition(":")
     if point == name:
+        print(f"fault point {name} reached", file=sys.stderr, flush=True)  # the test waits on it
         time.sleep(float(seconds or 60))
 
 

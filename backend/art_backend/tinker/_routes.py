@@ -9,6 +9,7 @@ the losses of `_losses.LOSSES`, save sampler weights and sample):
     POST create_model, get_info, forward_backward (protobuf), optim_step,
          save_weights, load_weights (`_states`), save_weights_for_sampler,
          create_sampling_session, asample, retrieve_future
+    GET  training_runs, training_runs/{id}, training_runs/{id}/checkpoints (`_checkpoints`)
 
 Every other /api/v1 route is refused with 404, naming it and what is served. Errors take the
 SDK's shape, `{"detail": message}` (the SDK raises `BadRequestError`, `NotFoundError`, ... with
@@ -37,6 +38,7 @@ from art_backend._errors import (
     RouteNotServedError,
 )
 from art_backend.engines._engine import Engine
+from art_backend.tinker._checkpoints import TinkerCheckpoints
 from art_backend.tinker._futures import Answer
 from art_backend.tinker._proto import decode_forward_backward
 from art_backend.tinker._sampling import TinkerSampling
@@ -63,7 +65,8 @@ SERVED = (
     "create_session, session_heartbeat, sessions/{id}/finish, create_model, get_info, "
     "forward_backward (forward too), optim_step, save_weights, load_weights, "
     "save_weights_for_sampler, "
-    "create_sampling_session, samplers/{id}, asample, retrieve_future"
+    "create_sampling_session, samplers/{id}, asample, retrieve_future, training_runs, "
+    "training_runs/{id}, training_runs/{id}/checkpoints"
 )
 Parsed = TypeVar("Parsed", bound=BaseModel)
 Endpoint = Callable[..., Awaitable[Any]]
@@ -133,8 +136,10 @@ def attach_tinker_routes(
     router = APIRouter(prefix=TINKER_PREFIX.rstrip("/"), include_in_schema=False)
     _attach_session_routes(router, tinker)
     _attach_training_routes(router, tinker, sampling)
-    _attach_state_routes(router, TinkerStates(tinker))
+    states = TinkerStates(tinker)
+    _attach_state_routes(router, states)
     _attach_sampling_routes(router, tinker, sampling)
+    _attach_listing_routes(router, TinkerCheckpoints(tinker, states))
 
     @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     @in_sdk_shape
@@ -275,7 +280,7 @@ def _attach_sampling_routes(
     @router.post("/create_sampling_session")
     @in_sdk_shape
     async def create_sampling_session(request: Request) -> Any:
-        return sampling.create_session(await parsed(request, CreateSamplingSessionRequest))
+        return await sampling.create_session(await parsed(request, CreateSamplingSessionRequest))
 
     @router.get("/samplers/{sampler_id}")
     @in_sdk_shape
@@ -285,7 +290,26 @@ def _attach_sampling_routes(
     @router.post("/asample")
     @in_sdk_shape
     async def asample(request: Request) -> Any:
-        return sampling.sample(await parsed(request, SampleRequest))
+        return await sampling.sample(await parsed(request, SampleRequest))
+
+
+def _attach_listing_routes(router: APIRouter, listings: TinkerCheckpoints) -> None:
+    @router.get("/training_runs")
+    @in_sdk_shape
+    async def training_runs(limit: int = 20, offset: int = 0) -> Any:
+        if limit < 1 or offset < 0:
+            raise InvalidRequestError("limit must be at least 1 and offset at least 0.")
+        return listings.training_runs(limit, offset)
+
+    @router.get("/training_runs/{model_id}")
+    @in_sdk_shape
+    async def training_run(model_id: str) -> Any:
+        return listings.training_run(model_id)
+
+    @router.get("/training_runs/{model_id}/checkpoints")
+    @in_sdk_shape
+    async def checkpoints(model_id: str) -> Any:
+        return {"checkpoints": listings.checkpoints(model_id)}
 
 
 def _add_ordered_operation(

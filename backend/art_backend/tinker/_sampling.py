@@ -82,6 +82,7 @@ class TinkerSampling:
                     {"sampling_session_id": session_id, "type": "save_weights_for_sampler"}
                 )
             run.samplers[name] = step
+            self.training.index.put(run.record)  # the path outlives this process
             path = SAMPLER_PATH.format(model_id=run.model_id, name=name)
             return Answer({"path": path, "type": "save_weights_for_sampler"})
 
@@ -94,10 +95,11 @@ class TinkerSampling:
 
     # ----------------------------------------------------------------------- sampling sessions
 
-    def create_session(self, request: CreateSamplingSessionRequest) -> dict[str, Any]:
+    async def create_session(self, request: CreateSamplingSessionRequest) -> dict[str, Any]:
         """A sampling session on a sampler path, or on the base model."""
+        sampler = await self.resolve(request.model_path, request.base_model)
         return {
-            "sampling_session_id": self._open(self.resolve(request.model_path, request.base_model)),
+            "sampling_session_id": self._open(sampler),
             "type": "create_sampling_session",
         }
 
@@ -122,8 +124,9 @@ class TinkerSampling:
             "model_path": sampler.model_path,
         }
 
-    def resolve(self, model_path: str | None, base_model: str | None) -> Sampler:
-        """A `tinker://<model id>/sampler_weights/<name>` path, else the base model."""
+    async def resolve(self, model_path: str | None, base_model: str | None) -> Sampler:
+        """A `tinker://<model id>/sampler_weights/<name>` path (of a run of this process, or of
+        one before a restart: `TinkerTraining.sampled_run`), else the base model."""
         if model_path is None:
             if base_model is None:
                 raise InvalidRequestError("Give model_path or base_model.", param="model_path")
@@ -142,7 +145,7 @@ class TinkerSampling:
                 "served for sampling yet; save them with save_weights_for_sampler.",
                 param="model_path",
             )
-        run = self.training.run(parts[0])
+        run = await self.training.sampled_run(parts[0])
         step = run.samplers.get(parts[2])
         if step is None:
             raise NotFoundError(
@@ -153,12 +156,12 @@ class TinkerSampling:
 
     # --------------------------------------------------------------------------------- asample
 
-    def sample(self, request: SampleRequest) -> dict[str, Any]:
+    async def sample(self, request: SampleRequest) -> dict[str, Any]:
         """Check the request, then sample in a future; the future with one id per sample."""
         if request.sampling_session_id is not None:
             sampler = self.session(request.sampling_session_id)
         else:
-            sampler = self.resolve(request.model_path, request.base_model)
+            sampler = await self.resolve(request.model_path, request.base_model)
         _refuse_unserved(request)
         prompt = self._prompt(request)
         generation = GenerationRequest(

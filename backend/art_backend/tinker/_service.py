@@ -12,7 +12,8 @@
 Each operation is checked when it arrives (a 400 the SDK raises as `BadRequestError`, naming what
 is wrong), then runs through the futures in its training run's `seq_id` order (`_futures`), on
 the trainer's thread while no other step runs (`TrainingService.step_part`). Runs live in this
-process: a restarted server keeps their checkpoints on disk but not their model ids.
+process; `_run_index` keeps what a restarted server needs to answer for them (sampler paths,
+checkpoint lists), and their saved states (`_states`) start new runs.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ import torch
 
 from art_backend._errors import InvalidRequestError, NotFoundError
 from art_backend.engines._engine import Engine
+from art_backend.store._checkpoints import fault_point
 from art_backend.tinker._futures import Answer, Futures, RunOrder
 from art_backend.tinker._losses import LOSSES, NOT_SERVED_YET, TinkerLoss, resolved_config
 from art_backend.tinker._proto import ForwardBackwardWire, encode_forward_backward_output
+from art_backend.tinker._run_index import RunIndex, RunRecord
 from art_backend.tinker._schemas import CreateModelRequest, OptimStepRequest
 from art_backend.training._model_registry import RegisteredModel
 from art_backend.training._target_rows import TargetRow
@@ -56,11 +59,20 @@ class TrainingRun:
 
     model_id: str
     registered: RegisteredModel
-    lora_rank: int
+    record: RunRecord  # what the index keeps of it
+    revived: bool = False  # created before this server started: it samples, it does not train
     order: RunOrder = field(default_factory=RunOrder)
     # seq_id -> (request id, sha256 of the body): a retried operation gets its first answer
     requests: dict[int, tuple[str, str]] = field(default_factory=dict)
-    samplers: dict[str, int] = field(default_factory=dict)  # sampler name -> step
+
+    @property
+    def lora_rank(self) -> int:
+        return int(self.record.lora["r"])
+
+    @property
+    def samplers(self) -> dict[str, int]:
+        """Sampler name -> step."""
+        return self.record.samplers
 
 
 class TinkerTraining:
@@ -72,16 +84,46 @@ class TinkerTraining:
         self.training = training
         self.futures = Futures()
         self.runs: dict[str, TrainingRun] = {}
+        self.index = RunIndex(training.registry.art_path)
 
     def run(self, model_id: str) -> TrainingRun:
-        """The training run `model_id` names (404 naming the runs of this server otherwise)."""
+        """The training run `model_id` names, to train: 404 naming the runs of this server when
+        it is unknown, 400 when it was created before the server restarted."""
         run = self.runs.get(model_id)
-        if run is None:
-            known = ", ".join(sorted(self.runs)) or "none yet"
-            raise NotFoundError(
-                f"No training run {model_id!r} on this server (runs: {known}). Runs live as long "
-                "as the server: create one with create_lora_training_client."
+        if run is not None and not run.revived:
+            return run
+        if model_id in self.index.records:
+            raise InvalidRequestError(
+                f"Training run {model_id} was created before this server restarted: its "
+                "optimizer state and the steps after its last save ended with that process. "
+                "Train on from a saved state: service_client.create_training_client_from_state"
+                f"(path), the paths listed by rest_client.list_checkpoints({model_id!r}).",
+                param="model_id",
             )
+        known = ", ".join(sorted(self.runs)) or "none yet"
+        raise NotFoundError(
+            f"No training run {model_id!r} on this server (runs: {known}). Create one with "
+            "create_lora_training_client."
+        )
+
+    async def sampled_run(self, model_id: str) -> TrainingRun:
+        """The training run `model_id` names, to sample from: a run of before a restart is
+        registered again (its model resumes at its latest checkpoint, served)."""
+        run = self.runs.get(model_id)
+        if run is not None:
+            return run
+        record = self.index.records.get(model_id)
+        if record is None:
+            return self.run(model_id)  # the 404
+        register = RegisterRequest(
+            project=PROJECT,
+            name=record.store_name,
+            base_model=record.base_model,
+            lora=LoRAConfig(**record.lora),
+        )
+        await self.training.registry.register(register)
+        registered = self.training.registry.get(PROJECT, record.store_name)
+        run = self.runs[model_id] = TrainingRun(model_id, registered, record, revived=True)
         return run
 
     def check_base_model(self, base_model: str) -> None:
@@ -137,11 +179,13 @@ class TinkerTraining:
                 "The Tinker API trains on one process; this server runs several "
                 "(--train-processes). Start it with one."
             )
-        if model_id in self.runs:
+        if model_id in self.runs or model_id in self.index.records:
             raise InvalidRequestError(f"Training run {model_id!r} exists already.")
         await self.training.registry.register(register)
         registered = self.training.registry.get(PROJECT, register.name)
-        run = self.runs[model_id] = TrainingRun(model_id, registered, register.lora.r)
+        record = RunRecord(model_id, register.name, register.base_model, registered.lora)
+        self.index.put(record)
+        run = self.runs[model_id] = TrainingRun(model_id, registered, record)
         return run
 
     def info(self, model_id: str) -> dict[str, Any]:
@@ -317,9 +361,14 @@ class TinkerTraining:
         )
         trainer = run.registered.trainer
 
+        def step() -> float:
+            grad_norm = trainer.apply_gradients(settings)
+            fault_point("tinker_after_optim_step")  # the crash test kills the server here
+            return grad_norm
+
         async def work() -> Answer:
             try:
-                grad_norm = await self.training.step_part(trainer.apply_gradients, settings)
+                grad_norm = await self.training.step_part(step)
             except FloatingPointError as error:
                 raise InvalidRequestError(
                     f"The accumulated gradient is not finite ({error}); nothing was updated."

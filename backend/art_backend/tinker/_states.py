@@ -10,13 +10,16 @@ one. Its path is `tinker://<model id>/weights/<name>`.
 `load_weights` with a session (a new training client) registers a run with the state's LoRA
 settings, under the model id the SDK derives (`<session id>:train:<n>`), and loads the state
 into its trainer: the adapter always, the optimizer's moments with `optimizer=True` only.
-`load_weights` with a model id (`load_state`) loads into that run, in its order. States are
-known by path while the server runs: a restarted server keeps the folders, not the paths.
+`load_weights` with a model id (`load_state`) loads into that run, in its order. A restarted
+server finds its states again by their `tinker_state.json` (which holds the path), and first
+finishes what a kill interrupted: an overwrite caught between its two renames gets its older
+state back, and a half-written temporary folder is removed.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from art_backend._errors import InvalidRequestError, NotFoundError
-from art_backend.store._checkpoints import inside
+from art_backend.store._checkpoints import fault_point, inside
 from art_backend.tinker._futures import Answer
 from art_backend.tinker._schemas import LoadWeightsRequest, SaveWeightsRequest
 from art_backend.tinker._service import PROJECT, TinkerTraining, TrainingRun, new_store_name
@@ -32,6 +35,8 @@ from art_backend.training._trainer import LoraTrainer
 from art_core.names import check_name
 from art_core.types import LoRAConfig
 from art_core.wire import RegisterRequest
+
+logger = logging.getLogger("art_backend.tinker")
 
 STATE_FILE = "tinker_state.json"
 WEIGHTS_PATH = "tinker://{model_id}/weights/{name}"
@@ -51,7 +56,8 @@ class TinkerStates:
 
     def __init__(self, training: TinkerTraining):
         self.training = training
-        self.saved: dict[str, SavedState] = {}
+        self.root = training.training.registry.art_path / PROJECT / "states"
+        self.saved: dict[str, SavedState] = found_states(self.root)
 
     def save(self, request: SaveWeightsRequest) -> str:
         """Write the run's state under `request.path` (a name), in the run's order."""
@@ -84,7 +90,7 @@ class TinkerStates:
             known = ", ".join(sorted(self.saved)) or "none yet"
             raise NotFoundError(
                 f"No saved state {request.path!r} on this server (saved: {known}). Save one "
-                "with save_state; states are known by path while the server runs."
+                "with save_state (its path: tinker://<model id>/weights/<name>)."
             )
         if run is not None:
 
@@ -137,6 +143,7 @@ def write_state(trainer: LoraTrainer, folder: Path, record: dict[str, Any]) -> N
     temporary.mkdir()
     trainer.save(temporary)
     (temporary / STATE_FILE).write_text(json.dumps(record))
+    fault_point("tinker_before_state_rename")  # the crash test kills the server here
     if folder.exists():  # overwrite: the old state steps aside, then goes
         old = folder.with_name(f".old-{folder.name}-{os.getpid()}")
         shutil.rmtree(old, ignore_errors=True)
@@ -145,6 +152,29 @@ def write_state(trainer: LoraTrainer, folder: Path, record: dict[str, Any]) -> N
         shutil.rmtree(old)
     else:
         os.rename(temporary, folder)
+
+
+def found_states(root: Path) -> dict[str, SavedState]:
+    """The states saved under `root` (`<run's model>/<name>/`), by path, after finishing what a
+    killed server left: `.old-<name>-*` alone goes back to `<name>`, `.tmp-*` goes."""
+    saved: dict[str, SavedState] = {}
+    for run_folder in sorted(root.glob("*")) if root.is_dir() else []:
+        for leftover in sorted(run_folder.glob(".old-*")):
+            name = leftover.name.removeprefix(".old-").rsplit("-", 1)[0]
+            if not (run_folder / name).exists():
+                os.rename(leftover, run_folder / name)
+            else:
+                shutil.rmtree(leftover)
+        for leftover in run_folder.glob(".tmp-*"):
+            shutil.rmtree(leftover)
+        for state_file in sorted(run_folder.glob(f"*/{STATE_FILE}")):
+            try:
+                record = json.loads(state_file.read_text())
+                state = SavedState(state_file.parent, record["base_model"], record["lora"])
+                saved[record["path"]] = state
+            except (ValueError, KeyError, TypeError) as error:  # never loaded, left where it is
+                logger.warning("Skipping the Tinker state %s: %s", state_file.parent, error)
+    return saved
 
 
 def read_state(trainer: LoraTrainer, folder: Path, optimizer: bool) -> None:
