@@ -5,8 +5,8 @@ A ported `from art.serverless import ServerlessBackend` then fails where it is u
 sentence, not with an ImportError at the top of the file. `REFUSED` is the one table of them, by
 ART module; a module of ours serves its part through `module_getattr` (PEP 562, set by the
 module itself or by `install()`), so the names stay out of `dir()` and `__all__`. Every ART
-module in the table has ours: `art.X` is `art_core.X` (`art.serverless`, `art.tinker`,
-`art.tinker_native` and `art.yield_trajectory` are modules of nothing else), and `art.mcp` is
+module in the table has ours: `art.X` is `art_core.X` (`art.serverless` and
+`art.yield_trajectory` are modules of nothing else), and `art.mcp` is
 `art_mcp`, which serves its own part (art_core never imports an integration).
 `tests/compat/test_art_names.py` lists them in the compatibility page.
 """
@@ -25,7 +25,15 @@ _TOKENS = (
     "those, so a client never tokenizes or tensorizes trajectories"
 )
 _HOSTED = "OpenPipe's hosted service is not part of this library: use art.LocalBackend() or art.RemoteBackend(url)"
-_TINKER = "Tinker (Thinking Machines' training API) is not a backend here: use art.LocalBackend() or art.RemoteBackend(url)"
+_TINKER_ARGS = (
+    "TinkerBackend and TinkerNativeBackend take the model's LoRA settings (TrainableModel's "
+    "lora=) and open the Tinker training run themselves; there are no Tinker client arguments"
+)
+_RENDERER = (
+    "the server renders chats with the model's own chat template and records the exact tokens, "
+    "so there is no renderer to pick; TinkerBackend and TinkerNativeBackend train through the "
+    "Tinker API of an art-server, whose Chat Completions routes are the OpenAI-compatible server"
+)
 _MEGATRON = (
     "training is torch + PEFT LoRA in our backend; there is no Megatron runtime to configure"
 )
@@ -76,9 +84,9 @@ REFUSED: dict[str, dict[str, str]] = {
         "yield_trajectory": _YIELD,
     },
     "art.dev": {
-        "TinkerArgs": _TINKER,
-        "TinkerNativeArgs": _TINKER,
-        "TinkerTrainingClientArgs": _TINKER,
+        "TinkerArgs": _TINKER_ARGS,
+        "TinkerNativeArgs": _TINKER_ARGS,
+        "TinkerTrainingClientArgs": _TINKER_ARGS,
         "VllmRuntimeArgs": f"{_ENGINE}; an external vLLM is LocalBackend(extra_args=['--engine', 'vllm', '--vllm-url', URL])",
         "OpenAIServerConfig": f"{_ENGINE}; its options are LocalBackend(dtype=, device=, max_batch_size=, extra_args=)",
         "ServerArgs": f"{_ENGINE}; its options are LocalBackend(dtype=, device=, max_batch_size=, extra_args=)",
@@ -118,12 +126,7 @@ REFUSED: dict[str, dict[str, str]] = {
         "capture_yielded_trajectory": _CAPTURE_YIELDED,
         "yield_trajectory": _YIELD,
     },
-    "art.tinker": {
-        "TinkerBackend": _TINKER,
-        "get_renderer_name": _TINKER,
-        "OpenAICompatibleTinkerServer": _TINKER,
-    },
-    "art.tinker_native": {"TinkerNativeBackend": _TINKER},
+    "art.tinker": {"get_renderer_name": _RENDERER, "OpenAICompatibleTinkerServer": _RENDERER},
     "art.types": {
         "MegatronTopologyConfig": _MEGATRON,
         "MegatronRuntimeConfig": _MEGATRON,

@@ -64,8 +64,7 @@ def test_a_refused_art_name_imports_and_says_what_to_use():
     ("module", "name", "says"),
     [
         ("art_core.serverless", "ServerlessBackend", "LocalBackend"),
-        ("art_core.tinker", "TinkerBackend", "Tinker"),
-        ("art_core.tinker_native", "TinkerNativeBackend", "Tinker"),
+        ("art_core.tinker", "get_renderer_name", "chat template"),
         ("art_core.yield_trajectory", "capture_yielded_trajectory", "art.trajectory"),
         ("art_mcp", "MCPResource", "list_resources"),
         ("art_mcp", "GeneratedScenarioCollection", "list[art.Scenario]"),

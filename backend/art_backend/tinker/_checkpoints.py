@@ -17,7 +17,7 @@ from art_backend._errors import NotFoundError
 from art_backend.store._checkpoints import ModelStore
 from art_backend.tinker._run_index import RunRecord
 from art_backend.tinker._sampling import SAMPLER_PATH
-from art_backend.tinker._service import PROJECT, TinkerTraining
+from art_backend.tinker._service import TinkerTraining
 from art_backend.tinker._states import TinkerStates
 
 OWNER = "art-server"  # every run belongs to whoever holds this server's key
@@ -44,7 +44,8 @@ class TinkerCheckpoints:
         for path, state in self.states.saved.items():
             if path.startswith(prefix):
                 found.append(_checkpoint(path, "training", state.folder))
-        store = ModelStore(self.training.training.registry.art_path, PROJECT, record.store_name)
+        art_path = self.training.training.registry.art_path
+        store = ModelStore(art_path, record.project, record.store_name)
         for name, step in record.samplers.items():
             folder = store.checkpoint_dir(step)
             if folder.is_dir():

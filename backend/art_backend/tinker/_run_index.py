@@ -25,6 +25,7 @@ from typing import Any
 logger = logging.getLogger("art_backend.tinker")
 
 INDEX_FILE = "runs.json"
+PROJECT = "tinker"  # the store's project of a run, unless its user_metadata names one
 
 
 def now() -> str:
@@ -40,6 +41,7 @@ class RunRecord:
     store_name: str
     base_model: str
     lora: dict[str, Any]
+    project: str = PROJECT
     created: str = field(default_factory=now)
     last_used: str = field(default_factory=now)
     samplers: dict[str, int] = field(default_factory=dict)  # sampler name -> step

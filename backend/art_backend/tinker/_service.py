@@ -36,18 +36,18 @@ from art_backend.store._checkpoints import fault_point
 from art_backend.tinker._futures import Answer, Futures, RunOrder
 from art_backend.tinker._losses import LOSSES, NOT_SERVED_YET, TinkerLoss, resolved_config
 from art_backend.tinker._proto import ForwardBackwardWire, encode_forward_backward_output
-from art_backend.tinker._run_index import RunIndex, RunRecord
+from art_backend.tinker._run_index import PROJECT, RunIndex, RunRecord
 from art_backend.tinker._schemas import CreateModelRequest, OptimStepRequest
 from art_backend.training._model_registry import RegisteredModel
 from art_backend.training._target_rows import TargetRow
 from art_backend.training._trainer import OptimizerSettings
 from art_backend.training._training_service import TrainingService
+from art_core.names import check_name
 from art_core.types import LoRAConfig
 from art_core.wire import RegisterRequest
 
 logger = logging.getLogger("art_backend.tinker")
 
-PROJECT = "tinker"  # the store's project of every run created through the Tinker API
 LORA_ALPHA = 32.0  # Tinker's own, whatever the rank
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
@@ -116,13 +116,13 @@ class TinkerTraining:
         if record is None:
             return self.run(model_id)  # the 404
         register = RegisterRequest(
-            project=PROJECT,
+            project=record.project,
             name=record.store_name,
             base_model=record.base_model,
             lora=LoRAConfig(**record.lora),
         )
         await self.training.registry.register(register)
-        registered = self.training.registry.get(PROJECT, record.store_name)
+        registered = self.training.registry.get(record.project, record.store_name)
         run = self.runs[model_id] = TrainingRun(model_id, registered, record, revived=True)
         return run
 
@@ -159,9 +159,10 @@ class TinkerTraining:
                 param="lora_config",
             )
         model_id = new_store_name()
+        project, name = _store_place(request.user_metadata or {}, model_id)
         register = RegisterRequest(
-            project=PROJECT,
-            name=model_id,
+            project=project,
+            name=name,
             base_model=request.base_model,
             lora=LoRAConfig(r=rank, alpha=LORA_ALPHA, target_modules=modules),
             seed=(lora.seed if lora is not None and lora.seed is not None else 0),
@@ -182,8 +183,10 @@ class TinkerTraining:
         if model_id in self.runs or model_id in self.index.records:
             raise InvalidRequestError(f"Training run {model_id!r} exists already.")
         await self.training.registry.register(register)
-        registered = self.training.registry.get(PROJECT, register.name)
-        record = RunRecord(model_id, register.name, register.base_model, registered.lora)
+        registered = self.training.registry.get(register.project, register.name)
+        record = RunRecord(
+            model_id, register.name, register.base_model, registered.lora, register.project
+        )
         self.index.put(record)
         run = self.runs[model_id] = TrainingRun(model_id, registered, record)
         return run
@@ -381,6 +384,18 @@ class TinkerTraining:
 def new_store_name() -> str:
     """A fresh name for a run's model in the store (project "tinker")."""
     return f"tinker-{uuid.uuid4().hex[:16]}"
+
+
+def _store_place(metadata: dict[str, Any], model_id: str) -> tuple[str, str]:
+    """Where a new run's model lives in the store: project "tinker" under its model id, or the
+    model `user_metadata` names with `art_project` and `art_name` (an ART model trained through
+    the Tinker API: `art_core.tinker_native`), which a registered model of that name resumes."""
+    project = metadata.get("art_project", PROJECT)
+    name = metadata.get("art_name", model_id)
+    try:
+        return check_name(str(project), "art_project"), check_name(str(name), "art_name")
+    except ValueError as error:
+        raise InvalidRequestError(str(error), param="user_metadata") from error
 
 
 def _row_loss(
