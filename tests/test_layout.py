@@ -184,7 +184,7 @@ PUBLIC_SURFACES = {
         "resolve_model", "retry", "ruler", "ruler_score_group", "save_scenarios",
         "split_scenarios", "trajectory_from_records",
         "current_trajectory", "no_capture", "trajectory", "trajectory_group",
-        "PipelineTrainer",
+        "PipelineRuntimeConfig", "PipelineTrainer",
         "PreflightError", "PreflightResult", "preflight",
         "PromotionGate", "PromotionGateError",
         "Messages", "MessagesAndChoices", "Tools", "limit_concurrency", "trajectory_group_batches",
