@@ -450,6 +450,31 @@ class RemoteBackend:
                 "Forked %s from %s/%s step %s", model.name, source.project, from_model, step
             )
 
+    @property
+    def _path(self) -> str:
+        """ART's `backend._path`: not known to a client of a remote backend (refused)."""
+        raise UnsupportedOptionError(
+            f"backend._path: the models' files are on the machine of the backend at "
+            f"{self.base_url}, in its `art-server --path` folder (<path>/<project>/models/<name>/)."
+        )
+
+    async def _experimental_push_to_s3(self, model: ModelRef, **options: Any) -> None:
+        """ART's S3 copy: refused here, saying where the files are (LocalBackend copies)."""
+        raise UnsupportedOptionError(_REMOTE_FILES.format(url=self.base_url, model=model))
+
+    async def _experimental_pull_from_s3(self, model: ModelRef, **options: Any) -> None:
+        """ART's S3 copy: refused here, saying where the files go (LocalBackend copies)."""
+        raise UnsupportedOptionError(_REMOTE_FILES.format(url=self.base_url, model=model))
+
+    async def _experimental_deploy(self, *args: Any, **kwargs: Any) -> None:
+        """ART's deployment to a hosted provider (Together, W&B): refused, saying what serves."""
+        raise UnsupportedOptionError(
+            "_experimental_deploy: deploying to a hosted provider is not part of this library: "
+            f"the backend at {self.base_url} serves every step itself (model=<name>@<step>, "
+            "model.openai_client()); a step's adapter is in its checkpoint folder "
+            "(TrainResult.checkpoint_path)."
+        )
+
     async def close(self) -> None:
         if self._http is not None:
             await self._http.aclose()
@@ -481,6 +506,14 @@ class RemoteBackend:
             except InvalidTrajectoryError as error:
                 raise InvalidTrajectoryError(f"groups[{index}]: {error}") from error
         return payload
+
+
+_REMOTE_FILES = (
+    "_experimental_push_to_s3 / _experimental_pull_from_s3 copy a model's folder on this "
+    "machine: the files of {model.name!r} are on the machine of the backend at {url}, in "
+    "<art-server --path>/{model.project}/models/{model.name}/; copy that folder there (e.g. "
+    "`aws s3 sync`), or use art.LocalBackend(), which copies to and from any fsspec URL."
+)
 
 
 def _train_config(

@@ -157,6 +157,8 @@ _SECTION_NOTES = {
     "tinker_args": "Tinker is not a backend here",
     "tinker_native_args": "Tinker is not a backend here",
     "vllm_runtime": "an external vLLM is LocalBackend(extra_args=['--engine', 'vllm', '--vllm-url', URL])",
+    "rollout_weights_mode": "the engine serves each step's LoRA adapter as it is ('lora')",
+    "rollout_weight_update_mode": "each step is served as an adapter of its own ('step_lora')",
 }
 _DEVICES = (
     "art-server places the engine and the trainer itself (one device by default; vLLM on a GPU "
@@ -203,6 +205,8 @@ PLACEMENT_KEYS: dict[str, dict[str, str]] = {
     },
 }  # fmt: skip
 _LENGTH_KEYS = ("max_seq_length", "max_model_len")
+# ART's modes whose value is what this backend does (one LoRA adapter served per step).
+_OURS = {"rollout_weights_mode": "lora", "rollout_weight_update_mode": "step_lora"}
 
 
 class IgnoredSettingWarning(UserWarning):
@@ -246,6 +250,8 @@ def model_settings(config: Mapping[str, Any]) -> dict[str, Any]:
                 _engine_setting(settings, section, key, item)
         elif section in PLACEMENT_KEYS[""]:
             _ignore(section, value, PLACEMENT_KEYS[""][section])
+        elif _OURS.get(section) == value:
+            continue  # what this backend does anyway
         else:
             raise _refuse(section, _SECTION_NOTES.get(section, _ENGINE_NOTE))
     return settings
