@@ -525,7 +525,7 @@ def _train_config(
     dev_config = options.pop("_config", None) or {}
     if config is None and dev_config:
         options = art_train_options(dev_config, options)
-    elif dev_config:
+    elif dev_config and config is not None:
         config = train_config(dev_config, **_as_train_config(config).model_dump(exclude_unset=True))
     if config is not None and options:
         raise UnsupportedOptionError(

@@ -40,7 +40,7 @@ def bucket_url(
 def _filesystem(url: str, folder: Path, action: str) -> tuple[Any, str]:
     """fsspec's filesystem and path for `url`; a missing package is named."""
     try:
-        import fsspec  # an optional dependency: only these helpers need it
+        import fsspec  # type: ignore[import-untyped, unused-ignore]  # optional: only here
 
         return fsspec.core.url_to_fs(url)
     except ImportError as error:

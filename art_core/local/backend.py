@@ -89,7 +89,7 @@ class LocalBackend(RemoteBackend):
     def _model_folder(self, model: ModelRef) -> Path:
         return self.path / model.project / "models" / model.name
 
-    async def _experimental_push_to_s3(
+    async def _experimental_push_to_s3(  # type: ignore[override]  # RemoteBackend refuses any
         self,
         model: ModelRef,
         *,
@@ -110,7 +110,7 @@ class LocalBackend(RemoteBackend):
         if verbose:
             logger.info("pushed %d files of %s to %s", copied, folder, url)
 
-    async def _experimental_pull_from_s3(
+    async def _experimental_pull_from_s3(  # type: ignore[override]  # RemoteBackend refuses any
         self,
         model: ModelRef,
         *,
