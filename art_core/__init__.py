@@ -70,7 +70,7 @@ from art_core.errors import (
 from art_core.gather import GatheredGroups, gather_trajectories, gather_trajectory_groups
 from art_core.local import LocalBackend
 from art_core.model import Model, RolloutCapture, TrainableModel
-from art_core.pipeline_trainer import PipelineTrainer
+from art_core.pipeline_trainer import PipelineRuntimeConfig, PipelineTrainer
 from art_core.rewards import (
     DEFAULT_RUBRIC,
     AutoRLResult,
@@ -109,6 +109,10 @@ from art_core.utils import DatasetBatch, GroupSignal, iterate_dataset, limit_con
 from art_core.yield_trajectory import capture_yielded_trajectory as capture_yielded_trajectory
 from art_core.yield_trajectory import yield_trajectory as yield_trajectory
 
+# ART before 0.5 (deprecated there and here): `art.auto_trajectory()` is the function, as in ART.
+from art_core.auto_trajectory import auto_trajectory as auto_trajectory  # isort: skip
+from art_core.auto_trajectory import capture_auto_trajectory as capture_auto_trajectory
+
 __all__ = [
     "DEFAULT_RUBRIC",
     "ArtError",
@@ -140,6 +144,7 @@ __all__ = [
     "ModelNotRegisteredError",
     "NoTrajectoryError",
     "NotTrainableError",
+    "PipelineRuntimeConfig",
     "PipelineTrainer",
     "PreflightError",
     "PreflightResult",

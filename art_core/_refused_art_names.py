@@ -224,10 +224,34 @@ def refused(art_module: str, name: str) -> RefusedName | None:
     return None if reason is None else RefusedName(f"{art_module}.{name}", reason)
 
 
+# ART names that live at another path here, served at ART's path too (PEP 562, imported on
+# first use: `art_core.types` must not import `art_core.trajectories` at load, nor
+# `art_core.trajectories` the capture scopes, which import it). ART module -> name ->
+# "our module:attribute". tests/compat/test_art_names.py lists them as mapped.
+ALIASES: dict[str, dict[str, str]] = {
+    "art.trajectories": {
+        name: f"art_core.capture:{name}"
+        for name in ("current_trajectory", "no_capture", "trajectory", "trajectory_group")
+    },
+    "art.types": {
+        name: f"art_core.trajectories:{name}"
+        for name in ("Message", "MessageOrChoice", "Messages", "MessagesAndChoices", "Tools")
+    },
+    "art.errors": {"ARTError": "art_core.errors:ArtError"},
+}
+
+
+def _alias(art_module: str, name: str) -> Any:
+    module_name, _, attribute = ALIASES[art_module][name].partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
 def module_getattr(art_module: str, module_name: str) -> Callable[[str], Any]:
-    """A module `__getattr__` serving `art_module`'s refused names (PEP 562)."""
+    """A module `__getattr__` serving `art_module`'s aliases and refused names (PEP 562)."""
 
     def __getattr__(name: str) -> Any:
+        if name in ALIASES.get(art_module, {}):
+            return _alias(art_module, name)
         stand_in = refused(art_module, name)
         if stand_in is None:
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
@@ -254,3 +278,33 @@ def install() -> None:
         module = importlib.import_module(module_name)
         if "__getattr__" not in vars(module):
             setattr(module, "__getattr__", module_getattr(art_module, module_name))  # noqa: B010
+
+
+def integration_getattr(
+    module_name: str, integration: str, extra: str, renamed: dict[str, str]
+) -> Callable[[str], Any]:
+    """A module `__getattr__` (PEP 562) re-exporting the integration package `integration`
+    (`art_langgraph`, `art_mcp`) at ART's path, imported on first use (art_core itself imports
+    no integration). `renamed`: ART's name -> "module:attribute" where it differs. A missing
+    package or dependency raises ImportError naming the extra to install."""
+
+    def __getattr__(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        target, _, attribute = renamed.get(name, f"{integration}:{name}").partition(":")
+        try:
+            module = importlib.import_module(target)
+        except ImportError as error:
+            raise ImportError(
+                f"{module_name}.{name} is {integration}'s, which needs the {extra!r} extra "
+                f"({error}): pip install 'art-trainer[{extra}]'",
+                name=module_name,
+            ) from error
+        try:
+            return getattr(module, attribute)
+        except AttributeError:
+            raise AttributeError(
+                f"module {module_name!r} has no attribute {name!r} (nor has {target})"
+            ) from None
+
+    return __getattr__

@@ -20,6 +20,7 @@ from pydantic_core import to_jsonable_python
 from art_core._observers import observed_step
 from art_core._promotion import PromotionGate
 from art_core._unknown_fields import check_names
+from art_core.dev import art_train_options, train_config
 from art_core.errors import (
     BackendCrashedError,
     BackendRequestError,
@@ -233,6 +234,12 @@ class RemoteBackend:
         `PromotionGateError` once it is recorded (its result on the error).
         """
         config, save_checkpoint, verbose = _train_config(config, options)
+        # ART's _internal_config max_seq_length: the model's longest row, unless the step sets one.
+        model_length = getattr(model, "engine_settings", {}).get("max_length")
+        if model_length is not None and config.max_length is None:
+            config = TrainConfig(
+                **{**config.model_dump(exclude_unset=True), "max_length": model_length}
+            )
         # A gathered list keeps its `dropped` count (groups a judge dropped) for the metrics.
         dropped = float(getattr(trajectory_groups, "dropped", 0))
         if isinstance(trajectory_groups, TrajectoryGroup):
@@ -443,6 +450,31 @@ class RemoteBackend:
                 "Forked %s from %s/%s step %s", model.name, source.project, from_model, step
             )
 
+    @property
+    def _path(self) -> str:
+        """ART's `backend._path`: not known to a client of a remote backend (refused)."""
+        raise UnsupportedOptionError(
+            f"backend._path: the models' files are on the machine of the backend at "
+            f"{self.base_url}, in its `art-server --path` folder (<path>/<project>/models/<name>/)."
+        )
+
+    async def _experimental_push_to_s3(self, model: ModelRef, **options: Any) -> None:
+        """ART's S3 copy: refused here, saying where the files are (LocalBackend copies)."""
+        raise UnsupportedOptionError(_REMOTE_FILES.format(url=self.base_url, model=model))
+
+    async def _experimental_pull_from_s3(self, model: ModelRef, **options: Any) -> None:
+        """ART's S3 copy: refused here, saying where the files go (LocalBackend copies)."""
+        raise UnsupportedOptionError(_REMOTE_FILES.format(url=self.base_url, model=model))
+
+    async def _experimental_deploy(self, *args: Any, **kwargs: Any) -> None:
+        """ART's deployment to a hosted provider (Together, W&B): refused, saying what serves."""
+        raise UnsupportedOptionError(
+            "_experimental_deploy: deploying to a hosted provider is not part of this library: "
+            f"the backend at {self.base_url} serves every step itself (model=<name>@<step>, "
+            "model.openai_client()); a step's adapter is in its checkpoint folder "
+            "(TrainResult.checkpoint_path)."
+        )
+
     async def close(self) -> None:
         if self._http is not None:
             await self._http.aclose()
@@ -476,27 +508,45 @@ class RemoteBackend:
         return payload
 
 
+_REMOTE_FILES = (
+    "_experimental_push_to_s3 / _experimental_pull_from_s3 copy a model's folder on this "
+    "machine: the files of {model.name!r} are on the machine of the backend at {url}, in "
+    "<art-server --path>/{model.project}/models/{model.name}/; copy that folder there (e.g. "
+    "`aws s3 sync`), or use art.LocalBackend(), which copies to and from any fsspec URL."
+)
+
+
 def _train_config(
     config: TrainConfig | Mapping[str, Any] | None, options: dict[str, Any]
 ) -> tuple[TrainConfig, bool, bool]:
     """`backend.train`'s config in one of its two forms, with ART's `save_checkpoint` and
-    `verbose` (client-side keywords: True and False unless ART's form sets them)."""
+    `verbose` (client-side keywords: True and False unless ART's form sets them). ART's
+    `_config` (art.dev.TrainConfig) goes with either (`art_core.dev`)."""
+    dev_config = options.pop("_config", None) or {}
+    if config is None and dev_config:
+        options = art_train_options(dev_config, options)
+    elif dev_config and config is not None:
+        config = train_config(dev_config, **_as_train_config(config).model_dump(exclude_unset=True))
     if config is not None and options:
         raise UnsupportedOptionError(
             f"backend.train(): pass either config=art.TrainConfig(...) or ART's keywords "
             f"({', '.join(sorted(options))}), not both: put them in the TrainConfig."
         )
     if config is None:
-        train_config, client = train_config_from_art(options)
-        return train_config, client["save_checkpoint"], client["verbose"]
+        from_art, client = train_config_from_art(options)
+        return from_art, client["save_checkpoint"], client["verbose"]
+    return _as_train_config(config), True, False
+
+
+def _as_train_config(config: TrainConfig | Mapping[str, Any]) -> TrainConfig:
     if isinstance(config, Mapping):
-        return TrainConfig(**config), True, False
+        return TrainConfig(**config)
     if not isinstance(config, TrainConfig):
         raise TypeError(
             "backend.train(): config must be an art.TrainConfig (or a dict of its fields), "
             f"got {type(config).__name__}"
         )
-    return config, True, False
+    return config
 
 
 def _json(request: BaseModel) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from art_core._promotion import PromotionGate
 from art_core._unknown_fields import StrictModel, check_names
 from art_core.backend import Backend
 from art_core.capture._rollout import RolloutCapture
-from art_core.dev import InternalModelConfig, model_settings
+from art_core.dev import InternalModelConfig, model_settings, train_config
 from art_core.errors import (
     InvalidTrajectoryError,
     ModelNotRegisteredError,
@@ -63,13 +63,6 @@ def _check_keywords(owner: str, unknown: Mapping[str, Any], init: Any, **require
 _CONSTRUCTOR_HINTS = {
     "path": "A model's files live in its backend's folder: art.LocalBackend(path=...).",
     "_internal_config": "Only a TrainableModel takes ART's _internal_config (art.dev.InternalModelConfig).",
-}
-
-# ART's `model.train(..., _config=art.dev.TrainConfig(...))` carries its experimental options.
-_TRAIN_HINTS = {
-    "_config": "ART's `_config` (its dev options) has no counterpart here: the options this "
-    "trainer has are the TrainConfig fields above, passed as keywords or in "
-    "config=art.TrainConfig(...).",
 }
 
 
@@ -216,16 +209,13 @@ class TrainableModel(Model):
         _check_keywords(
             type(self).__name__, unknown, TrainableModel.__init__, name=name, base_model=base_model
         )
-        settings = model_settings(_internal_config or {})
-        if "lora" in settings:
-            if lora is not None or lora_config is not None:
-                raise UnsupportedOptionError(
-                    "TrainableModel: LoRA settings in _internal_config and in lora=/lora_config=: "
-                    "give them once."
-                )
-            lora = settings.pop("lora")
-        # The engine's settings (dtype, max_batch_size), read by LocalBackend when it starts.
-        self.engine_settings: dict[str, Any] = settings
+        if (lora is not None or lora_config is not None) and any(
+            key in (_internal_config or {}) for key in ("lora_config", "peft_args")
+        ):
+            raise UnsupportedOptionError(
+                "TrainableModel: LoRA settings in _internal_config and in lora=/lora_config=: "
+                "give them once."
+            )
         super().__init__(
             check_name(name, "model name"), project=project, config=config, entity=entity, id=id
         )
@@ -240,6 +230,7 @@ class TrainableModel(Model):
         self.run_id = run_id
         self.base_model = base_model
         self.lora_config = _lora_config(lora if lora_config is None else lora_config)
+        self._internal_config = _internal_config
         self._step: int | None = None
         self._open_rollouts = 0
         # Counts the client makes between steps (calls no rollout could claim); sent with the
@@ -254,6 +245,27 @@ class TrainableModel(Model):
         `get_inference_name()` and `model.rollout()` work there. Not its trackers (they run
         where training runs) nor its pending counts (a worker's counts stay on the worker)."""
         return {**self.__dict__, "observers": [], "pending_metrics": Counter(), "_open_rollouts": 0}
+
+    @property
+    def _internal_config(self) -> InternalModelConfig | None:
+        """ART's `art.dev.InternalModelConfig`, as last given."""
+        return self._art_internal_config
+
+    @_internal_config.setter
+    def _internal_config(self, config: InternalModelConfig | None) -> None:
+        """Validated and applied as the constructor does (ART's 2048 example sets it after
+        construction): `engine_settings` (dtype, max_batch_size: read by LocalBackend when it
+        starts; max_length: this model's default TrainConfig.max_length) and LoRA settings."""
+        if self._backend is not None:
+            raise UnsupportedOptionError(
+                f"{self!r}._internal_config: set it before `model.register(backend)` (the backend "
+                "has started the engine and created the adapter with the settings it had)."
+            )
+        settings = model_settings(config or {})
+        if "lora" in settings:
+            self.lora_config = _lora_config(settings.pop("lora"))
+        self.engine_settings: dict[str, Any] = settings
+        self._art_internal_config = config
 
     @property
     def open_rollouts(self) -> int:
@@ -323,6 +335,7 @@ class TrainableModel(Model):
         *,
         langfuse: Any = None,
         promote_if: PromotionGate | None = None,
+        _config: Mapping[str, Any] | None = None,
         **config_overrides: Any,
     ) -> TrainResult:
         """One GRPO step on these groups; the backend then serves `<name>@<step + 1>`.
@@ -337,15 +350,19 @@ class TrainableModel(Model):
         the plain name and `get_inference_name()` move to it; a step whose metric drops by more
         than the gate's margin is kept on disk but not promoted (the gate's numbers are in the
         result's metrics; `PromotionGateError` if it could not evaluate).
+
+        `_config=art.dev.TrainConfig(...)` (ART's experimental options): mapped by
+        `art_core.dev.train_config` under `config` (a key with no counterpart is refused by name).
         """
         config = _config_with(
             TrainConfig,
             config,
             config_overrides,
             owner="model.train()",
-            keywords=["config", "langfuse", "promote_if"],
-            hints=_TRAIN_HINTS,
+            keywords=["config", "langfuse", "promote_if", "_config"],
         )
+        if _config:
+            config = train_config(_config, **config.model_dump(exclude_unset=True))
         return await self.backend.train(
             self, groups, config, promote_if=promote_if, **_deprecated_langfuse(langfuse)
         )

@@ -121,6 +121,11 @@ class History(StrictModel):
         return [_plain_message(item) for item in self.messages_and_choices]
 
 
+def get_messages(messages_and_choices: MessagesAndChoices) -> list[dict[str, Any]]:
+    """ART's `art.trajectories.get_messages`: `History.messages()` of a bare list."""
+    return [_plain_message(item) for item in messages_and_choices]
+
+
 class Trajectory(History):
     """One run of the agent on one scenario: its conversation(s), reward, metrics and logs."""
 

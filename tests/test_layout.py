@@ -184,7 +184,7 @@ PUBLIC_SURFACES = {
         "resolve_model", "retry", "ruler", "ruler_score_group", "save_scenarios",
         "split_scenarios", "trajectory_from_records",
         "current_trajectory", "no_capture", "trajectory", "trajectory_group",
-        "PipelineTrainer",
+        "PipelineRuntimeConfig", "PipelineTrainer",
         "PreflightError", "PreflightResult", "preflight",
         "PromotionGate", "PromotionGateError",
         "Messages", "MessagesAndChoices", "Tools", "limit_concurrency", "trajectory_group_batches",
@@ -193,7 +193,7 @@ PUBLIC_SURFACES = {
     "art_core.dev": [
         "BackendModelConfig", "EngineArgs", "InitArgs", "InternalModelConfig", "LoRAConfig",
         "PeftArgs", "RolloutWeightUpdateMode", "TrainConfig", "TrainSFTConfig", "TrainerArgs",
-        "model_settings", "train_config",
+        "IgnoredSettingWarning", "art_train_options", "model_settings", "train_config",
     ],
     "art_core.auto_trajectory": ["auto_trajectory", "capture_auto_trajectory"],
     "art_core.pipeline_trainer.trainer": ["PipelineTrainer", "make_group_rollout_fn"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import os
 import secrets
 import socket
@@ -16,15 +17,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from art_core._unknown_fields import check_names
 from art_core.backend import ModelRef, RemoteBackend
-from art_core.errors import ArtError, BackendCrashedError
+from art_core.errors import ArtError, BackendCrashedError, UnsupportedOptionError
+from art_core.local._buckets import bucket_url, sync
 
 __all__ = ["LocalBackend"]
+
+logger = logging.getLogger("art_core.local")
 
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may convert the embedded model (~40 s)
 _KEYWORDS = ["path", "dtype", "device", "max_batch_size", "chat_template", "extra_args"]
@@ -76,6 +80,67 @@ class LocalBackend(RemoteBackend):
                 f"needs {model.base_model!r}. Use a second LocalBackend for it."
             )
         return await super().register(model, **options)
+
+    @property
+    def _path(self) -> str:
+        """ART's `backend._path`: the folder that holds every model's files (`path`)."""
+        return str(self.path)
+
+    def _model_folder(self, model: ModelRef) -> Path:
+        return self.path / model.project / "models" / model.name
+
+    async def _experimental_push_to_s3(  # type: ignore[override]  # RemoteBackend refuses any
+        self,
+        model: ModelRef,
+        *,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+    ) -> None:
+        """ART's: copy the model's folder to `<bucket>/<prefix>/<project>/models/<name>/`; the
+        bucket is any fsspec URL or folder (default $BACKUP_BUCKET; `art_core.local._buckets`)."""
+        folder = self._model_folder(model)
+        if not folder.is_dir():
+            raise ArtError(f"_experimental_push_to_s3: {model.name!r} has no files in {folder} yet")
+        url = bucket_url(folder, model.project, model.name, s3_bucket, prefix)
+        copied = await asyncio.to_thread(
+            sync, str(folder), url, folder=folder, action="_experimental_push_to_s3", delete=delete
+        )
+        if verbose:
+            logger.info("pushed %d files of %s to %s", copied, folder, url)
+
+    async def _experimental_pull_from_s3(  # type: ignore[override]  # RemoteBackend refuses any
+        self,
+        model: ModelRef,
+        *,
+        s3_bucket: str | None = None,
+        prefix: str | None = None,
+        verbose: bool = False,
+        delete: bool = False,
+        only_step: int | Literal["latest"] | None = None,
+        step: int | None = None,
+        exclude: list[str] | None = None,
+        latest_only: bool = False,
+    ) -> None:
+        """ART's: copy the model's folder from the bucket (see `_experimental_push_to_s3`) into
+        this backend's folder, before `model.register(backend)` resumes from it. `only_step`
+        (or ART's older `step` / `latest_only`): that checkpoint only; `exclude`: parts to skip."""
+        if getattr(model, "_backend", None) is not None:
+            raise UnsupportedOptionError(
+                "_experimental_pull_from_s3: pull before model.register(backend): the backend "
+                "has loaded the model's checkpoints already."
+            )
+        folder = self._model_folder(model)
+        url = bucket_url(folder, model.project, model.name, s3_bucket, prefix)
+        if only_step is None:
+            only_step = "latest" if latest_only else step
+        copied = await asyncio.to_thread(
+            sync, url, str(folder), folder=folder, action="_experimental_pull_from_s3",
+            delete=delete, exclude=exclude, only_step=only_step,
+        )  # fmt: skip
+        if verbose:
+            logger.info("pulled %d files from %s into %s", copied, url, folder)
 
     def _apply_engine_settings(self, settings: dict[str, Any]) -> None:
         """The first model's `_internal_config` engine settings, where this backend kept defaults."""
@@ -173,6 +238,20 @@ class LocalBackend(RemoteBackend):
         """Pickled as a RemoteBackend on the running server: a rollout worker in another process
         reaches the same server, and the child process stays this process's to stop."""
         return RemoteBackend, (self.base_url, self._api_key)
+
+    def __enter__(self) -> LocalBackend:
+        """ART's `with LocalBackend() as backend:`; leaving the block stops the backend."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """As `close()`, from synchronous code (inside a running event loop too)."""
+        http, self._http = self._http, None
+        if http is not None:
+            try:
+                self._closing = asyncio.get_running_loop().create_task(http.aclose())
+            except RuntimeError:  # no running loop
+                asyncio.run(http.aclose())
+        self._stop()
 
     async def close(self) -> None:
         """Close the HTTP client and stop the child process (in-flight requests drain first)."""

@@ -35,8 +35,8 @@ MODULES: dict[str, str] = {
     "art.utils": "art_core.utils",
     "art.pipeline_trainer": "art_core.pipeline_trainer",
     "art.rewards": "art_core.rewards",
-    "art.langgraph": "art_langgraph",
-    "art.mcp": "art_mcp",
+    "art.langgraph": "art_core.langgraph",
+    "art.mcp": "art_core.mcp",
     "art.serverless": "art_core.serverless",
     "art.tinker": "art_core.tinker",
     "art.tinker_native": "art_core.tinker_native",
@@ -64,7 +64,6 @@ MAPPED: dict[tuple[str, str], tuple[str, str]] = {
     ("art.trajectories", "no_capture"): ("art_core.capture:no_capture", _CAPTURE),
     ("art.trajectories", "trajectory"): ("art_core.capture:trajectory", _CAPTURE),
     ("art.trajectories", "trajectory_group"): ("art_core.capture:trajectory_group", _CAPTURE),
-    ("art.trajectories", "get_messages"): ("art_core.trajectories:Trajectory.messages", "a method: `trajectory.messages()`"),
     ("art.types", "Message"): ("art_core.trajectories:Message", _ALIASES),
     ("art.types", "MessageOrChoice"): ("art_core.trajectories:MessageOrChoice", _ALIASES),
     ("art.types", "Messages"): ("art_core.trajectories:Messages", _ALIASES),
@@ -115,7 +114,11 @@ def classify(art_module: str, name: str) -> dict[str, str]:
     if (art_module, name) in MAPPED:
         target, note = MAPPED[(art_module, name)]
         _resolve(target)  # must import
-        if found is not None and target.replace(":", ".") != ours.replace(":", "."):
+        # The port rule holds for a mapped name too: `art.X.name` is `art_core.X.name`.
+        assert found is not None and not isinstance(found, _refused_art_names.RefusedName), (
+            f"{art_module}.{name} is mapped to {target} but does not resolve at {ours}"
+        )
+        if target.replace(":", ".") != ours.replace(":", "."):
             note += f"; `{ours.replace(':', '.')}` works too"
         return {"status": "mapped", "ours": target.replace(":", "."), "note": note}
     if found is not None and not isinstance(found, _refused_art_names.RefusedName):

@@ -115,7 +115,6 @@ SYNC_CASES: list[tuple[Callable[[], Any], str, str | None, Callable[[], Any]]] =
 ASYNC_CASES: list[tuple[Callable[[], Awaitable[Any]], str, str | None]] = [
     # Checked before the model is even looked at: an unregistered model still names the typo.
     (lambda: UNREGISTERED.train([], learning_rat=5e-2), "learning_rat", "learning_rate"),
-    (lambda: UNREGISTERED.train([], _config={"epsilon": 0.2}), "_config", "config"),
     (lambda: UNREGISTERED.train_sft([], batchsize=4), "batchsize", "batch_size"),
     (
         lambda: art.ruler_score_group(EMPTY_GROUP, "openai/gpt-4.1-mini", swallow_exception=True),
@@ -178,9 +177,13 @@ def test_messages_is_arts_old_name_for_messages_and_choices():
         art.Trajectory(messages=conversation, messages_and_choices=conversation)  # type: ignore[call-arg]
 
 
-async def test_arts_dev_config_keyword_is_explained():
-    with pytest.raises(art.UnknownFieldError, match=r"ART's `_config`.*TrainConfig fields"):
-        await UNREGISTERED.train([], _config={"epsilon": 0.2})
+async def test_arts_dev_config_keyword_maps_and_refuses_an_unknown_key_by_name():
+    with pytest.raises(art.UnsupportedOptionError, match=r"TrainConfig.plot_tensors.*not honoured"):
+        await UNREGISTERED.train([], _config={"plot_tensors": True})
+    with pytest.raises(art.UnsupportedOptionError, match="moe_routing_replay_path"):
+        await UNREGISTERED.train([], _config={"moe_routing_replay_path": "/x"})
+    with pytest.raises(art.ModelNotRegisteredError):  # mapped: the call goes on to the backend
+        await UNREGISTERED.train([], _config=art.dev.TrainConfig(epsilon=0.2, ppo=True))
 
 
 def test_arts_internal_config_is_honoured_where_we_can_and_refused_with_a_note_elsewhere():
@@ -194,11 +197,17 @@ def test_arts_internal_config_is_honoured_where_we_can_and_refused_with_a_note_e
     )
     assert model.lora_config.r == 8
     assert model.engine_settings == {"dtype": "float32", "max_batch_size": 4}
-    with pytest.raises(art.UnsupportedOptionError, match=r"gpu_memory_utilization.*LocalBackend"):
+    with pytest.warns(art.dev.IgnoredSettingWarning, match=r"gpu_memory_utilization.*ignored"):
         art.TrainableModel(
             name="a",
             base_model="tiny",
-            _internal_config={"init_args": {"gpu_memory_utilization": 0.8}},  # type: ignore[typeddict-unknown-key]
+            _internal_config={"init_args": {"gpu_memory_utilization": 0.8}},
+        )
+    with pytest.raises(art.UnsupportedOptionError, match=r"load_in_4bit.*LocalBackend"):
+        art.TrainableModel(
+            name="a",
+            base_model="tiny",
+            _internal_config={"init_args": {"load_in_4bit": True}},  # type: ignore[typeddict-unknown-key]
         )
     with pytest.raises(art.UnknownFieldError, match="Only a TrainableModel"):
         art.Model(name="judge", _internal_config={})
