@@ -86,12 +86,12 @@ async def until_dead(node_id: str) -> None:
 async def test_address_auto_joins_the_running_cluster_and_leaves_it(cluster: Any, tmp_path: Path):
     import ray
 
-    from tests.ray.conftest import REPO
+    from tests.ray.conftest import WORKER_PYTHONPATH
 
     ray.shutdown()  # the driver leaves; the executor joins by itself
     try:
         with RayExecutor(
-            workers=2, address="auto", runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}
+            workers=2, address="auto", runtime_env={"env_vars": {"PYTHONPATH": WORKER_PYTHONPATH}}
         ) as executor:
             assert ray.is_initialized()
             nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
