@@ -301,7 +301,7 @@ PUBLIC_SURFACES = {
         "RayExecutor", "RolloutBlockedError", "RolloutExitError", "RolloutTimeoutError",
         "WorkerStartError",
     ],
-    "art_ray.testing": ["LOOPBACK_ENV", "add_node", "kill_node", "local_cluster"],
+    "art_ray.testing": ["LOOPBACK_ENV", "ROLLOUT_RESOURCES", "add_node", "kill_node", "local_cluster"],
 }  # fmt: skip
 
 

@@ -116,6 +116,9 @@ async def test_bad_settings_are_refused_before_anything_starts(cluster: Any):
         ({"infra_retries": -1}, "infra_retries must be >= 0"),
         ({"timeout": 0}, "timeout must be > 0"),
         ({"resources": {"art_gpu_node": 1}}, "no node in the Ray cluster has the resource"),
+        # A loopback cluster is art_ray.testing's: its own argument, not `ray start`.
+        ({"resources": {"art_gpu_node": 1}}, r"local_cluster\(\.\.\., node_resources="),
+        ({"heartbeat": 0}, "heartbeat must be > 0"),
     ]:
         with pytest.raises(ValueError, match=message):
             RayExecutor(**settings)
