@@ -186,7 +186,9 @@ class RayExecutor:
         self.replace_dead_workers = replace_dead_workers
         self.stats = ExecutorStats()
         # `health` and `where` answer on a loop of their own, beside the rollouts' loop.
-        self._actor_class = ray.remote(concurrency_groups={HEALTH_GROUP: 4})(RolloutWorker)
+        # (Ray's stubs omit the option; `.options()` refuses it, so it goes to `ray.remote`.)
+        remote: Any = ray.remote
+        self._actor_class = remote(concurrency_groups={HEALTH_GROUP: 4})(RolloutWorker)
         self._workers: list[_Worker] = []
         self._retiring: set[_Worker] = set()  # replaced, killed once their calls are done
         self._next_index = 0
