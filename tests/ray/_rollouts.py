@@ -114,3 +114,13 @@ def _spin(seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         sum(range(10_000))
+
+
+async def exiting_task_rollout(seconds: float) -> art.Trajectory:
+    """SystemExit in a task the rollout created: out of a Task it would stop the loop."""
+
+    async def exit_now() -> None:
+        raise SystemExit(4)
+
+    await asyncio.create_task(exit_now())
+    raise AssertionError("never reached")

@@ -25,6 +25,7 @@ CASES = [
     ("exiting_rollout", "RolloutExitError", False, LONG),  # SystemExit(3) in an async def
     ("interrupted_rollout", "RolloutExitError", False, LONG),  # KeyboardInterrupt
     ("sync_exiting_rollout", "RolloutExitError", False, LONG),  # SystemExit in a plain def
+    ("exiting_task_rollout", "RolloutExitError", False, LONG),  # SystemExit in its own task
     ("sync_sleeping_rollout", "RolloutTimeoutError", True, SHORT),  # time.sleep(120), a def
     ("sync_spinning_rollout", "RolloutTimeoutError", True, SHORT),  # CPU for 120 s, a def
     ("loop_sleeping_rollout", "RolloutBlockedError", True, LONG),  # time.sleep in async def

@@ -9,7 +9,8 @@ and the scenario arrive with the call; the Trajectory (or TrajectoryGroup) goes 
 What a rollout may not do to its worker:
 - raise a `BaseException` that is not an `Exception` (`SystemExit`, `KeyboardInterrupt`): out of
   a Task it would stop the actor's event loop for good. It is caught and raised as
-  `RolloutExitError`, the rollout's own failure.
+  `RolloutExitError`, the rollout's own failure, in the call and in every task the rollout
+  creates (the loop's task factory guards them).
 - block the loop: a plain `def` rollout runs on a thread (`asyncio.to_thread`), so its
   `time.sleep` or CPU work leaves the loop free. An `async def` rollout that blocks (a sync call
   without `await`) cannot be moved; `health`, which answers on a loop of its own (the
@@ -24,7 +25,8 @@ import inspect
 import os
 import sys
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
+from contextvars import ContextVar
 from typing import Any
 
 import ray
@@ -51,7 +53,11 @@ class _KeepExceptions:
         pass
 
 
-async def _guarded(call_id: int, awaitable: Awaitable[Any]) -> Any:
+# The call whose code runs: set by `run`, inherited by the tasks a rollout creates.
+_CALL: ContextVar[int | None] = ContextVar("art_ray_call", default=None)
+
+
+async def _guarded(call_id: int | None, awaitable: Awaitable[Any]) -> Any:
     """`await awaitable` as part of call `call_id` (`health` finds this frame on a blocked
     loop's stack), a BaseException that would stop the loop turned into `RolloutExitError`."""
     try:
@@ -60,6 +66,14 @@ async def _guarded(call_id: int, awaitable: Awaitable[Any]) -> Any:
         raise
     except BaseException as error:  # noqa: BLE001 - SystemExit would end the actor's loop
         raise _exit_error(error) from None
+
+
+def _guarded_task(
+    loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, Any], **options: Any
+) -> asyncio.Task[Any]:
+    """The worker loop's task factory: a task a rollout creates (`create_task`, `gather`) is
+    guarded as its call is, so its SystemExit cannot stop the loop either."""
+    return asyncio.Task(_guarded(_CALL.get(), coroutine), loop=loop, **options)
 
 
 def _sync_call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -104,6 +118,8 @@ class RolloutWorker:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
             self._loop_thread = threading.get_ident()
+            self._loop.set_task_factory(_guarded_task)  # type: ignore[arg-type]
+        _CALL.set(call_id)  # this call's own context: Ray runs each call as a task
         if inspect.iscoroutinefunction(fn):
             result = await _guarded(call_id, fn(*args, **kwargs))
         else:
@@ -111,7 +127,6 @@ class RolloutWorker:
             if inspect.isawaitable(result):
                 result = await _guarded(call_id, result)
         if isinstance(result, TrajectoryGroup) and result._pending:
-            result._pending = [_guarded(call_id, pending) for pending in result._pending]
             token = current_observer.set(_KeepExceptions())
             try:
                 await _guarded(call_id, result)
@@ -135,7 +150,7 @@ class RolloutWorker:
     def _blocking_call(self) -> int | None:
         frame = sys._current_frames().get(self._loop_thread or -1)
         while frame is not None:
-            if frame.f_code is _guarded.__code__:
-                return frame.f_locals.get("call_id")
+            if frame.f_code is _guarded.__code__ and frame.f_locals.get("call_id") is not None:
+                return frame.f_locals["call_id"]
             frame = frame.f_back
         return None
