@@ -298,10 +298,11 @@ PUBLIC_SURFACES = {
         "generate_scenarios", "load_scenarios", "result_text", "rollout", "train",
     ],
     "art_ray": [
-        "INFRASTRUCTURE_ERRORS", "ExecutorStats", "NoLiveWorkersError", "RayExecutor",
-        "RolloutTimeoutError", "WorkerStartError",
+        "INFRASTRUCTURE_ERRORS", "ExecutorShutdownError", "ExecutorStats", "NoLiveWorkersError",
+        "RayExecutor", "RolloutBlockedError", "RolloutExitError", "RolloutTimeoutError",
+        "WorkerStartError",
     ],
-    "art_ray.testing": ["LOOPBACK_ENV", "add_node", "kill_node", "local_cluster"],
+    "art_ray.testing": ["LOOPBACK_ENV", "ROLLOUT_RESOURCES", "add_node", "kill_node", "local_cluster"],
 }  # fmt: skip
 
 

@@ -60,3 +60,67 @@ async def slow_rollout(marks: str, index: int, seconds: float) -> art.Trajectory
         reward=float(index),
         metadata={"node_id": _node_id(), "slept": time.monotonic() - started},
     )
+
+
+def busy_rollout(marks: str, index: int, release: str) -> art.Trajectory:
+    """A plain `def` (run on a worker thread) that marks that it started, then spins the CPU
+    until the file `release` exists."""
+    Path(marks, f"busy-{index}-{os.getpid()}").write_text(_node_id())
+    while not Path(release).exists():
+        sum(range(10_000))
+    return art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": str(index)}],
+        reward=float(index),
+        metadata={"node_id": _node_id()},
+    )
+
+
+# ------------------------------------------------ rollouts that would poison their worker's loop
+
+
+async def exiting_rollout(seconds: float) -> art.Trajectory:
+    raise SystemExit(3)
+
+
+async def interrupted_rollout(seconds: float) -> art.Trajectory:
+    raise KeyboardInterrupt
+
+
+def sync_exiting_rollout(seconds: float) -> art.Trajectory:
+    raise SystemExit("a plain def exits")
+
+
+def sync_sleeping_rollout(seconds: float) -> art.Trajectory:
+    time.sleep(seconds)
+    raise AssertionError("never reached: the deadline is shorter")
+
+
+def sync_spinning_rollout(seconds: float) -> art.Trajectory:
+    _spin(seconds)
+    raise AssertionError("never reached: the deadline is shorter")
+
+
+async def loop_sleeping_rollout(seconds: float) -> art.Trajectory:
+    time.sleep(seconds)  # no await: the worker's loop is held
+    raise AssertionError("never reached: the worker is replaced")
+
+
+async def loop_spinning_rollout(seconds: float) -> art.Trajectory:
+    _spin(seconds)  # no await: the worker's loop is held
+    raise AssertionError("never reached: the worker is replaced")
+
+
+def _spin(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sum(range(10_000))
+
+
+async def exiting_task_rollout(seconds: float) -> art.Trajectory:
+    """SystemExit in a task the rollout created: out of a Task it would stop the loop."""
+
+    async def exit_now() -> None:
+        raise SystemExit(4)
+
+    await asyncio.create_task(exit_now())
+    raise AssertionError("never reached")

@@ -3,6 +3,7 @@ worker nodes on 127.0.0.1, each worker node with the custom resource `art_rollou
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,8 @@ pytest.importorskip("ray", reason="the [ray] extra is not installed")
 from art_ray.testing import local_cluster
 
 REPO = Path(__file__).resolve().parents[2]
+# The repository first, then the driver's own path (a checkout's packages over the installed ones).
+WORKER_PYTHONPATH = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +34,6 @@ def cluster() -> Iterator[Any]:
         ray.init(
             address=running.address,
             log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}},
+            runtime_env={"env_vars": {"PYTHONPATH": WORKER_PYTHONPATH}},
         )
         yield running

@@ -11,7 +11,7 @@ from typing import Any
 import art_core as art
 from art_ray import RayExecutor
 from art_ray.testing import add_node, kill_node
-from tests.ray._rollouts import slow_rollout
+from tests.ray._rollouts import busy_rollout, slow_rollout
 
 RUNS = 8
 SECONDS = 6.0  # long enough to kill a node while every run is in flight
@@ -86,12 +86,12 @@ async def until_dead(node_id: str) -> None:
 async def test_address_auto_joins_the_running_cluster_and_leaves_it(cluster: Any, tmp_path: Path):
     import ray
 
-    from tests.ray.conftest import REPO
+    from tests.ray.conftest import WORKER_PYTHONPATH
 
     ray.shutdown()  # the driver leaves; the executor joins by itself
     try:
         with RayExecutor(
-            workers=2, address="auto", runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}}
+            workers=2, address="auto", runtime_env={"env_vars": {"PYTHONPATH": WORKER_PYTHONPATH}}
         ) as executor:
             assert ray.is_initialized()
             nodes = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
@@ -102,3 +102,57 @@ async def test_address_auto_joins_the_running_cluster_and_leaves_it(cluster: Any
     finally:
         if not ray.is_initialized():
             ray.init(address=cluster.address, log_to_driver=False)
+
+
+async def test_a_killed_node_with_a_busy_worker_is_replaced_and_its_rollouts_retried(
+    cluster: Any, tmp_path: Path
+):
+    """The killed node's worker spins the CPU on its threads (plain `def` rollouts) while the
+    heartbeat watches it: its calls go to the survivor, a fresh worker takes its place."""
+    add_node(cluster, resources={"art_rollout": 1})  # two rollout nodes again
+    marks, release = tmp_path / "marks", tmp_path / "release"
+    marks.mkdir()
+    with RayExecutor(
+        workers=2, resources={"art_rollout": 1}, infra_retries=1, timeout=120, heartbeat=1.0
+    ) as executor:
+        await executor.where()
+        # Least calls in flight alternates the workers: the even runs (busy) share one.
+        gathering = asyncio.ensure_future(
+            art.gather_trajectory_groups(
+                [
+                    art.TrajectoryGroup(
+                        executor.run(busy_rollout, str(marks), i, str(release))
+                        if i % 2 == 0
+                        else executor.run(slow_rollout, str(marks), i, 2.0)
+                        for i in range(RUNS)
+                    )
+                ],
+                pbar_desc=None,
+            )
+        )
+        deadline = time.monotonic() + 120
+        while len(list(marks.iterdir())) < RUNS:
+            assert time.monotonic() < deadline, "the rollouts never all started"
+            assert not gathering.done(), gathering
+            await asyncio.sleep(0.2)
+        [busy_node] = {path.read_text() for path in marks.glob("busy-*")}
+        [victim] = [node for node in cluster.worker_nodes if node.node_id == busy_node]
+        assert kill_node(cluster, victim) >= 2
+        release.touch()  # the busy runs sent again end at once
+        [group] = await asyncio.wait_for(gathering, 120)
+        assert sorted(t.reward for t in group.trajectories) == [float(i) for i in range(RUNS)]
+        assert busy_node not in {t.metadata["node_id"] for t in group.trajectories}
+        assert executor.stats.retried == RUNS // 2 and executor.stats.lost == 0
+
+        add_node(cluster, resources={"art_rollout": 1})  # a place for the replacement
+        deadline = time.monotonic() + 120
+        while executor.stats.workers_replaced < 1:
+            assert time.monotonic() < deadline, "the dead worker was never replaced"
+            await asyncio.sleep(0.5)
+        [after] = await art.gather_trajectory_groups(
+            [art.TrajectoryGroup(executor.run(slow_rollout, str(marks), i, 0.0) for i in range(8))],
+            pbar_desc=None,
+            max_exceptions=0,
+        )
+        assert len(after.trajectories) == 8
+        assert executor.workers == 2

@@ -116,6 +116,9 @@ async def test_bad_settings_are_refused_before_anything_starts(cluster: Any):
         ({"infra_retries": -1}, "infra_retries must be >= 0"),
         ({"timeout": 0}, "timeout must be > 0"),
         ({"resources": {"art_gpu_node": 1}}, "no node in the Ray cluster has the resource"),
+        # A loopback cluster is art_ray.testing's: its own argument, not `ray start`.
+        ({"resources": {"art_gpu_node": 1}}, r"local_cluster\(\.\.\., node_resources="),
+        ({"heartbeat": 0}, "heartbeat must be > 0"),
     ]:
         with pytest.raises(ValueError, match=message):
             RayExecutor(**settings)
@@ -145,6 +148,8 @@ async def test_a_rollout_past_its_deadline_is_cancelled_and_counted(cluster: Any
         [late] = group.exceptions
         assert late.type == "RolloutTimeoutError" and "timeout=1.0" in late.message
         assert [t.reward for t in group.trajectories] == [1.0]
-        assert executor.stats.timed_out == 1
-        # The worker is still there and takes the next rollout.
+        assert executor.stats.timed_out == executor.stats.failed == 1
+        # Its worker was replaced (the cancelled rollout might hold a thread); the new one takes
+        # the next rollout.
+        assert executor.stats.workers_replaced == 1 and executor.workers == 1
         assert (await executor.run(slow_rollout, str(tmp_path), 2, 0.0)).reward == 2.0

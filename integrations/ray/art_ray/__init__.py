@@ -9,20 +9,25 @@ actors, and the user's loop (`gather_trajectory_groups`, `PipelineTrainer`) stay
 Install with the `[ray]` extra (core Ray; art_core itself never imports Ray).
 """
 
-from art_ray._executor import (
+from art_ray._errors import (
     INFRASTRUCTURE_ERRORS,
-    ExecutorStats,
+    ExecutorShutdownError,
     NoLiveWorkersError,
-    RayExecutor,
+    RolloutBlockedError,
+    RolloutExitError,
     RolloutTimeoutError,
     WorkerStartError,
 )
+from art_ray._executor import ExecutorStats, RayExecutor
 
 __all__ = [
     "INFRASTRUCTURE_ERRORS",
+    "ExecutorShutdownError",
     "ExecutorStats",
     "NoLiveWorkersError",
     "RayExecutor",
+    "RolloutBlockedError",
+    "RolloutExitError",
     "RolloutTimeoutError",
     "WorkerStartError",
 ]

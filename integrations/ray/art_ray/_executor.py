@@ -24,12 +24,29 @@ Two kinds of failure, told apart:
 
 Every call has a deadline (`timeout`): a rollout past it is cancelled on its worker and raises
 `RolloutTimeoutError`, so a lost resource never hangs a gather.
+
+A rollout cannot poison its worker (see `art_ray._worker`):
+- its `SystemExit` or `KeyboardInterrupt` arrives as `RolloutExitError`, a failure like any other;
+- a plain `def` rollout runs on a thread of the worker, so its blocking calls leave the worker's
+  event loop free;
+- while a worker has calls in flight, its loop is asked every `heartbeat` seconds to answer; a
+  loop that does not answer within `heartbeat` is held by a sync call in an `async def` rollout
+  (`time.sleep`, CPU work without `await`). That call fails with `RolloutBlockedError`, the worker
+  is killed and a fresh one started in its place, and its other calls go to other workers (as
+  when Ray loses a worker);
+- a worker whose call ran past `timeout` is replaced too: its cancelled rollout may still hold
+  one of its threads. It takes no new calls and is killed once its other calls are done.
+
+`shutdown()` ends the calls still in flight with `ExecutorShutdownError` (counted `cancelled`).
+`stats` counts every call once: `completed`, `failed` (the rollout's fault: its exception, its
+deadline, a blocked loop), `lost` (Ray's fault, past the retries) or `cancelled`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import Counter
@@ -40,49 +57,39 @@ from typing import Any
 import ray
 import ray.exceptions
 
-from art_ray._worker import RolloutWorker
+from art_ray._errors import (
+    INFRASTRUCTURE_ERRORS,
+    ExecutorShutdownError,
+    NoLiveWorkersError,
+    RolloutBlockedError,
+    RolloutTimeoutError,
+    WorkerStartError,
+)
+from art_ray._worker import HEALTH_GROUP, RolloutWorker
 
 logger = logging.getLogger("art_ray")
 
-# Ray's own failures: the worker or its node is gone, not the rollout's fault.
-INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
-    ray.exceptions.ActorDiedError,
-    ray.exceptions.ActorUnavailableError,
-    ray.exceptions.NodeDiedError,
-    ray.exceptions.WorkerCrashedError,
-    ray.exceptions.ObjectLostError,
-    ray.exceptions.OwnerDiedError,
-    ray.exceptions.RaySystemError,
-)
-
 _LOST_OR_LATE: tuple[type[BaseException], ...] = (TimeoutError, *INFRASTRUCTURE_ERRORS)
-
-
-class RolloutTimeoutError(TimeoutError):
-    """A rollout ran past the executor's `timeout` and was cancelled on its worker."""
-
-
-class WorkerStartError(RuntimeError):
-    """A rollout worker died while starting, or did not start within `start_timeout`."""
-
-
 _WORKER_LOST: tuple[type[BaseException], ...] = (*INFRASTRUCTURE_ERRORS, WorkerStartError)
 
-
-class NoLiveWorkersError(RuntimeError):
-    """Every rollout worker is gone and none could be started again."""
+# Seconds a worker's `health` call may take past its own patience before the worker counts as
+# unresponsive as a whole (its process frozen, not only its rollouts' loop).
+HEALTH_GRACE = 10.0
 
 
 @dataclass
 class ExecutorStats:
-    """What the executor did: where rollouts ran, what was retried, what failed."""
+    """What the executor did: where rollouts ran, what was retried, what failed. Each call ends
+    in exactly one of `completed`, `failed`, `lost` and `cancelled`."""
 
     completed: int = 0  # calls that returned a result
-    failed: int = 0  # calls that raised the rollout's own exception
+    failed: int = 0  # the rollout's fault: its exception (SystemExit too), deadline, blocked loop
     retried: int = 0  # calls sent again after Ray lost their worker
     lost: int = 0  # calls that failed on Ray's side past `infra_retries` (raised, counted)
-    timed_out: int = 0
-    workers_replaced: int = 0
+    cancelled: int = 0  # calls in flight when `shutdown` ran (raised ExecutorShutdownError)
+    timed_out: int = 0  # of `failed`: past `timeout`
+    blocked: int = 0  # of `failed`: held their worker's loop past `heartbeat`
+    workers_replaced: int = 0  # dead, blocked or timed-out workers replaced by fresh ones
     nodes: Counter[str] = field(default_factory=Counter)  # node id -> rollouts completed there
 
 
@@ -93,7 +100,10 @@ class _Worker:
     where: Any  # the ref of its first `where()` call: node id and pid once it has started
     in_flight: int = 0
     node_id: str | None = None
-    alive: bool = True
+    alive: bool = True  # takes new calls
+    retired: bool = False  # replaced (blocked or timed out): killed once its calls are done
+    killed: bool = False
+    calls: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # id -> its verdict
 
     async def node(self, patience: float | None = 30.0) -> str | None:
         """The worker's node id once it has started (None: it died first, or took longer than
@@ -119,7 +129,9 @@ class RayExecutor:
         on the network and on their tools; give `num_cpus` for CPU-bound environments.
     infra_retries: how often a call whose worker Ray lost is sent to another worker.
     timeout: seconds one rollout may take once its worker runs (None: no deadline; then a lost
-        resource can hang).
+        resource can hang). A worker whose rollout ran past it is replaced.
+    heartbeat: seconds a busy worker's event loop may go without answering before the rollout
+        holding it fails and the worker is replaced (None: not watched).
     start_timeout: seconds to wait for a new worker to start (its process, its imports);
         past it the worker counts as lost, like a dead one.
     runtime_env: Ray's runtime environment for the workers (env vars, pip packages, code).
@@ -135,6 +147,7 @@ class RayExecutor:
         resources: dict[str, float] | None = None,
         infra_retries: int = 1,
         timeout: float | None = 3600.0,
+        heartbeat: float | None = 10.0,
         start_timeout: float = 300.0,
         runtime_env: dict[str, Any] | None = None,
         replace_dead_workers: bool = True,
@@ -147,6 +160,8 @@ class RayExecutor:
             raise ValueError(f"infra_retries must be >= 0, got {infra_retries}")
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
+        if heartbeat is not None and heartbeat <= 0:
+            raise ValueError(f"heartbeat must be > 0 seconds or None, got {heartbeat}")
         if start_timeout <= 0:
             raise ValueError(f"start_timeout must be > 0 seconds, got {start_timeout}")
         self._started_ray = False
@@ -166,13 +181,20 @@ class RayExecutor:
             self._options["runtime_env"] = runtime_env
         self.infra_retries = infra_retries
         self.timeout = timeout
+        self.heartbeat = heartbeat
         self.start_timeout = start_timeout
         self.replace_dead_workers = replace_dead_workers
         self.stats = ExecutorStats()
-        self._actor_class = ray.remote(RolloutWorker)
+        # `health` and `where` answer on a loop of their own, beside the rollouts' loop.
+        # (Ray's stubs omit the option; `.options()` refuses it, so it goes to `ray.remote`.)
+        remote: Any = ray.remote
+        self._actor_class = remote(concurrency_groups={HEALTH_GROUP: 4})(RolloutWorker)
         self._workers: list[_Worker] = []
+        self._retiring: set[_Worker] = set()  # replaced, killed once their calls are done
         self._next_index = 0
+        self._call_ids = itertools.count()
         self._replacing: set[asyncio.Task[None]] = set()
+        self._watcher: asyncio.Task[None] | None = None
         self._closed = False
         for _ in range(workers):
             self._workers.append(self._start_worker())
@@ -182,8 +204,9 @@ class RayExecutor:
     def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
         """A coroutine that runs `fn(*args, **kwargs)` on a worker and returns its result.
 
-        `fn` is a rollout function (sync or async) importable on the workers or picklable by
-        value; `args` are pickled (a model arrives as a detached copy on the same server).
+        `fn` is a rollout function importable on the workers or picklable by value: an
+        `async def` runs on the worker's event loop, a plain `def` on a thread of the worker;
+        `args` are pickled (a model arrives as a detached copy on the same server).
         """
         if self._closed:
             raise RuntimeError("this RayExecutor is shut down; create a new one")
@@ -214,14 +237,24 @@ class RayExecutor:
         return found
 
     def shutdown(self) -> None:
-        """Stop the workers (and Ray, when this executor started it)."""
+        """Stop the workers (and Ray, when this executor started it). Calls still in flight
+        raise `ExecutorShutdownError` in their callers and count as `cancelled`."""
         self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
         for task in self._replacing:
             task.cancel()
-        for worker in self._workers:
-            with contextlib.suppress(Exception):
-                ray.kill(worker.handle, no_restart=True)
+        for worker in [*self._workers, *self._retiring]:
+            for verdict in worker.calls.values():
+                _settle(
+                    verdict,
+                    ExecutorShutdownError(
+                        "the RayExecutor was shut down while this rollout was in flight"
+                    ),
+                )
+            self._kill(worker)
         self._workers.clear()
+        self._retiring.clear()
         if self._started_ray:
             ray.shutdown()
 
@@ -245,10 +278,17 @@ class RayExecutor:
         missing = [name for name in resources if name not in available]
         if missing:
             have = ", ".join(sorted(k for k in available if not k.startswith("node:"))) or "none"
+            example = f'{{"{missing[0]}": 8}}'
+            how = (
+                # Every node on loopback: art_ray.testing.local_cluster (ray start cannot).
+                f"start the local cluster with `local_cluster(..., node_resources={example})` "
+                "(its worker nodes carry them)"
+                if _loopback_cluster()
+                else f"start the rollout nodes with `ray start --resources='{example}'`"
+            )
             raise ValueError(
                 f"no node in the Ray cluster has the resource(s) {', '.join(missing)} "
-                f"(the cluster has: {have}); start the rollout nodes with "
-                f"`ray start --resources='{{\"{missing[0]}\": 1}}'` or drop resources="
+                f"(the cluster has: {have}); {how}, or drop resources="
             )
         if num_cpus > available.get("CPU", 0):
             raise ValueError(
@@ -262,6 +302,8 @@ class RayExecutor:
         return worker
 
     def _pick(self, avoid: set[_Worker]) -> _Worker:
+        if self._closed:
+            raise ExecutorShutdownError("the RayExecutor was shut down while this rollout waited")
         live = [w for w in self._workers if w.alive and w not in avoid] or [
             w for w in self._workers if w.alive
         ]
@@ -283,9 +325,14 @@ class RayExecutor:
         tried: set[_Worker] = set()
         attempt = 0
         while True:
-            worker = self._pick(tried)
+            try:
+                worker = self._pick(tried)
+            except ExecutorShutdownError:
+                self.stats.cancelled += 1
+                raise
             tried.add(worker)
             worker.in_flight += 1
+            self._watch()
             try:
                 # The deadline is the rollout's own: a worker still starting (a new process,
                 # imports, a node being added) is waited for first, up to `start_timeout`.
@@ -294,11 +341,22 @@ class RayExecutor:
                         f"rollout worker {worker.index} did not start within "
                         f"start_timeout={self.start_timeout} s (or died while starting)"
                     )
-                result = await self._await(worker.handle.run.remote(fn, args, kwargs))
+                result = await self._call(worker, fn, args, kwargs)
             except ray.exceptions.RayTaskError as error:
                 self.stats.failed += 1
                 raise _user_exception(error) from None
+            except (RolloutTimeoutError, RolloutBlockedError):
+                self.stats.failed += 1
+                raise
+            except ExecutorShutdownError:
+                self.stats.cancelled += 1
+                raise
             except _WORKER_LOST as error:
+                if self._closed:
+                    self.stats.cancelled += 1
+                    raise ExecutorShutdownError(
+                        "the RayExecutor was shut down while this rollout was in flight"
+                    ) from error
                 self._lost(worker, error)
                 if attempt >= self.infra_retries:
                     self.stats.lost += 1
@@ -320,21 +378,110 @@ class RayExecutor:
             self.stats.nodes[await worker.node() or "unknown"] += 1
             return result
 
-    async def _await(self, ref: Any) -> Any:
-        """Await a Ray call within the deadline; cancelled (on the worker too) past it."""
+    async def _call(
+        self, worker: _Worker, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """One call on a started worker, ended by its answer, its deadline, or a verdict (the
+        watcher's `RolloutBlockedError`, `shutdown`'s `ExecutorShutdownError`)."""
+        call_id = next(self._call_ids)
+        verdict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        worker.calls[call_id] = verdict
+        ref = worker.handle.run.remote(call_id, fn, args, kwargs)
+        answer = asyncio.ensure_future(_awaited(ref))
         try:
-            if self.timeout is None:
-                return await ref
-            return await asyncio.wait_for(_awaited(ref), self.timeout)
+            await asyncio.wait(
+                {answer, verdict}, timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            worker.calls.pop(call_id, None)
+            if not answer.done() or verdict.done():
+                _cancel(ref)  # past the deadline, given a verdict, or the caller was cancelled
+                _discard(answer)
+            if worker.retired and not worker.calls:
+                self._kill(worker)
+        if verdict.done():
+            raise verdict.exception() or RuntimeError("a verdict without an error")
+        if answer.done():
+            return answer.result()
+        self.stats.timed_out += 1
+        self._retire(worker, f"a rollout ran past timeout={self.timeout} s")
+        raise RolloutTimeoutError(
+            f"the rollout took longer than timeout={self.timeout} s and was cancelled; its "
+            "worker was replaced"
+        )
+
+    def _watch(self) -> None:
+        """Start the heartbeat watcher on this loop unless it runs already."""
+        if self.heartbeat is None or self._closed:
+            return
+        running = self._watcher
+        if running is not None and not running.done():
+            if running.get_loop() is asyncio.get_running_loop():
+                return
+            running.cancel()
+        self._watcher = asyncio.ensure_future(self._watch_busy_workers(self.heartbeat))
+
+    async def _watch_busy_workers(self, heartbeat: float) -> None:
+        """Every `heartbeat` seconds, ask each worker with calls in flight whether its loop
+        answers; ends when no call is in flight (the next `run` starts it again)."""
+        while not self._closed:
+            await asyncio.sleep(heartbeat)
+            every = [*self._workers, *self._retiring]
+            if not any(worker.in_flight for worker in every):
+                return
+            busy = [w for w in every if w.calls and not w.killed]
+            await asyncio.gather(*(self._check(worker, heartbeat) for worker in busy))
+
+    async def _check(self, worker: _Worker, heartbeat: float) -> None:
+        ref = worker.handle.health.remote(heartbeat)
+        try:
+            answer = await asyncio.wait_for(_awaited(ref), heartbeat + HEALTH_GRACE)
         except TimeoutError:
-            ray.cancel(ref)
-            self.stats.timed_out += 1
-            raise RolloutTimeoutError(
-                f"the rollout took longer than timeout={self.timeout} s and was cancelled"
-            ) from None
-        except asyncio.CancelledError:
-            ray.cancel(ref)  # the gather stopped (the exception limit, Ctrl-C): stop the rollout
-            raise
+            _cancel(ref)
+            answer = {"answers": False, "blocking": None}  # the whole process is stuck
+        except ray.exceptions.RayError:
+            return  # the worker is gone: its calls see it and are sent elsewhere
+        if answer["answers"] or worker.killed or not worker.calls or self._closed:
+            return
+        verdict = worker.calls.get(answer["blocking"])
+        if verdict is not None and not verdict.done():
+            self.stats.blocked += 1
+            verdict.set_exception(
+                RolloutBlockedError(
+                    f"the rollout held its Ray worker's event loop for more than "
+                    f"heartbeat={heartbeat} s: a sync call without `await` in an `async def` "
+                    "rollout (time.sleep, CPU work, blocking I/O). Move it to a thread with "
+                    "`await asyncio.to_thread(...)`, or make the rollout a plain `def` (run on "
+                    "a thread); the worker was replaced"
+                )
+            )
+        culprit = "its rollout" if verdict is not None else "an unknown call"
+        self._retire(worker, f"its event loop did not answer for {heartbeat} s ({culprit})")
+        self._kill(worker)  # its other calls fail as lost and go to other workers
+
+    def _retire(self, worker: _Worker, reason: str) -> None:
+        """Take the worker out of rotation and start a fresh one in its place; the old one is
+        killed once its calls are done (`_call`) or at once (`_check`)."""
+        if worker.retired:
+            return
+        worker.retired = True
+        worker.alive = False
+        logger.warning("replacing rollout worker %d: %s", worker.index, reason)
+        if worker in self._workers and not self._closed:
+            self._workers[self._workers.index(worker)] = self._start_worker()
+            self.stats.workers_replaced += 1
+        self._retiring.add(worker)
+        if not worker.calls:
+            self._kill(worker)
+
+    def _kill(self, worker: _Worker) -> None:
+        if worker.killed:
+            return
+        worker.killed = True
+        worker.alive = False
+        self._retiring.discard(worker)
+        with contextlib.suppress(Exception):
+            ray.kill(worker.handle, no_restart=True)
 
     def _lost(self, worker: _Worker, error: BaseException) -> None:
         if not worker.alive:
@@ -366,6 +513,46 @@ class RayExecutor:
 
 async def _awaited(ref: Any) -> Any:
     return await ref
+
+
+def _cancel(ref: Any) -> None:
+    """Cancel a Ray call (on the worker too); its worker may be gone already."""
+    with contextlib.suppress(Exception):
+        ray.cancel(ref)
+
+
+def _discard(task: asyncio.Future[Any]) -> None:
+    """Stop waiting for a task, its outcome read so that asyncio does not log it."""
+    if not task.done():
+        task.cancel()
+    elif not task.cancelled():
+        task.exception()
+
+
+def _settle(verdict: asyncio.Future[None], error: BaseException) -> None:
+    """Fail a call's verdict from any thread (shutdown may run off the loop)."""
+
+    def settle() -> None:
+        if not verdict.done():
+            verdict.set_exception(error)
+
+    loop = verdict.get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        settle()
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(settle)
+
+
+def _loopback_cluster() -> bool:
+    """Whether every node of the cluster listens on 127.0.0.1 (`art_ray.testing`'s clusters)."""
+    with contextlib.suppress(Exception):
+        addresses = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+        return addresses == {"127.0.0.1"}
+    return False
 
 
 async def _node_answers(node_id: str) -> bool:

@@ -6,8 +6,11 @@ use) keeps every node on loopback when Ray's single-machine switch is set, which
 does before Ray starts.
 
     with local_cluster(nodes=2, tmp_dir=tmp) as cluster:   # a head and two worker nodes
-        ray.init(address=cluster.address)
-        ...
+        with RayExecutor(workers=2, address=cluster.address, resources={"art_rollout": 1}):
+            ...
+
+Its worker nodes carry the custom resource `art_rollout` (8 each, as the rollout nodes of the
+recipes in `deploy/`), so the same `resources={"art_rollout": 1}` places workers on them.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOOPBACK_ENV", "add_node", "kill_node", "local_cluster"]
+__all__ = ["LOOPBACK_ENV", "ROLLOUT_RESOURCES", "add_node", "kill_node", "local_cluster"]
+
+# What the worker nodes carry unless told otherwise: the recipes' rollout-node resource.
+ROLLOUT_RESOURCES: dict[str, float] = {"art_rollout": 8}
 
 # Set before Ray is imported anywhere: Ray reads them at import and at node start.
 LOOPBACK_ENV = {
@@ -40,10 +46,13 @@ def local_cluster(
 ) -> Iterator[Any]:
     """A head node and `nodes` worker nodes on 127.0.0.1; shut down (every process) on exit.
 
-    Worker nodes carry `node_resources` (e.g. `{"art_rollout": 1}`); the head does not.
-    `tmp_dir` holds Ray's sessions and logs (Ray's socket paths must stay short: use a short
-    folder). A driver must still call `ray.init(address=cluster.address)`.
+    Worker nodes carry `node_resources` (default `ROLLOUT_RESOURCES`: `{"art_rollout": 8}`);
+    the head does not. `tmp_dir` holds Ray's sessions and logs (Ray's socket paths must stay
+    short: use a short folder). A driver joins with `ray.init(address=cluster.address)`, or
+    `RayExecutor(address=cluster.address)` joins for it.
     """
+    if node_resources is None:
+        node_resources = dict(ROLLOUT_RESOURCES)
     os.environ.update(LOOPBACK_ENV)
     ray_tmp = Path(tmp_dir)
     (ray_tmp / "ray").mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,58 @@
+"""What a `RayExecutor` call can raise besides the rollout's own exception, in one place.
+
+The rollout's failures: `RolloutExitError` (it raised `SystemExit`, `KeyboardInterrupt`, ...),
+`RolloutTimeoutError` (past `timeout`), `RolloutBlockedError` (it held its worker's event loop).
+Ray's: `INFRASTRUCTURE_ERRORS` (the worker or its node is gone), `WorkerStartError`,
+`NoLiveWorkersError`. The executor's own: `ExecutorShutdownError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray.exceptions
+
+# Ray's own failures: the worker or its node is gone, not the rollout's fault.
+INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
+    ray.exceptions.ActorDiedError,
+    ray.exceptions.ActorUnavailableError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.OwnerDiedError,
+    ray.exceptions.RaySystemError,
+)
+
+
+class RolloutExitError(RuntimeError):
+    """A rollout raised a BaseException that is not an Exception (`SystemExit`,
+    `KeyboardInterrupt`, ...): it is that rollout's failure; the worker goes on.
+    `original_type` names what it raised."""
+
+    def __init__(self, message: str, original_type: str = "BaseException") -> None:
+        super().__init__(message)
+        self.original_type = original_type
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.original_type))
+
+
+class RolloutTimeoutError(TimeoutError):
+    """A rollout ran past the executor's `timeout` and was cancelled on its worker."""
+
+
+class RolloutBlockedError(RuntimeError):
+    """A rollout held its worker's event loop past `heartbeat` (a sync call in an `async def`
+    rollout); the worker was replaced."""
+
+
+class ExecutorShutdownError(RuntimeError):
+    """The executor was shut down while this rollout was in flight."""
+
+
+class WorkerStartError(RuntimeError):
+    """A rollout worker died while starting, or did not start within `start_timeout`."""
+
+
+class NoLiveWorkersError(RuntimeError):
+    """Every rollout worker is gone and none could be started again."""
