@@ -16,10 +16,12 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +151,7 @@ class VllmProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
         self._log: Any = None
+        self._ipc_folder: str | None = None
 
     def start(self, timeout: float = START_TIMEOUT_SECONDS) -> None:
         """Start the child and wait until GET /v1/models answers; a failed start names its log."""
@@ -157,10 +160,16 @@ class VllmProcess:
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        env = settings.environment()
+        if "VLLM_RPC_BASE_PATH" not in env:
+            # vLLM's ZMQ IPC sockets (`<base>/<uuid>`, base: the temp folder) outlive a child
+            # that is stopped; in a folder of their own, stop() removes them with it.
+            self._ipc_folder = tempfile.mkdtemp(prefix="art-vllm-ipc-")
+            env["VLLM_RPC_BASE_PATH"] = self._ipc_folder
         logger.info("starting vLLM: %s", " ".join(settings.command(self.port)))
         self.process = subprocess.Popen(
             settings.command(self.port),
-            env=settings.environment(),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=self._log or subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
@@ -194,6 +203,9 @@ class VllmProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._ipc_folder is not None:
+            shutil.rmtree(self._ipc_folder, ignore_errors=True)
+            self._ipc_folder = None
 
     def exit_cause(self) -> str | None:
         """Why the child is gone (its exit code, vLLM's last error line, its log), or None while

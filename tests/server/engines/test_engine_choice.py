@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import llguidance
 import pytest
@@ -154,3 +156,25 @@ def test_a_vllm_child_that_died_is_named_with_its_error_and_log(tmp_path):
     assert cause is not None and cause.startswith("vLLM exited with code 1: ")
     assert "No module named 'vllm'" in cause and f"(its log: {log})" in cause
     child.stop()
+
+
+def test_vllms_ipc_sockets_live_in_a_folder_that_stop_removes(tmp_path):
+    """vLLM names its ZMQ sockets `$VLLM_RPC_BASE_PATH/<uuid>` (default: the temp folder, where
+    they stayed after every stopped child): the child gets a folder of its own, gone on stop."""
+    from art_backend.testing import ModelLoadError, VllmProcess
+
+    fake = tmp_path / "python"  # stands in for vLLM: leaves a socket file where vLLM would
+    fake.write_text(
+        '#!/bin/sh\necho "$VLLM_RPC_BASE_PATH" > "$0.base"\n'
+        'python3 -c "import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" '
+        '"$VLLM_RPC_BASE_PATH/a1b2c3"\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    child = VllmProcess(VllmSettings(python=str(fake), model="m"))
+    with pytest.raises(ModelLoadError):
+        child.start(timeout=60)
+    base = Path((tmp_path / "python.base").read_text().strip())
+    assert base.parent == Path(tempfile.gettempdir()) and base.name.startswith("art-vllm-ipc-")
+    assert (base / "a1b2c3").is_socket()
+    child.stop()
+    assert not base.exists()
