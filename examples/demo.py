@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from demo_task import MAX_TOKENS, REWARD_RULE, Question, add_task_arguments, score, split
 from smollm2 import smollm2_trainable
+from tqdm.asyncio import tqdm
 
 import art_core as art
 from art_core.report import Evaluation, mean_metric, print_summary, summarize, write_report
@@ -101,7 +102,9 @@ async def evaluate(model: art.TrainableModel, held_out: list[Question]) -> Evalu
         )
         return question, trajectory
 
-    answered = await asyncio.gather(*(answer(q) for q in held_out))
+    answered = await tqdm.gather(
+        *(answer(q) for q in held_out), desc=f"held-out at step {model.step}", leave=False
+    )
     trajectories = [t for _, t in answered]
     await model.log([art.TrajectoryGroup(trajectories)], split="val")
     evaluation = summarize(

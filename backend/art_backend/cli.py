@@ -484,6 +484,9 @@ def main(argv: list[str] | None = None) -> None:
     """Parse arguments and run uvicorn until SIGTERM/SIGINT (in-flight requests are drained)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    from art_backend._phases import announce
+
+    announce("starting (importing torch and transformers)")
     if "torch" not in sys.modules:
         wait_passively_beside_vllm(args.engine, args.device)
     if args.exit_with_parent:
