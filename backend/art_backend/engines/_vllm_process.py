@@ -161,11 +161,14 @@ class VllmProcess:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         env = settings.environment()
-        if "VLLM_RPC_BASE_PATH" not in env:
-            # vLLM's ZMQ IPC sockets (`<base>/<uuid>`, base: the temp folder) outlive a child
-            # that is stopped; in a folder of their own, stop() removes them with it.
-            self._ipc_folder = tempfile.mkdtemp(prefix="art-vllm-ipc-")
-            env["VLLM_RPC_BASE_PATH"] = self._ipc_folder
+        # vLLM leaves files in the temp folder after a child is stopped: its ZMQ IPC sockets
+        # (`<uuid>`) and its file-store rendezvous (`vllm_dist_<hex>`). The child gets a temp
+        # folder of its own, which stop() removes; torch's compiled kernels, a cache worth
+        # keeping, go to our cache folder rather than into that one.
+        self._ipc_folder = tempfile.mkdtemp(prefix="art-vllm-")
+        env["TMPDIR"] = self._ipc_folder
+        env.setdefault("VLLM_RPC_BASE_PATH", self._ipc_folder)
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_cache_root() / "torchinductor"))
         logger.info("starting vLLM: %s", " ".join(settings.command(self.port)))
         self.process = subprocess.Popen(
             settings.command(self.port),
@@ -242,6 +245,11 @@ def stop_process_group(process: subprocess.Popen, timeout: float = 30.0) -> None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
+
+
+def _cache_root() -> Path:
+    """`engines._loading.cache_root()`, without importing torch here."""
+    return Path(os.environ.get("ART_CACHE_DIR") or "~/.cache/art-trainer").expanduser()
 
 
 def _die_with_parent() -> None:
