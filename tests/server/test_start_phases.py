@@ -53,4 +53,5 @@ async def test_local_backend_shows_the_servers_start_phases(
     shown = capfd.readouterr().err
     assert "  starting (importing torch and transformers) (" in shown
     assert f"  loading the model {tiny_model_dir} (" in shown
+    assert "  starting the torch engine (torch.float32 on cpu) (" in shown
     assert "  backend ready (" in shown
