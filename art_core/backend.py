@@ -270,7 +270,7 @@ class RemoteBackend:
             else:
                 result, gate_error = await promote_if.gated_step(model, self, train_step)
             step.result = result
-        hint_zero_variance(model, result.metrics, signalled="signal/groups" in counts)
+        hint_zero_variance(model, result.metrics, counts)
         if result.promoted_step is not None and hasattr(model, "promoted_step"):
             model.promoted_step = result.promoted_step
         if gate_error is not None:

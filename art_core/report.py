@@ -149,11 +149,12 @@ def write_report(
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}}
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
-td pre{{margin:0;text-align:left;white-space:pre-wrap}}th{{background:#f4f4f4}}</style></head>
+td pre{{margin:0;text-align:left;white-space:pre-wrap}}th{{background:#f4f4f4}}
+table.steps{{font-size:.9em}}table.steps td,table.steps th{{padding:3px 5px}}</style></head>
 <body><h1>{html.escape(title)}</h1><p>{html.escape(description)}</p>
 <h2>Held-out evaluation</h2><pre>{html.escape(before_after_table(before, after))}</pre>
 <img alt="reward curve" src="data:image/png;base64,{image}">
-<h2>Training steps</h2><table><tr><th>step</th>{"".join(f"<th>{c}</th>" for c in columns)}</tr>{step_table}</table>
+<h2>Training steps</h2><table class="steps"><tr><th>step</th>{"".join(f"<th>{_header(c)}</th>" for c in columns)}</tr>{step_table}</table>
 <h2>Held-out examples (step {before.step} vs step {after.step})</h2>
 <table><tr><th>prompt</th><th>before</th><th>reward</th><th>after</th><th>reward</th></tr>{examples}</table>
 {_trackers_html(trackers or [])}<h2>Settings</h2><pre>{html.escape(_settings_text(settings))}</pre>
@@ -178,9 +179,16 @@ def _trackers_html(links: list[str]) -> str:
 
 
 def _number(value: Any) -> str:
+    """A float with 3 decimals, a whole number as one (`3`, not `3.000`), anything else as text."""
     if isinstance(value, float):
-        return f"{value:.3f}"
+        return str(int(value)) if value.is_integer() else f"{value:.3f}"
     return "" if value is None else html.escape(str(value))
+
+
+def _header(name: str) -> str:
+    """A metric's name as a column header that may wrap after `/` and `_` (`step_seconds` in a
+    narrow window)."""
+    return html.escape(name).replace("/", "/<wbr>").replace("_", "_<wbr>")
 
 
 def _settings_text(settings: dict[str, Any]) -> str:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from demo_task import MAX_TOKENS, Question, add_task_arguments, score, split
+from demo_task import MAX_TOKENS, REWARD_RULE, Question, add_task_arguments, score, split
 from smollm2 import smollm2_trainable
+from tqdm.asyncio import tqdm
 
 import art_core as art
 from art_core.report import Evaluation, mean_metric, print_summary, summarize, write_report
@@ -28,6 +29,38 @@ from art_core.trackers.trackio import TrackioObserver, trackio_installed
 
 # Chosen by benchmarks/learning_curve.py (ours_auto vs ours_signal over 5 seeds, BENCHMARKS.md).
 DEFAULT_MIN_TRAINABLE = 0  # off: ours_signal 0.27x vs ours_auto 0.255x (10 runs each)
+TEMPERATURE = 1.0  # the training rollouts'; the held-out answers are greedy
+
+
+def settings_sentence(args: argparse.Namespace) -> str:
+    """The run's settings in one sentence: the report's, and docs/getting-started.md's for the
+    defaults (a test compares them, so that the page follows the code)."""
+    return (
+        f"{args.steps} GRPO steps of {args.groups_per_step} questions x {args.rollouts_per_group} "
+        f"rollouts (temperature {TEMPERATURE:g}, {MAX_TOKENS} new tokens), LoRA r16 on q/k/v/o, "
+        f"lr {_short_float(args.learning_rate)}; held-out: {args.eval_size} other questions, answered "
+        f"greedily at step 0, every {args.eval_every} steps and at the end."
+    )
+
+
+def _short_float(value: float) -> str:
+    """3e-4 as `3e-4`, 2.5e-5 as `2.5e-5` (as the docs write a learning rate)."""
+    mantissa, exponent = f"{value:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def group_signal(args: argparse.Namespace) -> art.GroupSignal:
+    """Groups whose rewards are all equal teach nothing. With `--min-trainable-groups N` a step
+    samples more questions until N of its groups have mixed rewards, and questions that stayed
+    all-equal are skipped. Off by default (measured: it cost more time than it saved); the
+    signal then only counts such groups (the report's signal/... metrics), which also tells
+    the trainer that this program chose, so it does not advise GroupSignal."""
+    if not args.min_trainable_groups:
+        return art.GroupSignal(skip_settled=False)
+    return art.GroupSignal(
+        min_trainable_groups=args.min_trainable_groups,
+        max_groups_per_step=args.max_groups_per_step,
+    )
 
 
 async def rollout(model: art.TrainableModel, question: Question) -> art.Trajectory:
@@ -37,7 +70,7 @@ async def rollout(model: art.TrainableModel, question: Question) -> art.Trajecto
         model=model.get_inference_name(),
         messages=messages,  # type: ignore[arg-type]
         max_tokens=MAX_TOKENS,
-        temperature=1.0,
+        temperature=TEMPERATURE,
     )
     choice = response.choices[0]
     scores = score(question, choice.message.content or "")
@@ -69,7 +102,9 @@ async def evaluate(model: art.TrainableModel, held_out: list[Question]) -> Evalu
         )
         return question, trajectory
 
-    answered = await asyncio.gather(*(answer(q) for q in held_out))
+    answered = await tqdm.gather(
+        *(answer(q) for q in held_out), desc=f"held-out at step {model.step}", leave=False
+    )
     trajectories = [t for _, t in answered]
     await model.log([art.TrajectoryGroup(trajectories)], split="val")
     evaluation = summarize(
@@ -100,16 +135,7 @@ async def main(args: argparse.Namespace) -> None:
     before = await evaluate(model, held_out)
     print(f"  held-out reward {before.metrics['reward']:.3f}, exact {before.metrics['exact']:.3f}")
 
-    # Groups whose rewards are all equal teach nothing: sample more questions until a step has
-    # enough with mixed rewards, and skip questions that stayed all-equal (art.GroupSignal).
-    signal = (
-        art.GroupSignal(
-            min_trainable_groups=args.min_trainable_groups,
-            max_groups_per_step=args.max_groups_per_step,
-        )
-        if args.min_trainable_groups
-        else None
-    )
+    signal = group_signal(args)
     for batch in art.iterate_dataset(
         train_questions,
         args.groups_per_step,
@@ -150,9 +176,8 @@ async def main(args: argparse.Namespace) -> None:
         folder,
         title="SmolLM2-135M-Instruct learns to answer sums as one exact equation",
         description=(
-            f"GRPO on a LoRA adapter (r=16, q/k/v/o), {args.steps} steps of {args.groups_per_step} "
-            f"questions x {args.rollouts_per_group} rollouts, CPU only, {minutes:.1f} minutes in all. "
-            "Reward: 1 for exactly the right number, 0.5 for the right number among other text."
+            f"{settings_sentence(args)} CPU only, {minutes:.1f} minutes in all. "
+            f"Reward: {REWARD_RULE}."
         ),
         before=before,
         after=after,

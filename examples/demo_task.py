@@ -18,6 +18,12 @@ from dataclasses import dataclass
 
 SYSTEM_PROMPT = "Reply with the sum written as an equation, like 3 + 4 = 7, and nothing else."
 MAX_TOKENS = 16
+# What `score` pays, in words (the demo's report and docs/getting-started.md say it; a test checks
+# both against `score`).
+REWARD_RULE = (
+    '1 for exactly the equation "a + b = sum" with the right sum, 0.5 for the right sum among '
+    "other text, 0 otherwise"
+)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ relative link in them points at a file that exists.
 A ```python block runs as a program of its own: a fresh interpreter in a temporary folder (with
 `examples/` linked in), top-level `await` allowed, against the tiny test model. The session's
 server on 127.0.0.1 stands in for `http://127.0.0.1:8000` and the tiny model's folder for
-`"smollm2-135m-instruct"` (`substituted`). An HTML comment on the line right before the fence
-changes that, and any other comment there is an error:
+`"smollm2-135m-instruct"`; the training loop of the README (and of getting-started) runs 3 of
+its 8 steps (`substituted`). An HTML comment on the line right before the fence changes that,
+and any other comment there is an error:
 
     <!-- not run: REASON -->            not run; the reason is required
     <!-- run with: model, backend -->   runs with these names bound: `model`, a freshly
@@ -29,11 +30,13 @@ import pytest
 from tests.support.servers import RunningServer, running_server
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 FENCE = re.compile(r"^(?P<indent> *)```(?P<language>\S*)\s*$")
 COMMENT = re.compile(r"^\s*<!--(?P<text>.*)-->\s*$")
 MARK = re.compile(r"^\s*(?P<kind>not run|run with):(?P<value>.*)$", re.DOTALL)
 BOUND_NAMES = {"model", "backend"}
+README_STEPS, STEPS_HERE = 8, 3  # the README's training loop; here, where 3 show the steps advance
 SECONDS_PER_BLOCK = 150
 
 
@@ -121,8 +124,9 @@ def docs_server(
 
 def substituted(code: str, server: RunningServer, tiny_model_dir: Path) -> str:
     """The example as it runs here: the tiny model and the test server in place of SmolLM2 and
-    a server on port 8000."""
+    a server on port 8000, and the README's training loop (8 steps) cut to 3."""
     code = code.replace('"smollm2-135m-instruct"', json.dumps(str(tiny_model_dir)))
+    code = code.replace(f"for _ in range({README_STEPS}):", f"for _ in range({STEPS_HERE}):")
     return code.replace("http://127.0.0.1:8000", server.url)
 
 
@@ -190,6 +194,34 @@ def test_the_example_runs(
         timeout=SECONDS_PER_BLOCK,
     )
     assert done.returncode == 0, f"{block} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    if PRINTS_STEPS in block.code:
+        steps = [int(match[1]) for match in STEP_LINE.finditer(done.stdout)]
+        assert steps, f"{block} printed no step:\n{done.stdout[-3000:]}"
+        assert steps == list(range(1, len(steps) + 1)), f"{block}: a step trained nothing: {steps}"
+
+
+# An example that prints `step N: reward ...` after each training call (the README's, the first
+# loop of the getting-started page) must train every step, here on the tiny random model: its
+# reward gives partial credit, so each group has a spread. On SmolLM2 it is measured by hand
+# (the README gives the figures): 8 steps take minutes there, seconds here.
+PRINTS_STEPS = 'print(f"step {result.step}: reward '
+STEP_LINE = re.compile(r"^step (\d+): reward ", re.MULTILINE)
+
+
+def test_the_readme_trains_an_agent_and_prints_each_step():
+    section = README.read_text(encoding="utf-8").split("## Train an agent", 1)[1].split("\n## ")[0]
+    trains = [b for b in RUNNABLE if b.page == README and b.code in section]
+    assert len(trains) == 1
+    assert "backend.train(" in trains[0].code and PRINTS_STEPS in trains[0].code
+    assert f"for _ in range({README_STEPS}):" in trains[0].code  # cut to STEPS_HERE here
+
+
+def test_the_readme_lists_every_page_of_the_manual():
+    """Every page under docs/ is named in the README's list, but the site's home page (the
+    README's twin) and the benchmarks page (the README links BENCHMARKS.md, which it includes)."""
+    linked = set(re.findall(r"\]\((docs/[^)#\s]+)", README.read_text(encoding="utf-8")))
+    pages = {str(page.relative_to(ROOT)) for page in (ROOT / "docs").rglob("*.md")}
+    assert pages - linked == {"docs/index.md", "docs/benchmarks.md"}
 
 
 # ---------------------------------------------------------------------------------------- links

@@ -170,6 +170,7 @@ class LocalBackend(RemoteBackend):
         # process's command line to every local user; /proc/<pid>/environ only to this one.
         env = {**os.environ, "ART_API_KEY": self._api_key or ""}
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps writing after we return
+        phases = _PhaseLines(self.log_path, log.tell())
         try:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
@@ -181,16 +182,22 @@ class LocalBackend(RemoteBackend):
         self.base_model = base_model
         self.base_url = f"http://127.0.0.1:{port}"
         atexit.register(self._stop)
-        self._wait_until_healthy()
+        self._wait_until_healthy(phases)
 
-    def _wait_until_healthy(self) -> None:
+    def _wait_until_healthy(self, phases: _PhaseLines) -> None:
+        """Poll /health; meanwhile the server's start-up phases are shown on stderr (its own
+        output goes to the log file), each with the seconds since the start."""
         assert self.process is not None
-        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+        started = time.monotonic()
+        deadline = started + STARTUP_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
+            phases.show(started)
             if self.process.poll() is not None:
                 raise BackendCrashedError(self._exit_message("exited while starting"))
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                    phases.show(started)
+                    _say(f"backend ready ({time.monotonic() - started:.0f} s)")
                     return
             except httpx.TransportError:
                 pass
@@ -257,6 +264,37 @@ class LocalBackend(RemoteBackend):
         """Close the HTTP client and stop the child process (in-flight requests drain first)."""
         await super().close()
         await asyncio.to_thread(self._stop)
+
+
+class _PhaseLines:
+    """The `art-server: <phase>` lines the server writes to its log from `offset` on (not its
+    `art-server: error:` line, which the crash message quotes)."""
+
+    def __init__(self, path: Path, offset: int) -> None:
+        self.path = path
+        self.offset = offset
+        self._partial = b""
+
+    def show(self, started: float) -> None:
+        try:
+            with self.path.open("rb") as log:
+                log.seek(self.offset)
+                data = log.read()
+        except OSError:
+            return
+        self.offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace").rsplit("\r", 1)[-1].strip()
+            if line.startswith(_PHASE) and not line.startswith(f"{_PHASE}error:"):
+                _say(f"{line.removeprefix(_PHASE)} ({time.monotonic() - started:.0f} s)")
+
+
+_PHASE = "art-server: "  # art_backend._phases.PREFIX (the client does not import the backend)
+
+
+def _say(text: str) -> None:
+    print(f"  {text}", file=sys.stderr, flush=True)
 
 
 def _template_argument(chat_template: str | os.PathLike[str] | None) -> str | None:

@@ -201,12 +201,19 @@ def _zero_counts() -> dict[str, int]:
 _HINTED: set[str] = set()  # models told once per process
 
 
-def hint_zero_variance(model: Any, metrics: Mapping[str, float], *, signalled: bool) -> bool:
+def hint_zero_variance(
+    model: Any, metrics: Mapping[str, float], counts: Mapping[str, float]
+) -> bool:
     """Warn once per model when at least half of a step's groups were all-equal: their
-    sampling time bought no gradient. True when it warned."""
+    sampling time bought no gradient. True when it warned.
+
+    Not when the step's groups were gathered with a GroupSignal (`counts`, the gather's, holds
+    its `signal/...`), whatever its settings: the program has chosen (`examples/demo.py` keeps
+    dynamic sampling off, measured, and passes a signal that only counts)."""
     flat = metrics.get("groups/zero_variance", 0.0)
     total = flat + metrics.get("groups/trainable", 0.0)
     name = str(getattr(model, "name", ""))
+    signalled = "signal/groups" in counts
     if signalled or total < 2 or flat < total / 2 or name in _HINTED:
         return False
     _HINTED.add(name)

@@ -21,6 +21,7 @@ from art_backend._errors import (
 )
 from art_backend._limits import DEFAULT_MAX_BODY_MB
 from art_backend._log_redaction import LOG_LEVELS
+from art_backend._phases import announce
 from art_backend._settings import ServerSettings
 from art_backend.engines._chat_templates import (
     BUILTIN_TEMPLATES,
@@ -81,6 +82,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
     _settle_chat_template(loaded, template)
     picked, why = pick_engine(settings.engine, loaded.device.type, vllm_python)
     logger.info("engine: %s (%s)", picked, why)
+    announce(f"starting the {picked} engine ({loaded.dtype} on {loaded.device.type})")
     count = replica_count(settings.replicas, picked, settings.vllm)  # auto may have picked vLLM
     if settings.trainer == "unsloth":
         _load_through_unsloth(loaded, picked)
@@ -484,6 +486,7 @@ def main(argv: list[str] | None = None) -> None:
     """Parse arguments and run uvicorn until SIGTERM/SIGINT (in-flight requests are drained)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    announce("starting (importing torch and transformers)")
     if "torch" not in sys.modules:
         wait_passively_beside_vllm(args.engine, args.device)
     if args.exit_with_parent:

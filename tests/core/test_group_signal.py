@@ -217,13 +217,12 @@ def test_the_hint_warns_once_when_most_groups_are_all_equal(caplog):
     model = type("M", (), {"name": "hint-test-model"})()
     _HINTED.discard("hint-test-model")
     flat = {"groups/zero_variance": 6.0, "groups/trainable": 2.0}
-    assert hint_zero_variance(model, flat, signalled=False)
+    assert hint_zero_variance(model, flat, {})
     assert "6 of 8 groups" in caplog.text and "GroupSignal" in caplog.text
-    assert not hint_zero_variance(model, flat, signalled=False)  # once
+    assert not hint_zero_variance(model, flat, {})  # once
     _HINTED.discard("hint-test-model")
-    assert not hint_zero_variance(model, flat, signalled=True)
-    assert not hint_zero_variance(model, {"groups/zero_variance": 1.0, "groups/trainable": 3.0},
-                                  signalled=False)  # fmt: skip
+    assert not hint_zero_variance(model, flat, {"signal/groups": 8.0})
+    assert not hint_zero_variance(model, {"groups/zero_variance": 1.0, "groups/trainable": 3.0}, {})
 
 
 @pytest.fixture

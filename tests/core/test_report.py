@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from art_core.report import Evaluation, before_after_table, summarize, write_report
+from tests.support.browser import chromium_page, needs_chromium
 
 
 def test_report_has_table_curve_and_examples(tmp_path: Path):
@@ -35,3 +36,41 @@ def test_report_has_table_curve_and_examples(tmp_path: Path):
 def test_evaluation_metrics_are_means():
     evaluation = summarize(3, [1.0, 0.0, 0.5], format=[1.0, 1.0, 0.0])
     assert evaluation == Evaluation(step=3, metrics={"reward": 0.5, "format": 2 / 3})
+
+
+def demo_like_history(steps: int) -> list[dict]:
+    """Training rows with every column of the per-step table, values as wide as the demo's."""
+    metrics = {"reward": 0.484375, "reward_std": 0.3125, "groups/trainable": 7.0,
+               "trained_tokens": 5632.0, "loss": -0.01234, "entropy": 1.2345,
+               "grad_norm": 0.98765, "clip_fraction": 0.0, "step_seconds": 12.3456}  # fmt: skip
+    return [{"type": "train", "step": step, "metrics": metrics} for step in range(1, steps + 1)]
+
+
+def test_whole_numbers_print_as_whole_numbers(tmp_path: Path):
+    evaluation = summarize(0, [1.0])
+    page = write_report(
+        tmp_path, title="t", description="d", before=evaluation, after=evaluation,
+        history=demo_like_history(1), settings={},
+    ).read_text()  # fmt: skip
+    row = page.split("<tr><td>1</td>", 1)[1].split("</tr>", 1)[0]
+    assert "<td>7</td>" in row and "<td>5632</td>" in row and "<td>0</td>" in row
+    assert "<td>0.484</td>" in row and "<td>12.346</td>" in row and ".000<" not in row
+    assert "step_<wbr>seconds" in page  # a long header may wrap
+
+
+@needs_chromium
+async def test_the_step_table_fits_a_1200_pixel_window(tmp_path: Path):
+    evaluation = summarize(0, [1.0])
+    page = write_report(
+        tmp_path, title="t", description="d", before=evaluation, after=evaluation,
+        history=demo_like_history(10), settings={},
+    )  # fmt: skip
+    async with chromium_page(viewport={"width": 1200, "height": 800}) as browser_page:
+        await browser_page.goto(page.as_uri())
+        sizes = await browser_page.evaluate(
+            """() => ({table: document.querySelector("table.steps").getBoundingClientRect().right,
+                       body: document.body.getBoundingClientRect().right,
+                       scroll: document.documentElement.scrollWidth,
+                       window: document.documentElement.clientWidth})"""
+        )
+    assert sizes["table"] <= sizes["body"] and sizes["scroll"] <= sizes["window"], sizes

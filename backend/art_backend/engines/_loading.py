@@ -38,6 +38,7 @@ from urllib.parse import urlparse
 import torch
 
 from art_backend._errors import ModelLoadError
+from art_backend._phases import announce
 from art_backend.engines._dtype_probe import choose_cpu_dtype, cpu_flags
 from art_backend.engines._gguf import (
     CONVERSION_FORMAT,
@@ -109,6 +110,7 @@ def load_model(
     at this model's shapes first (_measured_dtype) and loads in bfloat16 only if it is clearly
     faster. The trainer trains the engine's copy of the model, so it inherits the choice.
     """
+    announce(f"loading the model {base_model}")
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     rule = (torch_dtype, _rule_reason(dtype, torch_device, torch_dtype))
@@ -331,6 +333,7 @@ def _build_cache(target: Path, build_fn: Callable[[Path], None], fingerprint: st
                 shutil.rmtree(stale, ignore_errors=True)
             tmp_dir = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
             tmp_dir.chmod(0o755)  # mkdtemp makes it private; the cache is readable like ~/.cache
+            announce(f"converting the model into {target} (its first use only, about a minute)")
             try:
                 build_fn(tmp_dir)
                 _write_manifest(tmp_dir, fingerprint)

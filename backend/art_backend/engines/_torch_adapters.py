@@ -10,11 +10,23 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from art_backend.engines._adapter_files import check_adapter_folder
+
+# PEFT's PeftModel() reads `model.is_gradient_checkpointing`, which transformers 5 deprecated for
+# `is_activation_checkpointing` with a FutureWarning: shown once per process in backend.log and
+# once per wrap in a test summary, about code that is not ours. Ignored by its text (the
+# suite's pytest configuration repeats the filter: pytest resets filters after each test).
+warnings.filterwarnings(
+    "ignore",
+    message="`is_gradient_checkpointing` is deprecated",
+    category=FutureWarning,
+    module="transformers",
+)
 
 
 class AdapterSlots:

@@ -16,10 +16,12 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,6 +151,7 @@ class VllmProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
         self._log: Any = None
+        self._ipc_folder: str | None = None
 
     def start(self, timeout: float = START_TIMEOUT_SECONDS) -> None:
         """Start the child and wait until GET /v1/models answers; a failed start names its log."""
@@ -157,10 +160,19 @@ class VllmProcess:
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        env = settings.environment()
+        # vLLM leaves files in the temp folder after a child is stopped: its ZMQ IPC sockets
+        # (`<uuid>`) and its file-store rendezvous (`vllm_dist_<hex>`). The child gets a temp
+        # folder of its own, which stop() removes; torch's compiled kernels, a cache worth
+        # keeping, go to our cache folder rather than into that one.
+        self._ipc_folder = tempfile.mkdtemp(prefix="art-vllm-")
+        env["TMPDIR"] = self._ipc_folder
+        env.setdefault("VLLM_RPC_BASE_PATH", self._ipc_folder)
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_cache_root() / "torchinductor"))
         logger.info("starting vLLM: %s", " ".join(settings.command(self.port)))
         self.process = subprocess.Popen(
             settings.command(self.port),
-            env=settings.environment(),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=self._log or subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
@@ -194,6 +206,9 @@ class VllmProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._ipc_folder is not None:
+            shutil.rmtree(self._ipc_folder, ignore_errors=True)
+            self._ipc_folder = None
 
     def exit_cause(self) -> str | None:
         """Why the child is gone (its exit code, vLLM's last error line, its log), or None while
@@ -230,6 +245,11 @@ def stop_process_group(process: subprocess.Popen, timeout: float = 30.0) -> None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)
+
+
+def _cache_root() -> Path:
+    """`engines._loading.cache_root()`, without importing torch here."""
+    return Path(os.environ.get("ART_CACHE_DIR") or "~/.cache/art-trainer").expanduser()
 
 
 def _die_with_parent() -> None:

@@ -9,6 +9,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import llguidance
 import pytest
@@ -154,3 +156,30 @@ def test_a_vllm_child_that_died_is_named_with_its_error_and_log(tmp_path):
     assert cause is not None and cause.startswith("vLLM exited with code 1: ")
     assert "No module named 'vllm'" in cause and f"(its log: {log})" in cause
     child.stop()
+
+
+def test_vllms_files_in_the_temp_folder_go_with_the_child(tmp_path, monkeypatch):
+    """vLLM leaves its ZMQ sockets (`<uuid>`) and its rendezvous file (`vllm_dist_<hex>`) in the
+    temp folder, where they stayed after every stopped child: the child gets a temp folder of
+    its own, removed on stop; torch's compiled kernels go to our cache folder."""
+    from art_backend.testing import ModelLoadError, VllmProcess
+
+    monkeypatch.setenv("ART_CACHE_DIR", str(tmp_path / "cache"))
+    fake = tmp_path / "python"  # stands in for vLLM: leaves its files where vLLM would
+    fake.write_text(
+        '#!/bin/sh\necho "$TMPDIR $VLLM_RPC_BASE_PATH $TORCHINDUCTOR_CACHE_DIR" > "$0.env"\n'
+        'touch "$TMPDIR/vllm_dist_0123"\n'
+        'python3 -c "import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])" '
+        '"$VLLM_RPC_BASE_PATH/a1b2c3"\nexit 1\n'
+    )
+    fake.chmod(0o755)
+    child = VllmProcess(VllmSettings(python=str(fake), model="m"))
+    with pytest.raises(ModelLoadError):
+        child.start(timeout=60)
+    temp, rpc_base, kernels = (tmp_path / "python.env").read_text().split()
+    own = Path(temp)
+    assert own.parent == Path(tempfile.gettempdir()) and own.name.startswith("art-vllm-")
+    assert rpc_base == temp and kernels == str(tmp_path / "cache" / "torchinductor")
+    assert (own / "a1b2c3").is_socket() and (own / "vllm_dist_0123").is_file()
+    child.stop()
+    assert not own.exists()
