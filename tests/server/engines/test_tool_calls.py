@@ -373,6 +373,7 @@ TIME_CALL = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</
         (f'{WEATHER_CALL}\n{TIME_CALL}\n<tool_call>\n{{"name": "get_w', None, ["get_weather", "get_time"]),
         (f"Checking.\n{WEATHER_CALL}\n<tool_c", "Checking.", ["get_weather"]),
         (f"{WEATHER_CALL}\n<", None, ["get_weather"]),
+        (f"{WEATHER_CALL}\n{TIME_CALL[:-3]}", None, ["get_weather", "get_time"]),  # `</tool_ca`
         ("The weather is fine.", "The weather is fine.", []),  # plain text is kept as it is
     ],
 )  # fmt: skip
