@@ -216,7 +216,7 @@ def _take_tagged_calls(
     """Move each valid `<tool_call>` block into `calls`; return the text without those blocks
     (and, when the text was `cut`, without the unfinished block or tag it ends in)."""
     if cut:
-        text = _without_cut_tag(text)
+        text = _without_cut_tag(text, _TOOL_CALL_OPEN)
     kept: list[str] = []
     position = 0
     while (start := text.find(_TOOL_CALL_OPEN, position)) != -1:
@@ -227,6 +227,7 @@ def _take_tagged_calls(
             body, end = text[body_start:close], close + len(_TOOL_CALL_CLOSE)
         elif next_open == -1:  # closing tag missing at the very end of the text
             body, end = text[body_start:], len(text)
+            body = _without_cut_tag(body, _TOOL_CALL_CLOSE) if cut else body
         else:  # opened but never closed before the next block: leave it as content
             kept.append(text[position:next_open])
             position = next_open
@@ -240,10 +241,10 @@ def _take_tagged_calls(
     return "".join(kept)
 
 
-def _without_cut_tag(text: str) -> str:
-    """`text` without the start of a `<tool_call>` tag the token limit cut (`<tool_c`)."""
-    for length in range(len(_TOOL_CALL_OPEN) - 1, 0, -1):
-        if text.endswith(_TOOL_CALL_OPEN[:length]):
+def _without_cut_tag(text: str, tag: str) -> str:
+    """`text` without the start of `tag` the token limit cut at its end (`<tool_c`)."""
+    for length in range(len(tag) - 1, 0, -1):
+        if text.endswith(tag[:length]):
             return text[:-length]
     return text
 
