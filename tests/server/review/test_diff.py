@@ -526,6 +526,18 @@ def test_art_diff_names_a_damaged_trajectories_file_and_what_to_do(
     assert message in err and "log the step again" in err and err.count("\n") == 1
 
 
+def test_the_diff_page_answers_a_damaged_file_with_a_409_naming_it(tmp_path: Path):
+    from fastapi.testclient import TestClient
+
+    from art_backend.review._app import create_review_app
+
+    damage_folder(two_logged_steps(tmp_path))
+    page = TestClient(create_review_app(tmp_path))
+    answer = page.get("/p/m/diff", params={"from": 0, "to": 1}, headers=JSON)
+    assert answer.status_code == 409, answer.text
+    assert "are a folder, not a file" in answer.json()["error"]["message"]
+
+
 def test_art_diff_compares_what_a_partly_damaged_file_holds_and_says_what_it_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ):
