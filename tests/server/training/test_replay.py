@@ -278,6 +278,11 @@ def test_a_thread_count_torch_would_crash_on_is_refused_with_exit_2(tmp_path: Pa
     result = replay(tmp_path, "--model", NAME, "--step", "1", "--threads", "100000")
     assert result.returncode == 2 and result.stdout == ""
     assert f"argument --threads: 100000 is more than {max_threads()}" in result.stderr
+    from art_backend._errors import InvalidRequestError
+    from art_backend.training._replay import replay_step
+
+    with pytest.raises(InvalidRequestError, match="threads=100000: give a count from 1 to"):
+        replay_step(tmp_path, NAME, 1, threads=100_000)
 
 
 def test_the_art_command_runs_replay_and_refuses_step_0(tmp_path: Path):
