@@ -29,7 +29,12 @@ from art_backend._errors import (
 from art_backend.engines._thread_settings import max_threads
 from art_backend.store._checkpoints import ModelStore, check_name
 from art_backend.store._manifest import folder_fingerprint, link_or_copy, manifest_path
-from art_backend.training._replay_files import SavedStep, damaged_unless_read, read_saved_step
+from art_backend.training._replay_files import (
+    RESTORE_MANIFEST,
+    SavedStep,
+    damaged_unless_read,
+    read_saved_step,
+)
 from art_backend.training._replay_record import NUMERIC_PACKAGES, package_versions, tensors_sha256
 from art_backend.training._trainer import ADAPTER_WEIGHTS, TRAINER_STATE, LoraTrainer
 
@@ -119,7 +124,7 @@ def replay_step(
     notes: list[str] = []
     saved = read_saved_step(store, step, notes)
     manifest, record = saved.manifest, saved.record
-    with damaged_unless_read(manifest_path(store), "restore it from a backup of the model folder"):
+    with damaged_unless_read(manifest_path(store), RESTORE_MANIFEST):
         folder = _base_model_folder(manifest, base_model)
         device = device or saved.environment.get("device", "cpu")
         threads = threads or int(record["threads"])

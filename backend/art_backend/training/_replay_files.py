@@ -34,6 +34,7 @@ from art_backend.engines._thread_settings import max_threads
 from art_backend.store._checkpoints import ModelStore
 from art_backend.store._manifest import (
     START_STATE,
+    STEP_INPUTS,
     STEP_RECORD,
     manifest_path,
     read_manifest,
@@ -44,7 +45,8 @@ from art_backend.training._replay_record import saved_rows
 from art_backend.training._rows import Rows
 from art_backend.training._trainer import ADAPTER_WEIGHTS, OptimizerSettings, read_trainer_state
 
-RESTORE = "restore it from a backup of the model folder, or replay another step"
+RESTORE_MANIFEST = "restore it from a backup of the model folder"
+RESTORE = f"{RESTORE_MANIFEST}, or replay another step"
 
 
 @dataclass
@@ -132,9 +134,9 @@ def read_saved_step(store: ModelStore, step: int, notes: list[str]) -> SavedStep
             f"the checkpoint's replay.json holds adapter hash {record.get('adapter_sha256')}, "
             f"the manifest {expected}: one of them changed after the step"
         )
-    with damaged_unless_read(store.checkpoint_dir(step) / "replay_inputs.safetensors", RESTORE):
+    with damaged_unless_read(store.checkpoint_dir(step) / STEP_INPUTS, RESTORE):
         rows, inputs_ok = saved_rows(store, step, record, notes)
-    with damaged_unless_read(manifest_path(store), "restore it from a backup of the model folder"):
+    with damaged_unless_read(manifest_path(store), RESTORE_MANIFEST):
         environments = manifest.get("environments", {})
         environment = environments.get(record.get("environment"), {})
         if not isinstance(environment, dict):
@@ -159,7 +161,7 @@ def _manifest_and_summary(
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The manifest, checked for the fields a replay reads, and step `step`'s summary in it."""
     path = manifest_path(store)
-    with damaged_unless_read(path, "restore it from a backup of the model folder"):
+    with damaged_unless_read(path, RESTORE_MANIFEST):
         manifest = read_manifest(store)
         if manifest is None and path.exists():
             raise TypeError("it holds JSON that is not an object")
