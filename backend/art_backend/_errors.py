@@ -22,6 +22,7 @@ beside it (a subclass without them answers as its parent).
         StoreNotFoundError                 a project, model, step, group or trajectory
         RouteNotServedError                a route of an API served in part (the Tinker API's)
       ConflictError                      409 conflict_error: clashes with the server's state
+        StoreFileDamagedError              a store file that cannot be read (torn, garbled, a folder)
       CheckpointLoadError                409 invalid_request_error: a checkpoint that won't load
         TrainerStateError                  its trainer state is unreadable or does not fit
       EngineStoppedError                 503 server_error: the engine stopped under the request
@@ -155,6 +156,12 @@ class RouteNotServedError(NotFoundError):
 
 class ConflictError(BackendError, status_code=409, error_type="conflict_error"):
     """The request clashes with the server's state (HTTP 409); the message says how to resolve it."""
+
+
+class StoreFileDamagedError(ConflictError):
+    """A file in the store that cannot be read: cut short, garbled, a folder where a file
+    belongs (HTTP 409). What `art diff` and `art replay` raise; the message names the file and
+    what to do."""
 
 
 class CheckpointLoadError(BackendError, status_code=409, error_type="invalid_request_error"):

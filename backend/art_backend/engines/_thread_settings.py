@@ -4,6 +4,7 @@ share) the cores other processes leave idle (`_threads.py`). torch is imported o
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from art_backend._errors import InvalidRequestError
@@ -12,12 +13,23 @@ if TYPE_CHECKING:
     from art_backend.engines._threads import ThreadGovernor
 
 
+def max_threads() -> int:
+    """The most torch threads a count may fix: 4 per core, at least 256. Far more crashes the
+    process (torch's thread pool segfaults asked for 100,000), with no message."""
+    return max(256, 4 * (os.cpu_count() or 1))
+
+
 def parse_threads(threads: str) -> int | None:
     """`--threads`: None for auto, else the fixed count; anything else is a clear error."""
     if threads == "auto":
         return None
     if not threads.isdigit() or int(threads) < 1:
         raise InvalidRequestError(f"--threads must be auto or a positive number, not {threads!r}")
+    if int(threads) > max_threads():
+        raise InvalidRequestError(
+            f"--threads {threads} is more than {max_threads()} (4 per core, at least 256): "
+            "give a count near the number of cores, or auto."
+        )
     return int(threads)
 
 

@@ -29,12 +29,23 @@ assistant's text. Tool results come back as a `user` turn, one block per result 
 
 When parsing, the backend also accepts a fenced ```json block or a bare JSON object (or list of
 objects) with `name` and `arguments` (alias `parameters`), as models often answer that way.
-Anything that does not parse as a call for a known tool stays in the message content.
+Anything that does not parse as a call for a known tool stays in the message content, with one
+exception: when the generation stopped at the token limit (`cut`), an unfinished `<tool_call>`
+block at the end of the text (or the start of its tag) is a call cut short and is dropped: no
+client sees the markup, nor a call whose arguments do not parse. Its tokens stay in the answer's
+token ids and usage, and the finish reason says `length`. (OpenAI's API returns such a call
+with its arguments cut mid-JSON; Anthropic's an incomplete `tool_use`: neither can be run.)
+
+Numbers the model writes past a double's range (`1e999`), integers past Python's 4,300 digits
+and the constants `NaN`/`Infinity` are kept as the text the model wrote, a JSON string: a parsed `inf` would make the arguments
+JSON that strict encoders refuse (`ValueError: Out of range float values are not JSON
+compliant`, raised by httpx when a client sends the call back).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 import string
@@ -125,19 +136,24 @@ def prepare_messages(
     return prepared
 
 
-def parse_tool_calls(text: str, tool_names: set[str] | None) -> tuple[str | None, list[dict]]:
+def parse_tool_calls(
+    text: str, tool_names: set[str] | None, *, cut: bool = False
+) -> tuple[str | None, list[dict]]:
     """Split generated text into (content, OpenAI tool_calls); unrecognised calls stay content.
 
-    `tool_names` (when given) limits which names count as calls. Never raises.
+    `tool_names` (when given) limits which names count as calls; `cut` says the generation
+    stopped at the token limit, so an unfinished last `<tool_call>` block is dropped (see the
+    module docstring). Never raises.
     """
     calls: list[dict] = []
-    remaining = _take_tagged_calls(text, tool_names, calls)
+    remaining = _take_tagged_calls(text, tool_names, calls, cut=cut)
     remaining = _take_fenced_calls(remaining, tool_names, calls)
     if not calls:
         bare_calls = _as_tool_calls(_load_json(remaining.strip()), tool_names, tagged=False)
         if bare_calls:
             return None, bare_calls
-        return text, []
+        if remaining == text:  # nothing taken out: the text exactly as generated
+            return text, []
     content = remaining.strip()
     return (content or None), calls
 
@@ -194,8 +210,13 @@ def _parse_json_or_keep(arguments: dict | str) -> Any:
     return arguments if nests_deeper_than(value, MAX_JSON_DEPTH) else value
 
 
-def _take_tagged_calls(text: str, tool_names: set[str] | None, calls: list[dict]) -> str:
-    """Move each valid `<tool_call>` block into `calls`; return the text without those blocks."""
+def _take_tagged_calls(
+    text: str, tool_names: set[str] | None, calls: list[dict], *, cut: bool = False
+) -> str:
+    """Move each valid `<tool_call>` block into `calls`; return the text without those blocks
+    (and, when the text was `cut`, without the unfinished block or tag it ends in)."""
+    if cut:
+        text = _without_cut_tag(text, _TOOL_CALL_OPEN)
     kept: list[str] = []
     position = 0
     while (start := text.find(_TOOL_CALL_OPEN, position)) != -1:
@@ -206,16 +227,26 @@ def _take_tagged_calls(text: str, tool_names: set[str] | None, calls: list[dict]
             body, end = text[body_start:close], close + len(_TOOL_CALL_CLOSE)
         elif next_open == -1:  # closing tag missing at the very end of the text
             body, end = text[body_start:], len(text)
+            body = _without_cut_tag(body, _TOOL_CALL_CLOSE) if cut else body
         else:  # opened but never closed before the next block: leave it as content
             kept.append(text[position:next_open])
             position = next_open
             continue
         found = _as_tool_calls(_load_json(_strip_fence(body.strip())), tool_names, tagged=True)
-        kept.append(text[position:start] if found else text[position:end])
+        cut_short = cut and close == -1  # the limit ended the text inside this block
+        kept.append(text[position:start] if found or cut_short else text[position:end])
         calls.extend(found)
         position = end
     kept.append(text[position:])
     return "".join(kept)
+
+
+def _without_cut_tag(text: str, tag: str) -> str:
+    """`text` without the start of `tag` the token limit cut at its end (`<tool_c`)."""
+    for length in range(len(tag) - 1, 0, -1):
+        if text.endswith(tag[:length]):
+            return text[:-length]
+    return text
 
 
 def _take_fenced_calls(text: str, tool_names: set[str] | None, calls: list[dict]) -> str:
@@ -236,11 +267,28 @@ def _strip_fence(body: str) -> str:
 
 
 def _load_json(text: str) -> Any:
-    """The parsed JSON value, or None when the text is not valid JSON."""
+    """The parsed JSON value, or None when the text is not valid JSON; a number past a double's
+    range and the constants NaN/Infinity stay the text the model wrote (module docstring)."""
     try:
-        return json.loads(text)
+        return json.loads(
+            text, parse_float=_finite_or_text, parse_int=_int_or_text, parse_constant=str
+        )
     except (json.JSONDecodeError, RecursionError):
         return None
+
+
+def _finite_or_text(literal: str) -> float | str:
+    """A JSON number literal as a float, or as its own text when it overflows to infinity."""
+    value = float(literal)
+    return value if math.isfinite(value) else literal
+
+
+def _int_or_text(literal: str) -> int | str:
+    """A JSON integer literal as an int, or as its own text past Python's 4,300 digits."""
+    try:
+        return int(literal)
+    except ValueError:
+        return literal
 
 
 def _as_tool_calls(value: Any, tool_names: set[str] | None, *, tagged: bool) -> list[dict]:

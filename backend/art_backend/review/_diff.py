@@ -37,6 +37,7 @@ from typing import Any
 from art_backend._errors import (
     InvalidRequestError,
     StepsNotComparableError,
+    StoreFileDamagedError,
     StoreNotFoundError,
 )
 from art_backend.review._browse import message_text
@@ -252,6 +253,7 @@ class StepDiff:
     examples: list[ExampleDiff]
     only_before: int = 0  # examples of `from_step` with no partner at `to_step`
     only_after: int = 0
+    notes: list[str] = field(default_factory=list)  # damaged records skipped while reading
 
     @property
     def counts(self) -> dict[str, int]:
@@ -272,6 +274,7 @@ class StepDiff:
             "only_before": self.only_before,
             "only_after": self.only_after,
             "counts": self.counts,
+            "notes": self.notes,
             "examples": [x.to_json() for x in shown],
         }
 
@@ -396,15 +399,17 @@ def load_step_diff(
             param="to",
         )
     steps = logged_steps(store, split)
-    rows = []
+    rows, notes = [], []
     for step in (from_step, to_step):
         if step not in steps:
             raise StoreNotFoundError(_no_step_message(store, split, step, steps))
-        path = store.trajectories_path(split, step)
-        rows.append(read_trajectory_file(path).rows)
+        step_rows, note = _step_rows(store, split, step)
+        rows.append(step_rows)
+        notes += [f"{split} step {step}: {note}"] if note else []
     diff = compare_rows(
         rows[0], rows[1], split=split, from_step=from_step, to_step=to_step, options=options
     )
+    diff.notes = notes
     if not diff.examples:
         raise StepsNotComparableError(
             f"{split} steps {from_step} and {to_step} of {store.project}/{store.name} share no "
@@ -415,6 +420,61 @@ def load_step_diff(
             param="from",
         )
     return diff
+
+
+def _step_rows(store: ModelStore, split: str, step: int) -> tuple[list[dict[str, Any]], str]:
+    """The readable rows of one logged step, and a note on what damage was skipped ('' when
+    none); a file that cannot be read at all, or that holds no readable record, is a
+    `StoreFileDamagedError` naming it and what to do."""
+    path = store.trajectories_path(split, step)
+    what = f"The {split} trajectories of step {step} ({path})"
+    log_again = f'log the step again with `await model.log(groups, split="{split}")`'
+    if path.is_dir():
+        raise StoreFileDamagedError(
+            f"{what} are a folder, not a file: move the folder away, then {log_again}."
+        )
+    try:
+        content = read_trajectory_file(path)
+    except OSError as error:
+        raise StoreFileDamagedError(
+            f"{what} cannot be read ({error.strerror or error}): make the file readable, or "
+            f"{log_again}."
+        ) from error
+    rows = [row for row in content.rows if _readable_row(row)]
+    odd = len(content.rows) - len(rows)
+    note = "; ".join(
+        [content.note()] * content.damaged
+        + [f"{odd} record(s) not shaped as a logged trajectory skipped"] * bool(odd)
+    )
+    if (note and not rows) or not path.stat().st_size:
+        repair = (
+            "art-server repairs a damaged file when it loads the model (the original kept "
+            "beside it as .damaged), or "
+        )
+        raise StoreFileDamagedError(
+            f"{what} hold no readable record ({note or 'the file is empty'}): "
+            f"{repair * content.damaged}{log_again}."
+        )
+    return rows, note
+
+
+def _readable_row(row: dict[str, Any]) -> bool:
+    """Whether a record has the shape the comparison reads (histories of messages, metadata
+    and metrics objects): a JSON object of another shape is skipped and counted."""
+    histories = row.get("histories", [])
+    if not isinstance(histories, list) or not all(isinstance(h, dict) for h in histories):
+        return False
+    messages = [h.get("messages") or [] for h in histories]
+    if not all(isinstance(m, list) and all(isinstance(x, dict) for x in m) for m in messages):
+        return False
+    for message in (message for history in messages for message in history):
+        calls = message.get("tool_calls") or []
+        if not isinstance(calls, list) or not all(
+            isinstance(call, dict) and isinstance(call.get("function") or {}, dict)
+            for call in calls
+        ):
+            return False
+    return all(isinstance(row.get(name) or {}, dict) for name in ("metadata", "metrics"))
 
 
 def _no_step_message(store: ModelStore, split: str, step: int, steps: list[int]) -> str:

@@ -65,6 +65,7 @@ def format_diff(store: ModelStore, diff: StepDiff, shown_tag: str) -> str:
         + ", ".join(f"{label} {counts[tag]}" for tag, label in TAGS.items())
         + f", unchanged {counts['unchanged']}",
     ]
+    lines += [f"  note: {note}" for note in diff.notes]
     if diff.only_before or diff.only_after:
         lines.append(
             f"  not compared: {diff.only_before} only at step {diff.from_step}, "

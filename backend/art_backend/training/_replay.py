@@ -5,7 +5,8 @@ the model's LoRA settings and seed -> checkpoint N-1's adapter and the saved sta
 `LoraTrainer.grpo_step` on the saved rows with the recorded settings and thread count -> the
 adapter's hash against the manifest, and max |delta| per tensor against checkpoint N.
 
-Bit-exact is expected on CPU with the same packages and the same thread count, held through the
+Every file is read and checked before the step trains (`_replay_files`): one that is gone or
+damaged is a named error that says what to do. Bit-exact is expected on CPU with the same packages and the same thread count, held through the
 step; otherwise the replay compares within `tolerance` (default: 1 % of the step's learning rate
 per weight, about 1 % of one AdamW update) and says why (docs/reliability.md, "Replaying a step").
 """
@@ -21,31 +22,21 @@ import torch
 
 from art_backend._errors import (
     BaseModelMismatchError,
+    InvalidRequestError,
     ReplayInputMissingError,
     StoreNotFoundError,
 )
+from art_backend.engines._thread_settings import max_threads
 from art_backend.store._checkpoints import ModelStore, check_name
-from art_backend.store._manifest import (
-    START_STATE,
-    folder_fingerprint,
-    link_or_copy,
-    read_manifest,
-    read_step_record,
+from art_backend.store._manifest import folder_fingerprint, link_or_copy, manifest_path
+from art_backend.training._replay_files import (
+    RESTORE_MANIFEST,
+    SavedStep,
+    damaged_unless_read,
+    read_saved_step,
 )
-from art_backend.training._grpo import LossConfig
-from art_backend.training._replay_record import (
-    NUMERIC_PACKAGES,
-    package_versions,
-    saved_rows,
-    tensors_sha256,
-)
-from art_backend.training._rows import Rows
-from art_backend.training._trainer import (
-    ADAPTER_WEIGHTS,
-    TRAINER_STATE,
-    LoraTrainer,
-    OptimizerSettings,
-)
+from art_backend.training._replay_record import NUMERIC_PACKAGES, package_versions, tensors_sha256
+from art_backend.training._trainer import ADAPTER_WEIGHTS, TRAINER_STATE, LoraTrainer
 
 # Where bit-exact is not expected: max |delta| allowed, as a fraction of the step's learning
 # rate (an AdamW update moves a weight by about the rate).
@@ -120,61 +111,43 @@ def replay_step(
     base_model: Path | None = None,
     device: str | None = None,
 ) -> ReplayReport:
-    """Train step `step` of model `name` again from its saved inputs; compare the adapter."""
+    """Train step `step` of model `name` again from its saved inputs; compare the adapter.
+
+    Every file is read and checked first (`_replay_files`): a damaged one is a named error
+    before any training."""
+    if threads is not None and not 1 <= threads <= max_threads():
+        raise InvalidRequestError(
+            f"threads={threads}: give a count from 1 to {max_threads()} (4 per core, at least "
+            "256), or None for the step's own count."
+        )
     store = find_store(art_path, name, project)
-    manifest = read_manifest(store)
-    if manifest is None:
-        raise StoreNotFoundError(
-            f"{store.project}/{name} has no manifest.json: it was trained before runs were "
-            "recorded. Only steps trained by a server that writes manifests can be replayed."
-        )
-    summary = manifest.get("steps", {}).get(str(step))
-    record = read_step_record(store, step)
-    if summary is None or record is None:
-        known = sorted(int(s) for s, v in manifest.get("steps", {}).items() if v.get("kind"))
-        raise StoreNotFoundError(
-            f"{store.project}/{name} has no recorded step {step} (recorded: "
-            f"{known or 'none'}); its checkpoint may have been deleted. Pick a recorded step."
-        )
-    if not record.get("trained"):
-        raise StoreNotFoundError(
-            f"Step {step} of {name} is a {record.get('kind')!r} step: replay covers GRPO train "
-            "steps, whose exact rows are saved. Pick a train step."
-        )
     notes: list[str] = []
-    expected = summary["adapter_sha256"]
-    if record.get("adapter_sha256") != expected:
-        notes.append(
-            f"the checkpoint's replay.json holds adapter hash {record.get('adapter_sha256')}, "
-            f"the manifest {expected}: one of them changed after the step"
-        )
-    recorded_env = manifest.get("environments", {}).get(record.get("environment"), {})
-    rows, inputs_ok = saved_rows(store, step, record, notes)
-    folder = _base_model_folder(manifest, base_model)
-    device = device or recorded_env.get("device", "cpu")
-    threads = threads or int(record["threads"])
-    why = _why_not_exact(recorded_env, record, manifest["model"]["lora"], threads, device)
+    saved = read_saved_step(store, step, notes)
+    manifest, record = saved.manifest, saved.record
+    with damaged_unless_read(manifest_path(store), RESTORE_MANIFEST):
+        folder = _base_model_folder(manifest, base_model)
+        device = device or saved.environment.get("device", "cpu")
+        threads = threads or int(record["threads"])
+        why = _why_not_exact(saved.environment, record, manifest["model"]["lora"], threads, device)
     if tolerance is None:  # stated in the report: 0 where the same bits are expected
-        tolerance = DEFAULT_RELATIVE_TOLERANCE * float(record["optimizer"]["learning_rate"])
+        tolerance = DEFAULT_RELATIVE_TOLERANCE * float(saved.optimizer.learning_rate)
         tolerance = tolerance if why else 0.0
 
     torch.set_num_threads(threads)
-    replayed = _train_again(store, manifest, record, rows, folder, device, recorded_env)
-    after = store.checkpoint_dir(step) / ADAPTER_WEIGHTS
-    max_delta = _max_deltas(replayed, after, notes) if after.is_file() else {}
-    if not after.is_file():
+    replayed = _train_again(saved, folder, device)
+    if saved.recorded_adapter is None:
         notes.append(f"checkpoint {step}'s adapter is gone: compared by hash only")
     return ReplayReport(
         project=store.project,
         name=name,
         step=step,
-        expected_sha256=expected,
+        expected_sha256=saved.expected_sha256,
         replayed_sha256=tensors_sha256(replayed),
-        inputs_ok=inputs_ok,
+        inputs_ok=saved.inputs_ok,
         exact_expected=not why,
         tolerance=tolerance,
         why_not_exact=why,
-        max_delta=max_delta,
+        max_delta=_max_deltas(replayed, saved.recorded_adapter or {}, notes),
         notes=notes,
     )
 
@@ -223,63 +196,36 @@ def _why_not_exact(
     return why
 
 
-def _train_again(
-    store: ModelStore,
-    manifest: dict[str, Any],
-    record: dict[str, Any],
-    rows: Rows,
-    base_folder: Path,
-    device: str,
-    env: dict[str, Any],
-) -> dict[str, torch.Tensor]:
-    """Checkpoint N-1 plus the saved start state -> one GRPO step -> the adapter's tensors."""
+def _train_again(saved: SavedStep, base_folder: Path, device: str) -> dict[str, torch.Tensor]:
+    """Checkpoint N-1's adapter plus the saved start state -> one GRPO step -> the adapter."""
+    from safetensors.torch import load_file
+
     from art_backend.training._distributed import trainer_engine
 
-    step = int(record["step"])
-    start = record["start"]
-    previous = store.checkpoint_dir(int(start["from_step"]))
-    if not (previous / ADAPTER_WEIGHTS).is_file():
-        raise ReplayInputMissingError(
-            f"Checkpoint {start['from_step']} ({previous}) is gone: step {step} starts from its "
-            "adapter. Replay a step whose previous checkpoint is kept."
-        )
-    state = store.checkpoint_dir(step) / START_STATE
-    if not start["fresh_optimizer"] and (start["optimizer_state"] is None or not state.is_file()):
-        raise ReplayInputMissingError(
-            f"The optimizer state step {step} started from ({state}) is missing: without it "
-            "AdamW's moments differ. Restore the file, or replay another step."
-        )
     engine = trainer_engine(
-        str(base_folder), dtype=env.get("dtype", "float32"), device=torch.device(device)
+        str(base_folder),
+        dtype=saved.environment.get("dtype", "float32"),
+        device=torch.device(device),
     )
-    model_info = manifest["model"]
+    model_info = saved.manifest["model"]
     trainer = LoraTrainer(engine, "replay", model_info["lora"], seed=int(model_info["seed"]))
     with tempfile.TemporaryDirectory(prefix="art-replay-") as work:
         start_folder = Path(work) / "start"
         start_folder.mkdir()
-        link_or_copy(previous / ADAPTER_WEIGHTS, start_folder / ADAPTER_WEIGHTS)
-        if not start["fresh_optimizer"]:
-            link_or_copy(state, start_folder / TRAINER_STATE)
+        link_or_copy(saved.start_adapter, start_folder / ADAPTER_WEIGHTS)
+        if saved.start_state is not None:
+            link_or_copy(saved.start_state, start_folder / TRAINER_STATE)
         trainer.load(start_folder)
-        trainer.grpo_step(
-            rows,
-            LossConfig(**record["loss"]),
-            OptimizerSettings(**record["optimizer"]),
-            beta=float(record["beta"]),
-        )
+        trainer.grpo_step(saved.rows, saved.loss, saved.optimizer, beta=float(saved.record["beta"]))
         trainer.save(Path(work))
-        from safetensors.torch import load_file
-
         return load_file(str(Path(work) / ADAPTER_WEIGHTS))
 
 
 def _max_deltas(
-    replayed: dict[str, torch.Tensor], saved_path: Path, notes: list[str]
+    replayed: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], notes: list[str]
 ) -> dict[str, float]:
-    from safetensors.torch import load_file
-
-    saved = load_file(str(saved_path))
-    if set(saved) != set(replayed):
+    """max |delta| per tensor between the replayed adapter and checkpoint N's ({} if gone)."""
+    if saved and set(saved) != set(replayed):
         notes.append("the replayed adapter holds other tensors than the checkpoint's")
     return {
         name: float((replayed[name].double() - saved[name].double()).abs().max())

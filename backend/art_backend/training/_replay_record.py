@@ -140,7 +140,7 @@ def saved_rows(
     """The rows step `step` trained on, read back for a replay, and whether they are the
     same as then (their hash in `record`); a note in `notes` where they are not."""
     path = store.checkpoint_dir(step) / STEP_INPUTS
-    if not path.is_file():
+    if not path.exists():
         raise ReplayInputMissingError(
             f"{path} is missing: the rows step {step} trained on are gone, so it cannot be "
             "replayed. Restore the file from a backup of the model folder."

@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", default=".art", type=Path, help="the folder art-server used")
     parser.add_argument("--project", help="the model's project (when several have the name)")
     parser.add_argument(
-        "--threads", type=positive_int, help="torch threads (default: the step's own count)"
+        "--threads",
+        type=thread_count,
+        help="torch threads, at most 4 per core or 256 (default: the step's own count)",
     )
     parser.add_argument(
         "--tolerance",
@@ -63,6 +65,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"art replay: {type(error).__name__}: {error}", file=sys.stderr)
         return 2
     return _verdict(report)
+
+
+def thread_count(text: str) -> int:
+    """An argparse type: a whole number from 1 to `max_threads()` (torch crashes far past it)."""
+    from art_backend.engines._thread_settings import max_threads
+
+    value = positive_int(text)
+    if value > max_threads():
+        raise argparse.ArgumentTypeError(
+            f"{value} is more than {max_threads()} (4 per core, at least 256): give a count near "
+            "the number of cores, or leave it out to use the step's own count"
+        )
+    return value
 
 
 def _verdict(report: ReplayReport) -> int:

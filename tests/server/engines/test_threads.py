@@ -19,7 +19,7 @@ import httpx
 import pytest
 import torch
 
-from art_backend.engines._thread_settings import parse_threads, thread_governor
+from art_backend.engines._thread_settings import max_threads, parse_threads, thread_governor
 from art_backend.engines._threads import ThreadGovernor, _cpu_ticks, _process_ticks
 from art_backend.testing import InvalidRequestError
 from tests.support.processes import art_server_refusal
@@ -208,6 +208,12 @@ def test_threads_argument_is_auto_or_a_positive_number():
 def test_art_server_refuses_a_bad_threads_value_before_loading_anything():
     refusal = art_server_refusal("--model", "/no/such/model", "--threads", "x", timeout=60)
     assert "--threads must be auto or a positive number, not 'x'" in refusal
+
+
+def test_a_thread_count_past_4_per_core_is_refused_before_torch_crashes_on_it():
+    refusal = art_server_refusal("--model", "/no/such/model", "--threads", "100000", timeout=60)
+    assert f"--threads 100000 is more than {max_threads()} (4 per core" in refusal
+    assert parse_threads(str(max_threads())) == max_threads()
 
 
 @pytest.mark.parametrize(

@@ -362,6 +362,57 @@ def test_hermes_call_cut_off_mid_json_stays_content():
     assert parse_tool_calls(text, TOOL_NAMES) == (text, [])
 
 
+WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+TIME_CALL = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ('<tool_call>\n{"name": "get_weather", "arguments": {"ci', None, []),
+        (f'{WEATHER_CALL}\n{TIME_CALL}\n<tool_call>\n{{"name": "get_w', None, ["get_weather", "get_time"]),
+        (f"Checking.\n{WEATHER_CALL}\n<tool_c", "Checking.", ["get_weather"]),
+        (f"{WEATHER_CALL}\n<", None, ["get_weather"]),
+        (f"{WEATHER_CALL}\n{TIME_CALL[:-3]}", None, ["get_weather", "get_time"]),  # `</tool_ca`
+        ("The weather is fine.", "The weather is fine.", []),  # plain text is kept as it is
+    ],
+)  # fmt: skip
+def test_a_call_cut_by_the_token_limit_is_dropped_and_complete_calls_keep_their_order(
+    text: str, content: str | None, calls: list[str]
+):
+    parsed_content, tool_calls = parse_tool_calls(text, TOOL_NAMES, cut=True)
+    assert parsed_content == content
+    assert [call["function"]["name"] for call in tool_calls] == calls
+    assert "<tool" not in (parsed_content or "")
+
+
+@pytest.mark.parametrize(
+    ("written", "kept"),
+    [
+        ("1e999", "1e999"),
+        ("-1E+400", "-1E+400"),
+        ("NaN", "NaN"),
+        ("-Infinity", "-Infinity"),
+        ("1" * 5000, "1" * 5000),  # past Python's int digits limit: a ValueError before
+        ("2.5", 2.5),
+        ("12", 12),
+    ],
+)
+def test_numbers_past_a_double_s_range_stay_the_text_the_model_wrote(written: str, kept):
+    text = (
+        f'<tool_call>\n{{"name": "get_weather", "arguments": {{"days": {written}}}}}\n</tool_call>'
+    )
+    _, [call] = parse_tool_calls(text, TOOL_NAMES)
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    # Strict JSON, as httpx sends it back (allow_nan=False) and as JavaScript parses it.
+    arguments = json.loads(call["function"]["arguments"], parse_constant=refuse)
+    assert arguments == {"days": kept}
+    json.dumps(arguments, allow_nan=False)
+
+
 @pytest.mark.parametrize(
     "text",
     [

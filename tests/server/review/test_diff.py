@@ -7,6 +7,7 @@ app and `art diff` read them.
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from art_backend.review._diff import (
     example_key,
     filter_examples,
 )
+from art_backend.store._checkpoints import ModelStore
 from tests.support.models import fresh_model
 from tests.support.rollouts import groups_for, varied_group
 from tests.support.servers import RunningServer
@@ -482,6 +484,73 @@ async def test_art_diff_refuses_bad_input_with_a_message(
     code, out, err = run_diff(capsys, *args, "--path", str(training_server.art_path))
     assert code == 2 and out == ""
     assert err.startswith("art diff: error: ") and message in err
+
+
+def damage_folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+# How a trajectories file can be damaged on disk, and what the message then says.
+DAMAGED_SHAPES = {
+    "a folder": (damage_folder, "are a folder, not a file: move the folder away"),
+    "empty": (lambda path: path.write_bytes(b""), "the file is empty"),
+    "cut short": (lambda path: path.write_bytes(path.read_bytes()[:20]), "damaged section"),
+    "garbage bytes": (lambda path: path.write_bytes(b"\x00garbage" * 9), "damaged section"),
+    "garbage JSON": (lambda path: path.write_bytes(gzip.compress(b"{not json\n[1]\n")), "2 unreadable"),
+    "JSON of another shape": (
+        lambda path: path.write_bytes(gzip.compress(b'{"id": "t", "histories": 5}\n')),
+        "1 record(s) not shaped as a logged trajectory",
+    ),
+}  # fmt: skip
+
+
+def two_logged_steps(root: Path) -> Path:
+    """A `.art` folder whose model m logged val steps 0 and 1 (no server); step 1's file."""
+    store = ModelStore(root, "p", "m")
+    store.write_trajectories("val", 0, [row("2+2?", said("five"), reward=0, scenario_id="sum")])
+    return store.write_trajectories("val", 1, [row("2+2?", said("4"), scenario_id="sum")])
+
+
+@pytest.mark.parametrize("shape", DAMAGED_SHAPES)
+def test_art_diff_names_a_damaged_trajectories_file_and_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture, shape: str
+):
+    damage, message = DAMAGED_SHAPES[shape]
+    path = two_logged_steps(tmp_path)
+    damage(path)
+    code, out, err = run_diff(capsys, "--model", "m", "--from", "0", "--to", "1",
+                              "--path", str(tmp_path))  # fmt: skip
+    assert code == 2 and out == ""
+    assert err.startswith(f"art diff: error: The val trajectories of step 1 ({path})")
+    assert message in err and "log the step again" in err and err.count("\n") == 1
+
+
+def test_the_diff_page_answers_a_damaged_file_with_a_409_naming_it(tmp_path: Path):
+    from fastapi.testclient import TestClient
+
+    from art_backend.review._app import create_review_app
+
+    damage_folder(two_logged_steps(tmp_path))
+    page = TestClient(create_review_app(tmp_path))
+    answer = page.get("/p/m/diff", params={"from": 0, "to": 1}, headers=JSON)
+    assert answer.status_code == 409, answer.text
+    assert "are a folder, not a file" in answer.json()["error"]["message"]
+
+
+def test_art_diff_compares_what_a_partly_damaged_file_holds_and_says_what_it_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    path = two_logged_steps(tmp_path)
+    with open(path, "ab") as out:  # a torn last write
+        out.write(gzip.compress(b'{"id": "t2"}\n')[:15])
+    code, out, _ = run_diff(capsys, "--model", "m", "--from", "0", "--to", "1",
+                            "--path", str(tmp_path), "--json")  # fmt: skip
+    assert code == 0
+    diff = json.loads(out)
+    assert diff["counts"]["newly_right"] == 1
+    [note] = diff["notes"]
+    assert note.startswith("val step 1: the file is damaged") and "1 damaged section" in note
 
 
 def test_art_diff_needs_an_existing_folder(tmp_path: Path):

@@ -531,3 +531,16 @@ async def test_the_apps_own_http_answers_pass_through_a_messages_route():
 
     with pytest.raises(RequestBodyTooLarge):
         await in_anthropic_shape(too_large())
+
+
+def test_a_number_past_a_double_s_range_in_a_tool_argument_stays_strict_json():
+    """The model wrote 1e999 into a loose tool's argument: the tool_use input keeps the text it
+    wrote, so a client that sends the call back (httpx refuses inf) does not fail."""
+    from art_backend.engines._tool_calls import parse_tool_calls
+    from art_backend.serving.messages._output import content_blocks
+
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 1e999, "b": NaN}}\n</tool_call>'
+    content, calls = parse_tool_calls(text, {"add"})
+    [block] = content_blocks({"content": content, "tool_calls": calls})
+    assert block["input"] == {"a": "1e999", "b": "NaN"}
+    httpx.Request("POST", "http://x", json={"content": [block]})  # raised ValueError before

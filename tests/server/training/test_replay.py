@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -172,6 +175,114 @@ def test_steps_that_cannot_be_replayed_raise_named_errors_that_say_what_to_do(
     result = replay(path, "--model", NAME, "--step", "2")
     assert result.returncode == 2
     assert result.stderr.startswith("art replay: ReplayInputMissingError:")
+
+
+def cut_short(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def garble(path: Path) -> None:
+    path.write_bytes(bytes(range(7, 250)) * 3)
+
+
+def into_a_folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def edit_json(change: Callable[[Any], object]) -> Callable[[Path], None]:
+    """A damage that parses the JSON file, changes it in place, and writes it back."""
+
+    def damage(path: Path) -> None:
+        value = json.loads(path.read_text())
+        change(value)
+        path.write_text(json.dumps(value))
+
+    return damage
+
+
+# Every file a replay of step 2 reads, and what the message advises for it.
+REPLAY_FILES = {
+    "manifest.json": "restore it from a backup of the model folder",
+    "checkpoints/0002/replay.json": "or replay another step",
+    "checkpoints/0002/replay_inputs.safetensors": "or replay another step",
+    "checkpoints/0001/adapter_model.safetensors": "step 2 starts from it",
+    "checkpoints/0002/replay_start_state.pt": "AdamW's moments differ",
+    "checkpoints/0002/adapter_model.safetensors": "compares its result with this adapter",
+}
+DAMAGES = {"cut short": cut_short, "garbled": garble, "a folder": into_a_folder}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("file", REPLAY_FILES)
+def test_a_damaged_replay_file_is_one_line_naming_it_and_exit_2(
+    trained_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture, file: str, damage: str
+):
+    from art_backend.training import replay_cli
+
+    path = copy_of(trained_run, tmp_path)
+    DAMAGES[damage](model_dir(path) / file)
+    code = replay_cli.main(["--path", str(path), "--model", NAME, "--step", "2"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", err
+    assert err.startswith(f"art replay: StoreFileDamagedError: {model_dir(path) / file} ")
+    assert REPLAY_FILES[file] in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("file", "damage", "says"),
+    [
+        ("manifest.json", lambda path: path.write_text("[]"), "JSON that is not an object"),
+        ("manifest.json", edit_json(lambda manifest: manifest.pop("model")), "KeyError: 'model'"),
+        ("checkpoints/0002/replay.json", edit_json(lambda r: r.pop("start")), "'start'"),
+        (
+            "checkpoints/0002/replay.json",
+            edit_json(lambda record: record.update(threads=100_000)),
+            "threads 100000 is not a count from 1 to",
+        ),
+        (
+            "checkpoints/0002/replay.json",
+            edit_json(lambda record: record["optimizer"].update(learning_rate="fast")),
+            "optimizer.learning_rate is 'fast', not a number",
+        ),
+    ],
+)  # fmt: skip
+def test_a_replay_file_with_a_field_missing_or_out_of_range_is_named(
+    trained_run: Path, tmp_path: Path, file: str, damage: Callable[[Path], None], says: str
+):
+    from art_backend._errors import StoreFileDamagedError
+    from art_backend.training._replay import replay_step
+
+    path = copy_of(trained_run, tmp_path)
+    damage(model_dir(path) / file)
+    with pytest.raises(StoreFileDamagedError, match=f"{re.escape(file)} cannot be used") as caught:
+        replay_step(path, NAME, 2)
+    assert says in str(caught.value)
+
+
+def test_art_replay_refuses_a_damaged_inputs_file_in_its_own_process(
+    trained_run: Path, tmp_path: Path
+):
+    path = copy_of(trained_run, tmp_path)
+    cut_short(model_dir(path) / "checkpoints/0002/replay_inputs.safetensors")
+    result = replay(path, "--model", NAME, "--step", "2")
+    assert result.returncode == 2 and result.stdout == "", result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert "replay_inputs.safetensors cannot be used to replay the step" in result.stderr
+
+
+def test_a_thread_count_torch_would_crash_on_is_refused_with_exit_2(tmp_path: Path):
+    """100,000 threads made torch segfault (exit 139, no output)."""
+    from art_backend.engines._thread_settings import max_threads
+
+    result = replay(tmp_path, "--model", NAME, "--step", "1", "--threads", "100000")
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"argument --threads: 100000 is more than {max_threads()}" in result.stderr
+    from art_backend._errors import InvalidRequestError
+    from art_backend.training._replay import replay_step
+
+    with pytest.raises(InvalidRequestError, match="threads=100000: give a count from 1 to"):
+        replay_step(tmp_path, NAME, 1, threads=100_000)
 
 
 def test_the_art_command_runs_replay_and_refuses_step_0(tmp_path: Path):

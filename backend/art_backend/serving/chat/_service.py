@@ -397,7 +397,9 @@ class ChatService:
         message: dict[str, Any] = {"role": "assistant", "content": event.text}
         if use_tools:
             names = {tool.function.name for tool in request.tools or []}
-            content, tool_calls = parse_tool_calls(event.text, names)
+            # A call the token limit cut is dropped, never returned as markup text.
+            cut = event.finish_reason == "length"
+            content, tool_calls = parse_tool_calls(event.text, names, cut=cut)
             if tool_calls and not request.parallel_tool_calls:
                 tool_calls = tool_calls[:1]
             message["content"] = content
