@@ -17,10 +17,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
+from art_backend._limits import parse_off_loop
 from art_backend.store._records import validate_rollout_id
 
 DISCONNECT_POLL_SECONDS = 0.5
-PARSE_ON_LOOP_MAX_BYTES = 256 * 1024  # larger bodies are parsed on a worker thread
 
 RequestT = TypeVar("RequestT")
 
@@ -33,10 +33,7 @@ async def parsed_request(
     rollout_id = rollout_id or raw.headers.get("x-rollout-id")
     if rollout_id is not None:
         validate_rollout_id(rollout_id)
-    body = await raw.body()
-    if len(body) > PARSE_ON_LOOP_MAX_BYTES:
-        return rollout_id, await asyncio.to_thread(parse, body)
-    return rollout_id, parse(body)
+    return rollout_id, await parse_off_loop(await raw.body(), parse)
 
 
 async def answer(

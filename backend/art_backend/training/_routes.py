@@ -8,12 +8,13 @@ is queued.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from art_backend._limits import CheckedJsonRoute
 from art_backend.training._review_veto import held_for_review
@@ -43,7 +44,9 @@ def training_router(training: TrainingService) -> APIRouter:
 
     @router.get("/models/{project}/{name}/history")
     async def history(project: str, name: str):
-        return {"rows": registry.get(project, name).store.read_history()}
+        # Read and joined on a worker thread: a long history is tens of megabytes.
+        rows = await asyncio.to_thread(registry.get(project, name).store.history_json)
+        return Response(rows, media_type="application/json")
 
     @router.post("/models/{project}/{name}/train")
     async def train(project: str, name: str, body: TrainRequest):
