@@ -197,7 +197,7 @@ SPOILED_WEIGHTS = [
         "r-named",
         "rank-pattern",
         "rank-pattern-named",
-    ],  # fmt: skip
+    ],
 )
 def test_weights_that_do_not_fit_or_are_damaged_are_a_400(
     adapter_server, tiny_model_dir, spoil, words

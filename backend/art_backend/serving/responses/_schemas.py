@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from art_backend._errors import InvalidRequestError
 from art_backend.serving._request import (
     BodySized,
     LogitBias,
@@ -391,7 +392,11 @@ class ResponseCreateRequest(BodySized):
     @model_validator(mode="after")
     def _something_to_answer(self) -> ResponseCreateRequest:
         if self.input is None and self.previous_response_id is None:
-            raise ValueError("`input` is required: a string or a list of input items")
+            # Raised as it is (pydantic passes on what is no ValueError): a 400 naming `input`,
+            # which a model validator's error could not name.
+            raise InvalidRequestError(
+                "`input` is required: a string or a list of input items", param="input"
+            )
         return self
 
     @property
