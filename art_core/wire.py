@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -341,16 +342,18 @@ class DeleteCheckpointsRequest(_Strict):
     """Either keep the latest and the best step by a logged metric (ART's form), or delete
     exactly `steps` (a retention strategy's choice; the latest step is never deleted)."""
 
+    # First, so that the other form's fields, when given beside it, are refused by name.
+    steps: list[StrictInt] | None = None
     best_checkpoint_metric: str = "val/reward"
     maximize: StrictBool = True
-    steps: list[StrictInt] | None = None
 
-    @model_validator(mode="after")
-    def _one_form(self) -> DeleteCheckpointsRequest:
-        chosen = {"best_checkpoint_metric", "maximize"} & self.model_fields_set
-        if self.steps is not None and chosen:
+    @field_validator("best_checkpoint_metric", "maximize")
+    @classmethod
+    def _one_form(cls, value: Any, info: ValidationInfo) -> Any:
+        # Runs only for a field given (defaults are not validated): the other form's.
+        if info.data.get("steps") is not None:
             raise ValueError(
-                f"give either steps (delete exactly those) or {' and '.join(sorted(chosen))} "
-                "(keep the latest and the best), not both"
+                f"give either steps (delete exactly those) or {info.field_name} (keep the "
+                "latest and the best), not both"
             )
-        return self
+        return value

@@ -160,6 +160,7 @@ BAD_REQUESTS = [
     (body(stream="yes"), 400, "stream", "valid boolean"),
     (body(stream="false"), 400, "stream", "valid boolean"),
     (body(logprobs=1), 400, "logprobs", "valid boolean"),
+    (body(stop=["a", 5]), 400, "stop[1]", "valid string"),  # once `stop`: "a valid string"
 ]
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}

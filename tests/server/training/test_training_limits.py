@@ -172,9 +172,11 @@ def metrics(count: int, name: str = "m") -> dict[str, float]:
         ("log", {"metrics": metrics(MAX_METRICS + 1)}, "metrics", f"more than the {MAX_METRICS:,}"),
         ("train", {"groups": [], "client_metrics": metrics(50_000)}, "client_metrics",
          f"holds 50,000 metric names, more than the {MAX_METRICS:,}"),
+        # Once a 400 naming no field, saying the body was no JSON object.
+        ("delete_checkpoints", {"steps": [1], "maximize": True}, "maximize", "not both"),
     ],
     ids=["promote-metrics", "metric-name", "details-keys", "details-string", "recorded-at",
-         "row-fields", "log-metrics", "client-metrics"],
+         "row-fields", "log-metrics", "client-metrics", "delete-both-forms"],
 )  # fmt: skip
 def test_metrics_and_details_are_bounded(model_url, route, body, param, words):
     response = httpx.post(f"{model_url}/{route}", json=body, timeout=60)
