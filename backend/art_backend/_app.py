@@ -135,6 +135,7 @@ def _prometheus_metrics(service: ChatService) -> str:
         "art_running_rows": ("gauge", service.engine.running_rows),
         "art_queue_depth": ("gauge", service.engine.queue_depth),
         "art_requests_preparing": ("gauge", service.preparing),
+        "art_streams_stalled_total": ("counter", service.stalled_streams),
         "art_tokens_per_second": (
             "gauge",
             engine_metrics.generated_tokens_total / busy if busy else 0.0,
