@@ -188,24 +188,24 @@ def _values_outside_strings(body: bytes) -> int:
     in steps of about `SCAN_STEP_BYTES`, so that no single C call holds the interpreter lock long
     while the event loop waits for it (this runs on a worker thread for large bodies).
 
-    Escapes go first, at memchr speed (`\\\\` pairs, then `\\"`: a backslash run inside a string
-    pairs from its left), so that every quote left opens or closes a string; the text is then cut
-    at quotes, each step's strings are taken out, and what is left is counted.
+    Each step ends after a byte that is no backslash, so no escape is cut in two. Its escapes go
+    first, at memchr speed (`\\\\` pairs, then `\\"`: a backslash run inside a string pairs from
+    its left), so that every quote left opens or closes a string; a string cut by a step's end
+    is closed on both sides of the cut, the strings taken out, and what is left counted.
     """
-    text = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     count, start, inside = 1, 0, False
-    while start < len(text):
-        end = text.find(b'"', start + SCAN_STEP_BYTES)
-        end = len(text) if end < 0 else end
-        piece = text[start:end]
+    while start < len(body):
+        found = NOT_BACKSLASH.search(body, start + SCAN_STEP_BYTES)
+        end = found.end() if found else len(body)
+        piece = body[start:end].replace(b"\\\\", b"").replace(b'\\"', b"")
         ends_inside = inside ^ (piece.count(b'"') % 2 == 1)
-        # A string that crosses a cut is closed on both sides of it, so each step's are whole.
         outside = PLAIN_STRING.sub(b"", b'"' * inside + piece + b'"' * ends_inside)
         count += outside.count(b",") + outside.count(b"[") + outside.count(b"{")
         start, inside = end, ends_inside
     return count
 
 
+NOT_BACKSLASH = re.compile(rb"[^\\]")
 # A JSON string once its escaped quotes and backslashes are gone.
 PLAIN_STRING = re.compile(rb'"[^"]*"')
 # The escape of a UTF-16 surrogate: the only way a JSON text carries one (UTF-8 cannot).
