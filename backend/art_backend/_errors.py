@@ -34,10 +34,14 @@ beside it (a subclass without them answers as its parent).
 
 `tests/server/test_errors.py` checks that this tree is every exception class the server defines,
 with these parents.
+
+Validation errors (pydantic's) become 400s too: `reported_error` picks which of them a 400
+reports and the field it names, for the OpenAI-shaped answers and the Anthropic-shaped alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -208,7 +212,7 @@ class RequestBodyTooLarge(HTTPException):
 # --------------------------------------------------------------------- validation errors' field
 
 
-def reported_error(errors: list[dict[str, Any]]) -> tuple[dict[str, Any], str | None]:
+def reported_error(errors: Sequence[Any]) -> tuple[Any, str | None]:
     """The one of pydantic's `errors` a 400 reports, and the field it names (`messages[0].role`).
 
     The first field that failed; among its errors, the one deepest inside it: a value that fits
