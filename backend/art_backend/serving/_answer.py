@@ -66,10 +66,6 @@ async def answer(
     return await unless_disconnected(raw, complete(request, rollout_id))
 
 
-class _ReaderStalled(Exception):
-    """A send of a stream waited STALLED_STREAM_SECONDS for its reader."""
-
-
 class StallBoundedStream(StreamingResponse):
     """Server-sent events whose reader must keep taking them: a send that waits
     `STALLED_STREAM_SECONDS` ends the stream (its events let go, a generation still running
@@ -81,16 +77,22 @@ class StallBoundedStream(StreamingResponse):
         self._service = service
 
     async def stream_response(self, send: Send) -> None:
+        stalled = False
+
         async def bounded(message: Message) -> None:
+            nonlocal stalled
             try:
                 async with asyncio.timeout(STALLED_STREAM_SECONDS):
                     await send(message)
             except TimeoutError:
-                raise _ReaderStalled from None
+                stalled = True
+                raise
 
         try:
             await super().stream_response(bounded)
-        except _ReaderStalled:
+        except TimeoutError:
+            if not stalled:
+                raise
             self._service.stalled_streams += 1
             logger.warning(
                 "dropped a stream whose reader took nothing for %g s", STALLED_STREAM_SECONDS
