@@ -378,6 +378,15 @@ def hostile_requests(server: Server, art_path: Path) -> dict[str, tuple[str, str
         rows.write((row + "\n") * (HISTORY_MB * MIB // (len(row) + 1)))
     prefix = f'{{"model": "{MODEL}", "max_tokens": 4, "messages": [{{"role": "user", "content": "'
     metrics = {f"client/metric_{index}": 1.0 for index in range(50_000)}
+    # A group that trains (two recorded turns): a server without the bound runs the step.
+    trajectories = []
+    for index in range(2):
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=chat(), timeout=60).json()
+        turns = [{"completion_id": answer["id"]}]
+        trajectories.append(
+            {"id": f"t{index}", "reward": float(index), "histories": [{"turns": turns}]}
+        )
+    train = {"groups": [{"trajectories": trajectories}], "client_metrics": metrics}
     return {
         ESCAPES_CHAT: ("POST", "/v1/chat/completions", (prefix + ESCAPES + '"}]}').encode()),
         ESCAPES_PROMOTE: (
@@ -387,7 +396,7 @@ def hostile_requests(server: Server, art_path: Path) -> dict[str, tuple[str, str
         HISTORY_GET: ("GET", f"{base}/history", b""),
         CLIENT_METRICS: (
             "POST", f"{base}/train",
-            json.dumps({"groups": [], "client_metrics": metrics}).encode(),
+            json.dumps(train).encode(),
         ),
     }  # fmt: skip
 

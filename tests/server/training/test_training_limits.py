@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 import art_backend._limits as limits
+import art_backend.training._routes as routes
 from art_backend.store._checkpoints import ModelStore
 from art_core.wire import MAX_DETAIL_CHARACTERS, MAX_DETAILS, MAX_METRIC_NAME, MAX_METRICS
 from tests.support.servers import RunningServer
@@ -107,8 +108,11 @@ def test_the_history_is_read_off_the_event_loop(server, model_url, held):
     assert response.json()["rows"] == expected
 
 
-def test_the_history_route_serves_every_complete_row(server, model_url):
-    """The rows' own lines, joined: a torn last line (a crash mid-write) is skipped."""
+@pytest.mark.parametrize("piece_bytes", [routes.HISTORY_PIECE_BYTES, 64], ids=["whole", "pieces"])
+def test_the_history_route_serves_every_complete_row(server, model_url, monkeypatch, piece_bytes):
+    """The rows' own lines, joined (sent in pieces when long): a torn last line (a crash
+    mid-write) is skipped."""
+    monkeypatch.setattr(routes, "HISTORY_PIECE_BYTES", piece_bytes)
     store = server.app.state.training.registry.get("limits", "bounded").store
     with open(store.history_path, "a") as history:
         history.write('{"type": "torn", "st')
