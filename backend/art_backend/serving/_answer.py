@@ -62,7 +62,8 @@ async def answer(
     rollout_id, request = await parsed_request(raw, rollout_id, parse)
     if request.stream:
         events = await stream(request, rollout_id)
-        return StallBoundedStream(events, raw.app.state.service)
+        # The app's ChatService counts the streams dropped (art_streams_stalled_total).
+        return StallBoundedStream(events, getattr(raw.app.state, "service", None))
     return await unless_disconnected(raw, complete(request, rollout_id))
 
 
@@ -93,7 +94,8 @@ class StallBoundedStream(StreamingResponse):
         except TimeoutError:
             if not stalled:
                 raise
-            self._service.stalled_streams += 1
+            if self._service is not None:
+                self._service.stalled_streams += 1
             logger.warning(
                 "dropped a stream whose reader took nothing for %g s", STALLED_STREAM_SECONDS
             )
