@@ -26,6 +26,7 @@ from typing import Any, Literal
 from art_core.errors import PromotionGateError
 from art_core.trajectories import TrajectoryGroup
 from art_core.types import TrainResult
+from art_core.wire import MAX_DETAIL_CHARACTERS
 
 __all__ = ["PromotionGate"]
 
@@ -131,7 +132,8 @@ class PromotionGate:
             "best_step": state.best_step,
             "train_from": self.train_from,
             "trained_from": train_from if train_from is not None else result.step - 1,
-            "error": None if error is None else str(error),
+            # Within the server's bound on a details string (a long traceback in a message).
+            "error": None if error is None else str(error)[:MAX_DETAIL_CHARACTERS],
         }
         await backend.promote(model, result.step, promote=promote, metrics=metrics, details=details)
         result.metrics.update(metrics)

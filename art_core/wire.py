@@ -3,8 +3,11 @@
 `art_core` builds these (`RemoteBackend`), the server validates the same classes
 (`/v1/training/...`); pure pydantic, no torch. The settings are `art_core.types`' own
 (`TrainConfig`, `LoRAConfig`, `TrainSFTConfig`): one definition of every field, range and
-default. Unknown fields are refused (a misspelt option must not be silently ignored) and every
-number has its range, so a bad request is an error that names the field before anything trains.
+default. Unknown fields are refused (a misspelt option must not be silently ignored), every
+number has its range, the wire's own integers and booleans are strict (`"step": true` is no step
+1, `"promote": "no"` no refusal) and its dictionaries of metrics and details are bounded
+(`MAX_METRICS`, `MAX_DETAILS`), so a bad request is an error that names the field before
+anything trains.
 """
 
 from __future__ import annotations
@@ -12,7 +15,17 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from art_core.names import check_name, check_split
 from art_core.types import LoRAConfig, TrainConfig, TrainSFTConfig
@@ -51,10 +64,44 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 TEXT_PARTS = {"text": "text", "refusal": "refusal"}
 # Each served step is one LoRA adapter in the engine's memory (and a vLLM LoRA slot).
 MAX_SERVED_STEPS = 16
+# Bounds no real client meets (a train step's client counts and a gate's numbers are a handful;
+# a gate's details are five): each name becomes a key of every history row, summed per step and
+# served back by GET .../history; 50,000 names held the server's loop a second.
+MAX_METRICS = 1_000  # names in one metrics dictionary
+MAX_METRIC_NAME = 256  # characters of one metric name or details key
+MAX_DETAILS = 100  # keys of a promotion's details
+MAX_DETAIL_CHARACTERS = 16_384  # characters of one details string (an evaluation's error)
+# The promotion row's own fields: a details key may not replace them (the store's `recorded_at`
+# least of all).
+PROMOTION_ROW_FIELDS = frozenset(
+    {"recorded_at", "type", "step", "promoted", "promoted_step", "metrics"}
+)
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _bounded_names(kind: str, names: dict[str, Any], most: int) -> None:
+    if len(names) > most:
+        raise ValueError(
+            f"holds {len(names):,} {kind}, more than the {most:,} this server takes in one "
+            "request; send fewer (aggregate them, or log them as trajectory metrics)"
+        )
+    if long := next((name for name in names if len(name) > MAX_METRIC_NAME), None):
+        raise ValueError(
+            f"{kind} {long[:40]!r}... is {len(long):,} characters long, more than the "
+            f"{MAX_METRIC_NAME} a name may have; shorten it"
+        )
+
+
+def _bounded_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """At most MAX_METRICS names of at most MAX_METRIC_NAME characters."""
+    _bounded_names("metric names", metrics, MAX_METRICS)
+    return metrics
+
+
+Metrics = Annotated[dict[str, float], AfterValidator(_bounded_metrics)]
 
 
 class _ModelName(_Strict):
@@ -76,17 +123,17 @@ class _ModelName(_Strict):
 
 
 class ForkFrom(_ModelName):
-    step: int | None = Field(None, ge=0)  # None: the source's latest step
+    step: StrictInt | None = Field(None, ge=0)  # None: the source's latest step
 
 
 class RegisterRequest(_ModelName):
     base_model: str
     lora: LoRAConfig = LoRAConfig()
     fork_from: ForkFrom | None = None
-    seed: int = Field(0, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    seed: StrictInt = Field(0, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     # How many of its newest steps the engine keeps loaded (`name@step`): rollouts that started
     # on an older step must still reach it. A pipeline trainer asks for max_steps_off_policy + 1.
-    served_steps: int = Field(2, ge=1, le=MAX_SERVED_STEPS)
+    served_steps: StrictInt = Field(2, ge=1, le=MAX_SERVED_STEPS)
 
 
 class TurnRef(_Strict):
@@ -94,8 +141,8 @@ class TurnRef(_Strict):
     an assistant message without one (`message_index` in the history), matched by its text."""
 
     completion_id: str | None = None
-    choice_index: int = Field(0, ge=0)
-    message_index: int | None = Field(None, ge=0)
+    choice_index: StrictInt = Field(0, ge=0)
+    message_index: StrictInt | None = Field(None, ge=0)
 
     @model_validator(mode="after")
     def _one_reference(self) -> TurnRef:
@@ -125,11 +172,11 @@ class HistoryPayload(_Strict):
 class TrajectoryPayload(_Strict):
     id: str
     reward: float
-    metrics: dict[str, float] = Field(default_factory=dict)
+    metrics: Metrics = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
     logs: list[str] = Field(default_factory=list)
     histories: list[HistoryPayload] = Field(default_factory=list)
-    context_assistant_messages: int = Field(0, ge=0)  # assistant turns without an id: matched
+    context_assistant_messages: StrictInt = Field(0, ge=0)  # assistant turns without an id: matched
 
     @field_validator("reward")
     @classmethod
@@ -140,30 +187,49 @@ class TrajectoryPayload(_Strict):
 class GroupPayload(_Strict):
     trajectories: list[TrajectoryPayload]
     exceptions: list[str] = Field(default_factory=list)  # rollouts that raised: counted
-    metrics: dict[str, float] = Field(default_factory=dict)  # group-level: summed over groups
+    metrics: Metrics = Field(default_factory=dict)  # group-level: summed over groups
 
 
 class TrainRequest(_Strict):
     groups: list[GroupPayload]
     config: TrainConfig = TrainConfig()
     # Counted by the client before sending (e.g. groups an `after_each` judge dropped).
-    client_metrics: dict[str, float] = Field(default_factory=dict)
+    client_metrics: Metrics = Field(default_factory=dict)
     # False: the new step is served as `name@N` but the plain name stays on the promoted step
     # (a promotion gate evaluates it first, then calls `/promote`).
-    promote: bool = True
+    promote: StrictBool = True
     # Train from this step's checkpoint rather than the latest (a gate's train_from="promoted").
-    train_from_step: int | None = Field(None, ge=0)
+    train_from_step: StrictInt | None = Field(None, ge=0)
 
 
 class PromoteRequest(_Strict):
     """A promotion gate's verdict on `step`: promote=True points the plain name at it; False
     records that it was refused (the plain name stays). Either way one "promotion" history row
-    holds `metrics` (the gate's numbers) and `details` (its metric, best so far, an error)."""
+    holds `metrics` (the gate's numbers) and `details` (its metric, best so far, an error), the
+    details as the row's own fields: a key of the row itself (`PROMOTION_ROW_FIELDS`) is refused."""
 
-    step: int = Field(ge=0)
-    promote: bool = True
-    metrics: dict[str, float] = Field(default_factory=dict)
+    step: StrictInt = Field(ge=0)
+    promote: StrictBool = True
+    metrics: Metrics = Field(default_factory=dict)
     details: dict[str, str | int | bool | None] = Field(default_factory=dict)
+
+    @field_validator("details")
+    @classmethod
+    def _bounded_details(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _bounded_names("details keys", value, MAX_DETAILS)
+        if reserved := sorted(PROMOTION_ROW_FIELDS & set(value)):
+            raise ValueError(
+                f"{', '.join(reserved)} {'is a field' if len(reserved) == 1 else 'are fields'} "
+                "of the promotion row itself, which details cannot replace; rename "
+                f"{'it' if len(reserved) == 1 else 'them'}"
+            )
+        for key, text in value.items():
+            if isinstance(text, str) and len(text) > MAX_DETAIL_CHARACTERS:
+                raise ValueError(
+                    f"details[{key!r}] is {len(text):,} characters long, more than the "
+                    f"{MAX_DETAIL_CHARACTERS:,} a details string may have; shorten it"
+                )
+        return value
 
     @field_validator("metrics")
     @classmethod
@@ -253,8 +319,8 @@ class LogRequest(_Strict):
 
     groups: list[GroupPayload] = Field(default_factory=list)
     split: str = "val"
-    metrics: dict[str, float] = Field(default_factory=dict)  # ART's: e.g. a TrainResult's
-    step: int | None = Field(None, ge=0)  # None: the model's current step
+    metrics: Metrics = Field(default_factory=dict)  # ART's: e.g. a TrainResult's
+    step: StrictInt | None = Field(None, ge=0)  # None: the model's current step
     # An experiment tracker's run of the model, recorded as one "tracker" history row (instead
     # of a "log" row): {"tracker", "run_id", "url" (online), "how_to_open" (offline)}.
     tracker: dict[str, str | None] | None = None
@@ -276,16 +342,18 @@ class DeleteCheckpointsRequest(_Strict):
     """Either keep the latest and the best step by a logged metric (ART's form), or delete
     exactly `steps` (a retention strategy's choice; the latest step is never deleted)."""
 
+    # First, so that the other form's fields, when given beside it, are refused by name.
+    steps: list[StrictInt] | None = None
     best_checkpoint_metric: str = "val/reward"
-    maximize: bool = True
-    steps: list[int] | None = None
+    maximize: StrictBool = True
 
-    @model_validator(mode="after")
-    def _one_form(self) -> DeleteCheckpointsRequest:
-        chosen = {"best_checkpoint_metric", "maximize"} & self.model_fields_set
-        if self.steps is not None and chosen:
+    @field_validator("best_checkpoint_metric", "maximize")
+    @classmethod
+    def _one_form(cls, value: Any, info: ValidationInfo) -> Any:
+        # Runs only for a field given (defaults are not validated): the other form's.
+        if info.data.get("steps") is not None:
             raise ValueError(
-                f"give either steps (delete exactly those) or {' and '.join(sorted(chosen))} "
-                "(keep the latest and the best), not both"
+                f"give either steps (delete exactly those) or {info.field_name} (keep the "
+                "latest and the best), not both"
             )
-        return self
+        return value

@@ -11,7 +11,10 @@ child process on 127.0.0.1 (nothing leaves the machine), and the openai SDK (asy
 3. one expensive request among others: while K clients keep sending short requests and a probe
    polls /health, one client sends an 8 MB message, then the largest JSON schema allowed
    (compiled, ~1 s), a body over the size limit, 6 million small JSON values, 9 MB of tool
-   property names, and reads back five stored 3.8 MB records in one lookup. Reported per case: its answer and time,
+   property names, and reads back five stored 3.8 MB records in one lookup; then the hostile
+   shapes of issue 43: 28 MB of `\\",` escapes inside one string (to a chat and to a training
+   route), a 32 MB history read back (`GET .../history`) and a 50,000-key `client_metrics`.
+   Reported per case: its answer and time,
    and the others' latency and the worst /health latency while it ran, beside the same figures
    just before it. A frozen event loop shows as a /health latency as long as the request.
 
@@ -347,6 +350,57 @@ def expensive_requests() -> dict[str, dict[str, Any]]:
     }
 
 
+# 9.3 million escapes in one string: parsing it held every route 0.7-1.3 s (issue 43).
+ESCAPES = '\\",' * (28 * 1_000_000 // 3)
+TRAINED = ("soak", "hostile")  # the model the training-route cases name
+HISTORY_MB = 32
+ESCAPES_CHAT, ESCAPES_PROMOTE = (
+    f'28 MB of `\\",` escapes, {route}' for route in ("chat", "promote")
+)
+HISTORY_GET, CLIENT_METRICS = f"GET of a {HISTORY_MB} MB history", "50,000-key client_metrics"
+
+
+def hostile_requests(server: Server, art_path: Path) -> dict[str, tuple[str, str, bytes]]:
+    """Issue 43's hostile shapes as (method, path, body): built once the model they name is
+    registered and its history grown to HISTORY_MB (written into the store's file directly)."""
+    project, name = TRAINED
+    base = f"/v1/training/models/{project}/{name}"
+    response = httpx.post(
+        f"{server.url}/v1/training/models",
+        json={"project": project, "name": name, "base_model": MODEL},
+        timeout=REQUEST_TIMEOUT,
+    )
+    response.raise_for_status()
+    row = json.dumps({"type": "log", "step": 0, "split": "val", "metrics": {"pad": 0.0},
+                      "note": "n" * 4_000})  # fmt: skip
+    history = art_path / project / "models" / name / "history.jsonl"
+    with history.open("a") as rows:
+        rows.write((row + "\n") * (HISTORY_MB * MIB // (len(row) + 1)))
+    prefix = f'{{"model": "{MODEL}", "max_tokens": 4, "messages": [{{"role": "user", "content": "'
+    metrics = {f"client/metric_{index}": 1.0 for index in range(50_000)}
+    # A group that trains (two recorded turns): a server without the bound runs the step.
+    trajectories = []
+    for index in range(2):
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=chat(), timeout=60).json()
+        turns = [{"completion_id": answer["id"]}]
+        trajectories.append(
+            {"id": f"t{index}", "reward": float(index), "histories": [{"turns": turns}]}
+        )
+    train = {"groups": [{"trajectories": trajectories}], "client_metrics": metrics}
+    return {
+        ESCAPES_CHAT: ("POST", "/v1/chat/completions", (prefix + ESCAPES + '"}]}').encode()),
+        ESCAPES_PROMOTE: (
+            "POST", f"{base}/promote",
+            ('{"step": 0, "details": {"note": "' + ESCAPES + '"}}').encode(),
+        ),
+        HISTORY_GET: ("GET", f"{base}/history", b""),
+        CLIENT_METRICS: (
+            "POST", f"{base}/train",
+            json.dumps(train).encode(),
+        ),
+    }  # fmt: skip
+
+
 def chat(content: str = "hi", **fields: Any) -> dict[str, Any]:
     """A chat request body of one user message, 4 tokens at most, with `fields` added."""
     return {
@@ -376,20 +430,15 @@ async def stored_big_records(server: Server, count: int = 5) -> list[str]:
 async def one_expensive_request(
     server: Server,
     label: str,
-    body: dict | None,
+    request: tuple[str, str, bytes],
     clients: int,
     max_tokens: int,
-    *,
-    read_back: list[str] | None = None,
 ) -> dict:
-    """K clients and a /health probe run; after a quiet baseline, one client sends `body` (or
-    reads back the stored records `read_back` in one lookup)."""
-    # Encoded before the clients start: json.dumps of 6 million values holds this process (and
-    # so the probe's own event loop) for a second, which would read as the server's latency.
-    if read_back is not None:
-        path, content = "/v1/chat/completions/lookup", json.dumps({"ids": read_back}).encode()
-    else:
-        path, content = "/v1/chat/completions", json.dumps(body).encode()
+    """K clients and a /health probe run; after a quiet baseline, one client sends `request`
+    (method, path, body; encoded before the clients start: json.dumps of 6 million values holds
+    this process, and so the probe's own event loop, for a second, which would read as the
+    server's latency)."""
+    method, path, content = request
     client, others, probe, stop = new_client(server), Tally(), Tally(), asyncio.Event()
     tasks = [
         asyncio.create_task(short_requests(client, others, stop, max_tokens))
@@ -397,12 +446,18 @@ async def one_expensive_request(
     ]
     tasks.append(asyncio.create_task(health_probe(server.url, probe, stop)))
     await asyncio.sleep(5.0)  # the baseline window
-    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT) as http:
-        started = time.perf_counter()
-        response = await http.post(
-            f"{server.url}{path}", content=content, headers={"content-type": "application/json"}
-        )
-        ended = time.perf_counter()
+    # Sent from a thread with a client of its own: reading a 32 MB answer on this event loop
+    # would delay the probe here, and read as the server's latency.
+    started = time.perf_counter()
+    response = await asyncio.to_thread(
+        httpx.request,
+        method,
+        f"{server.url}{path}",
+        content=content or None,
+        headers={"content-type": "application/json"},
+        timeout=REQUEST_TIMEOUT,
+    )
+    ended = time.perf_counter()
     await asyncio.sleep(1.0)
     stop.set()
     await asyncio.gather(*tasks)
@@ -410,7 +465,7 @@ async def one_expensive_request(
     error = response.json().get("error") if response.status_code != 200 else None
     return {
         "request": label,
-        "body_mb": round(len(content if read_back is None else response.content) / MIB, 1),
+        "body_mb": round(len(content or response.content) / MIB, 1),
         "status": response.status_code,
         "param": error and error.get("param"),
         "seconds": round(ended - started, 3),
@@ -481,7 +536,8 @@ def markdown(report: dict[str, Any]) -> str:
         "request itself (the issue measured 12.2 s for an 8 MB message, 9.8 s for a "
         "10,000-property schema, before the limits; then 9 s for 6 million small values, "
         "16-25 s for a lookup of five 3.8 MB records, 34.5 s for 9 MB of tool property names, "
-        "before the second hardening pass). Target: /health p99 under 250 ms while each runs. "
+        "before the second hardening pass; then 0.7-1.3 s for 28 MB of escapes, 0.5 s for a "
+        "32 MB history, 1.1 s for a 50,000-key client_metrics, before the third). Target: /health p99 under 250 ms while each runs. "
         "Raw numbers: `benchmarks/results/soak.json`.",
         END,
     ]
@@ -506,23 +562,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(json.dumps(wave), flush=True)
             expensive = []
             phase3_clients = min(args.clients, 8)
-            for label, body in expensive_requests().items():
+            requests: dict[str, tuple[str, str, bytes]] = {}
+            if not args.hostile_only:
+                for label, body in expensive_requests().items():
+                    requests[label] = ("POST", "/v1/chat/completions", json.dumps(body).encode())
+                lookup = {"ids": await stored_big_records(server)}
+                requests["lookup of five 3.8 MB records"] = (
+                    "POST",
+                    "/v1/chat/completions/lookup",
+                    json.dumps(lookup).encode(),
+                )
+            requests.update(hostile_requests(server, Path(folder) / ".art"))
+            for label, request in requests.items():
                 case = await one_expensive_request(
-                    server, label, body, phase3_clients, args.max_tokens
+                    server, label, request, phase3_clients, args.max_tokens
                 )
                 print(json.dumps(case), flush=True)
                 expensive.append(case)
-            big = await stored_big_records(server)
-            case = await one_expensive_request(
-                server,
-                "lookup of five 3.8 MB records",
-                None,
-                phase3_clients,
-                args.max_tokens,
-                read_back=big,
-            )
-            print(json.dumps(case), flush=True)
-            expensive.append(case)
             return {
                 "benchmark": "soak",
                 "machine": machine_info("torch", "transformers", "openai", "uvicorn"),
@@ -549,6 +605,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="4 clients, 10 s; writes nothing")
     parser.add_argument("--write", action="store_true", help="with --quick: write results too")
+    parser.add_argument(
+        "--hostile-only",
+        action="store_true",
+        help="of the expensive requests, only issue 43's hostile shapes (with --quick)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.clients, args.seconds, args.wave = 4, 10.0, 4

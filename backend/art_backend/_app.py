@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from art_backend._auth import ApiKeyMiddleware
-from art_backend._errors import BackendError
+from art_backend._errors import BackendError, reported_error
 from art_backend._host_guard import HostGuardMiddleware
 from art_backend._limits import (
     DEFAULT_MAX_BODY_MB,
@@ -135,6 +135,7 @@ def _prometheus_metrics(service: ChatService) -> str:
         "art_running_rows": ("gauge", service.engine.running_rows),
         "art_queue_depth": ("gauge", service.engine.queue_depth),
         "art_requests_preparing": ("gauge", service.preparing),
+        "art_streams_stalled_total": ("counter", service.stalled_streams),
         "art_tokens_per_second": (
             "gauge",
             engine_metrics.generated_tokens_total / busy if busy else 0.0,
@@ -225,16 +226,6 @@ def _no_route_message(method: str, path: str) -> str:
     return f"No route {method} {path} on this server.{hint} It serves: {SERVED_APIS}."
 
 
-def _location(loc: tuple[Any, ...]) -> str | None:
-    parts = [part for part in loc if part not in ("body",)]
-    # pydantic names union branches ("str", "list[...]", "function-after[...]"): drop them.
-    parts = [p for p in parts if not (isinstance(p, str) and ("[" in p or p in {"str", "int"}))]
-    text = ""
-    for part in parts:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or None
-
-
 def _allowed_methods(request: Request) -> list[str]:
     """Every method some route of the app takes at this request's path."""
     methods: set[str] = set()
@@ -267,9 +258,9 @@ def _register_error_handlers(app: FastAPI) -> None:
         )
 
     async def validation_error(_: Request, error: Any):
-        first = error.errors()[0]
-        param = _location(tuple(first.get("loc", ())))
-        if tuple(first.get("loc", ())) == ("body",):  # no body, or not a JSON object
+        first, param = reported_error(error.errors())
+        no_body = first.get("type") in ("missing", "model_attributes_type", "dict_type")
+        if tuple(first.get("loc", ())) == ("body",) and no_body:  # no body, or not an object
             message = (
                 "The request body must be a JSON object, sent with Content-Type: "
                 f"application/json ({first.get('msg', 'missing')})."

@@ -35,10 +35,14 @@ beside it (a subclass without them answers as its parent).
 
 `tests/server/test_errors.py` checks that this tree is every exception class the server defines,
 with these parents.
+
+Validation errors (pydantic's) become 400s too: `reported_error` picks which of them a 400
+reports and the field it names, for the OpenAI-shaped answers and the Anthropic-shaped alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -210,3 +214,41 @@ class RequestBodyTooLarge(HTTPException):
 
     def __init__(self, message: str) -> None:
         super().__init__(413, message)
+
+
+# --------------------------------------------------------------------- validation errors' field
+
+
+def reported_error(errors: Sequence[Any]) -> tuple[Any, str | None]:
+    """The one of pydantic's `errors` a 400 reports, and the field it names (`messages[0].role`).
+
+    The first field that failed; among its errors, the one deepest inside it: a value that fits
+    no branch of a union fails once per branch, and the branch it was meant for (a list of
+    blocks, not a string) is the one that reached furthest into it (`system[0].text`).
+    """
+    top = _top(field_path(tuple(errors[0].get("loc", ()))))
+    same_field = [e for e in errors if _top(field_path(tuple(e.get("loc", ())))) == top]
+    chosen = max(same_field, key=lambda e: len(_real_parts(tuple(e.get("loc", ())))))
+    return chosen, field_path(tuple(chosen.get("loc", ())))
+
+
+def _top(path: str | None) -> str | None:
+    return path.split(".")[0].split("[")[0] if path else None
+
+
+def _real_parts(location: tuple[Any, ...]) -> list[Any]:
+    """The location without "body" and pydantic's union branch names (`str`, `list[...]`,
+    `function-after[...]`)."""
+    return [
+        part
+        for part in location
+        if not (isinstance(part, str) and ("[" in part or part in {"str", "int", "body"}))
+    ]
+
+
+def field_path(location: tuple[Any, ...]) -> str | None:
+    """`messages.0.content.1.type` as `messages[0].content[1].type` (see `_real_parts`)."""
+    text = ""
+    for part in _real_parts(location):
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or None

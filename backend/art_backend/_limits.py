@@ -11,17 +11,22 @@ Checked before the expensive work, cheapest first; each refusal says which limit
 | prompt characters vs context   | `ChatService.prepare`, before templating | 400 `messages` / `tools`  |
 | schema properties and nodes    | `check_schema_sizes`, before compiling   | 400 naming the schema     |
 
-What passes them (tokenizing, compiling a grammar) runs on worker threads, off the event loop.
-Parsing JSON holds the interpreter lock whatever thread it runs on, so the number of values is
-bounded before parsing: 6 million small values (24 MB) held every other request 9 s.
+Bodies over `PARSE_ON_LOOP_MAX_BYTES` are parsed on a worker thread (`parse_off_loop`, for the
+generation routes and `CheckedJsonRoute` alike), and what passes the limits (tokenizing, compiling
+a grammar) runs on worker threads too. A thread helps only between the interpreter's steps: one C
+call (`json.loads`, a regular expression over the whole body) holds the interpreter lock
+throughout, whatever thread makes it. So the number of values is bounded before parsing (6
+million small values, 24 MB, held every other request 9 s), and that bound is counted in steps of
+about a megabyte (a 28 MB string of `\\",` escapes held every route a second in one regex).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
@@ -47,6 +52,14 @@ MAX_JSON_VALUES = 100_000
 # takes ~1.5 s for 5,000 optional properties in one object (quadratic), ~0.6 s for 70,000 nodes.
 MAX_SCHEMA_PROPERTIES = 5_000
 MAX_SCHEMA_NODES = 50_000
+# Bodies larger than this are parsed on a worker thread (`parse_off_loop`): a quarter megabyte
+# parses in about a millisecond, on the loop, where a thread's hand-off would cost more.
+PARSE_ON_LOOP_MAX_BYTES = 256 * 1024
+# The string-stripping count runs over steps of this many bytes (then to the next quote): each
+# step is one C call that holds the interpreter lock, about 40 ms at worst (tiny strings).
+SCAN_STEP_BYTES = 1024 * 1024
+
+ParsedT = TypeVar("ParsedT")
 
 
 # ------------------------------------------------------------------------------------- body
@@ -132,7 +145,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     # commas) and is counted again.
     if (
         _value_count_bound(body) > MAX_JSON_VALUES
-        and _value_count_bound(JSON_STRING.sub(b'""', body)) > MAX_JSON_VALUES
+        and _values_outside_strings(body) > MAX_JSON_VALUES
     ):
         raise InvalidRequestError(
             f"The request body holds more than {MAX_JSON_VALUES:,} JSON values, more than this "
@@ -170,8 +183,31 @@ def _value_count_bound(body: bytes) -> int:
     return 1 + body.count(b",") + body.count(b"[") + body.count(b"{")
 
 
-# A JSON string, unrolled (runs of plain bytes, then one escape): linear, 10 MB in 0.05 s.
-JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+def _values_outside_strings(body: bytes) -> int:
+    """One more than the commas and openings outside JSON strings (exact for valid JSON), counted
+    in steps of about `SCAN_STEP_BYTES`, so that no single C call holds the interpreter lock long
+    while the event loop waits for it (this runs on a worker thread for large bodies).
+
+    Each step ends after a byte that is no backslash, so no escape is cut in two. Its escapes go
+    first, at memchr speed (`\\\\` pairs, then `\\"`: a backslash run inside a string pairs from
+    its left), so that every quote left opens or closes a string; a string cut by a step's end
+    is closed on both sides of the cut, the strings taken out, and what is left counted.
+    """
+    count, start, inside = 1, 0, False
+    while start < len(body):
+        found = NOT_BACKSLASH.search(body, start + SCAN_STEP_BYTES)
+        end = found.end() if found else len(body)
+        piece = body[start:end].replace(b"\\\\", b"").replace(b'\\"', b"")
+        ends_inside = inside ^ (piece.count(b'"') % 2 == 1)
+        outside = PLAIN_STRING.sub(b"", b'"' * inside + piece + b'"' * ends_inside)
+        count += outside.count(b",") + outside.count(b"[") + outside.count(b"{")
+        start, inside = end, ends_inside
+    return count
+
+
+NOT_BACKSLASH = re.compile(rb"[^\\]")
+# A JSON string once its escaped quotes and backslashes are gone.
+PLAIN_STRING = re.compile(rb'"[^"]*"')
 # The escape of a UTF-16 surrogate: the only way a JSON text carries one (UTF-8 cannot).
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -207,9 +243,18 @@ def _lone_surrogate(param: str | None, *, key: bool = False) -> InvalidRequestEr
     )
 
 
+async def parse_off_loop(body: bytes, parse: Callable[[bytes], ParsedT]) -> ParsedT:
+    """`parse(body)`: on a worker thread when the body is over `PARSE_ON_LOOP_MAX_BYTES`, so
+    that other clients and `/health` are answered while it runs."""
+    if len(body) > PARSE_ON_LOOP_MAX_BYTES:
+        return await asyncio.to_thread(parse, body)
+    return parse(body)
+
+
 class CheckedJsonRoute(APIRoute):
-    """A FastAPI route whose JSON body passes `parse_json_object` before FastAPI validates it,
-    so declared-model routes (training) have the limits and errors the generation routes have."""
+    """A FastAPI route whose JSON body passes `parse_json_object` (off the event loop when
+    large) before FastAPI validates it, so declared-model routes (training, `/v1/adapters`) have
+    the limits, errors and responsiveness the generation routes have."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -220,7 +265,7 @@ class CheckedJsonRoute(APIRoute):
                 body = await request.body()
                 if body:
                     # FastAPI reads the body through `request.json()`, which keeps this result.
-                    request._json = parse_json_object(body)
+                    request._json = await parse_off_loop(body, parse_json_object)
             return await handler(request)
 
         return checked

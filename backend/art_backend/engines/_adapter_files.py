@@ -4,7 +4,8 @@ PEFT fails on a bad folder with a KeyError, a size mismatch, or after it has alr
 model's layers (then the model stays changed). So every folder the server loads is checked here
 first, torch-cheaply: adapter_config.json (a LoRA, a rank, target modules that name modules of
 this model), the safetensors weights' header (tensors inside the file: not truncated, not
-garbage) and the LoRA shapes against the model's linear layers (not another model's adapter).
+garbage), the LoRA shapes against the model's linear layers (not another model's adapter) and
+their ranks against the config's `r` (a config that says r=4 for rank-16 weights).
 Each refusal is an InvalidRequestError on `path` that says what is wrong. A folder a client names
 (POST /v1/adapters) is first confined to the server's --path (`confined_adapter_folder`).
 """
@@ -146,6 +147,41 @@ def _weights_problem(tensors: dict[str, Any], shapes: dict[str, tuple[int, int]]
     return None
 
 
+def _rank_problem(tensors: dict[str, Any], config: dict[str, Any], rank: int) -> str | None:
+    """Why the LoRA weights' ranks disagree with adapter_config.json's `r` (or its
+    `rank_pattern`, PEFT's per-module ranks), if they do: PEFT builds layers of the config's rank,
+    then fails copying weights of another ("size mismatch"), or worse, after wrapping layers."""
+    patterns = config.get("rank_pattern") or {}
+    if not (
+        isinstance(patterns, dict)
+        and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in patterns.values()
+        )
+    ):
+        return (
+            f'{ADAPTER_CONFIG} has "rank_pattern" {json.dumps(patterns)[:200]}: it must map '
+            "module names to positive integers."
+        )
+    for name, info in tensors.items():
+        for part, dimension in (("lora_A", 0), ("lora_B", 1)):
+            suffix = f".{part}.weight"
+            if not name.endswith(suffix) or len(info["shape"]) != 2:
+                continue
+            module = name.removeprefix(PEFT_PREFIX).removesuffix(suffix)
+            expected, said = rank, f'"r": {rank}'
+            for pattern, value in patterns.items():  # PEFT's rule: the module's name ends so
+                if re.fullmatch(rf"(.*\.)?(?:{pattern})", module):
+                    expected, said = value, f'"rank_pattern" {{{json.dumps(pattern)}: {value}}}'
+                    break
+            if info["shape"][dimension] != expected:
+                return (
+                    f"{name} has rank {info['shape'][dimension]} (shape {info['shape']}), but "
+                    f"{ADAPTER_CONFIG} says {said}. Write the rank the adapter was trained with "
+                    f"into {ADAPTER_CONFIG}."
+                )
+    return None
+
+
 def check_adapter_folder(
     folder: Path, module_names: list[str], shapes: dict[str, tuple[int, int]] | None = None
 ) -> dict[str, Any]:
@@ -204,6 +240,14 @@ def check_adapter_folder(
         raise refuse(f"{ADAPTER_SAFETENSORS} cannot be used: {error}.") from error
     if shapes is not None and (problem := _weights_problem(tensors, shapes)):
         raise refuse(f"{ADAPTER_SAFETENSORS} does not fit this model: {problem}")
+    try:
+        problem = _rank_problem(tensors, config, rank)
+    except re.error as error:
+        problem = (
+            f'{ADAPTER_CONFIG} has a "rank_pattern" key that is no regular expression ({error}).'
+        )
+    if problem:
+        raise refuse(f"{ADAPTER_SAFETENSORS} does not match its config: {problem}")
     return config
 
 

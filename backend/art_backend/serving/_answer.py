@@ -2,6 +2,12 @@
 body read and parsed (off the event loop when large, so other clients do not stall), then the
 answer streamed as server-sent events or given once, cancelled when the client goes away.
 
+A streaming reader that stops reading without hanging up does not hold the engine (its rows run
+to their end and are freed whatever the reader does), but its events would wait for it, up to
+n × max_tokens of them, for as long as the connection stays open: once a send has waited
+`STALLED_STREAM_SECONDS` (the socket's buffers full), the stream is dropped, its generation
+cancelled if still running, and counted (`art_streams_stalled_total`).
+
 Generation routes read their body themselves (to bound its size and parse it off the loop);
 `body_description` writes the body they validate into the API description.
 """
@@ -10,17 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
+from starlette.types import Message, Send
 
+from art_backend._limits import parse_off_loop
 from art_backend.store._records import validate_rollout_id
 
+logger = logging.getLogger(__name__)
+
 DISCONNECT_POLL_SECONDS = 0.5
-PARSE_ON_LOOP_MAX_BYTES = 256 * 1024  # larger bodies are parsed on a worker thread
+# A reader that takes no bytes of its stream for this long is gone in all but name: an SSE
+# client reads as the events come, and the socket buffers hundreds of kilobytes before a send
+# has to wait at all.
+STALLED_STREAM_SECONDS = 60.0
 
 RequestT = TypeVar("RequestT")
 
@@ -33,10 +47,7 @@ async def parsed_request(
     rollout_id = rollout_id or raw.headers.get("x-rollout-id")
     if rollout_id is not None:
         validate_rollout_id(rollout_id)
-    body = await raw.body()
-    if len(body) > PARSE_ON_LOOP_MAX_BYTES:
-        return rollout_id, await asyncio.to_thread(parse, body)
-    return rollout_id, parse(body)
+    return rollout_id, await parse_off_loop(await raw.body(), parse)
 
 
 async def answer(
@@ -51,8 +62,46 @@ async def answer(
     rollout_id, request = await parsed_request(raw, rollout_id, parse)
     if request.stream:
         events = await stream(request, rollout_id)
-        return StreamingResponse(events, media_type="text/event-stream")
+        # The app's ChatService counts the streams dropped (art_streams_stalled_total).
+        return StallBoundedStream(events, getattr(raw.app.state, "service", None))
     return await unless_disconnected(raw, complete(request, rollout_id))
+
+
+class StallBoundedStream(StreamingResponse):
+    """Server-sent events whose reader must keep taking them: a send that waits
+    `STALLED_STREAM_SECONDS` ends the stream (its events let go, a generation still running
+    cancelled by the events' own `finally`), counted in `service.stalled_streams`. The server
+    then closes the connection (uvicorn logs that the response was not completed)."""
+
+    def __init__(self, events: AsyncIterator[str], service: Any) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self._service = service
+
+    async def stream_response(self, send: Send) -> None:
+        stalled = False
+
+        async def bounded(message: Message) -> None:
+            nonlocal stalled
+            try:
+                async with asyncio.timeout(STALLED_STREAM_SECONDS):
+                    await send(message)
+            except TimeoutError:
+                stalled = True
+                raise
+
+        try:
+            await super().stream_response(bounded)
+        except TimeoutError:
+            if not stalled:
+                raise
+            if self._service is not None:
+                self._service.stalled_streams += 1
+            logger.warning(
+                "dropped a stream whose reader took nothing for %g s", STALLED_STREAM_SECONDS
+            )
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
 
 
 async def unless_disconnected(raw: Request, work: Coroutine[Any, Any, Any]) -> Any:

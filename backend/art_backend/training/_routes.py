@@ -8,12 +8,13 @@ is queued.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from art_backend._limits import CheckedJsonRoute
 from art_backend.training._review_veto import held_for_review
@@ -26,6 +27,8 @@ from art_core.wire import (
     SFTRequest,
     TrainRequest,
 )
+
+HISTORY_PIECE_BYTES = 1024 * 1024
 
 
 def training_router(training: TrainingService) -> APIRouter:
@@ -43,7 +46,12 @@ def training_router(training: TrainingService) -> APIRouter:
 
     @router.get("/models/{project}/{name}/history")
     async def history(project: str, name: str):
-        return {"rows": registry.get(project, name).store.read_history()}
+        # Read and joined on a worker thread, sent a piece at a time: a long history is tens
+        # of megabytes, which one write would hand the event loop to copy and move at once.
+        rows = await asyncio.to_thread(registry.get(project, name).store.history_json)
+        if len(rows) <= HISTORY_PIECE_BYTES:
+            return Response(rows, media_type="application/json")
+        return StreamingResponse(_pieces(rows), media_type="application/json")
 
     @router.post("/models/{project}/{name}/train")
     async def train(project: str, name: str, body: TrainRequest):
@@ -72,6 +80,12 @@ def training_router(training: TrainingService) -> APIRouter:
         return await registry.delete_checkpoints(registry.get(project, name), body)
 
     return router
+
+
+async def _pieces(data: bytes) -> AsyncIterator[bytes]:
+    view = memoryview(data)
+    for start in range(0, len(data), HISTORY_PIECE_BYTES):
+        yield bytes(view[start : start + HISTORY_PIECE_BYTES])
 
 
 def _ndjson(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:

@@ -444,6 +444,12 @@ BAD_REQUESTS = [
     (request(max_tokens=100_000), 400, "max_tokens", "max_tokens"),
     (request(bogus=1), 400, "bogus", "Extra inputs"),
     (request(model="nope"), 404, "model", "does not exist"),
+    # Strict booleans, as the rest of the API: "yes" once streamed.
+    (request(stream="yes"), 400, "stream", "valid boolean"),
+    (request(stream=1), 400, "stream", "valid boolean"),
+    # A union's error names the branch the value was meant for (once: "system: should be a
+    # valid string" for a list of blocks).
+    (request(system=[{"type": "text"}]), 400, "system[0].text", "Field required"),
 ]
 
 

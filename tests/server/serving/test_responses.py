@@ -451,7 +451,14 @@ FUNCTION = {"type": "function", "name": "f", "parameters": {"type": "object", "p
 
 # (request body, status, param, words the message must contain)
 BAD_REQUESTS = [
-    ({"model": "tiny"}, 400, None, "`input` is required"),
+    ({"model": "tiny"}, 400, "input", "`input` is required"),
+    (request(stream="yes"), 400, "stream", "valid boolean"),
+    (  # once `input[0].content`: "should be a valid string"
+        request(input=[{"role": "user", "content": [{"type": "input_text"}]}]),
+        400,
+        "input[0].content[0]",
+        "needs `text`",
+    ),
     (request(input=5), 400, "input", "input"),
     (request(input=[{"type": "reasoning", "summary": []}]), 400, "input", "reasoning"),
     (request(input=[{"type": "item_reference", "id": "x"}]), 400, "input", "item references"),

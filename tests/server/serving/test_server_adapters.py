@@ -156,21 +156,48 @@ def widen(weights: Path) -> None:
     )
 
 
+def configure(weights: Path, **fields) -> None:
+    """Rewrite the adapter_config.json beside `weights` with these fields changed."""
+    config_path = weights.parent / "adapter_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **fields}))
+
+
 # How the weights file is spoiled, and what the 400 says: each was a 500 (PEFT failing, some
-# after it had wrapped the model's layers).
+# after it had wrapped the model's layers; a config whose `r` is not the weights' rank: "size
+# mismatch").
 SPOILED_WEIGHTS = [
     (widen, "trained on another base model"),
     (lambda weights: weights.write_bytes(weights.read_bytes()[:-100]), "truncated"),
     (lambda weights: weights.write_bytes(b"\x10" + b"\x00" * 7 + b"garbage!" * 2), "header"),
     (lambda weights: weights.write_bytes(b""), "fewer than a safetensors header"),
     (lambda weights: weights.write_bytes(b"\xff" * 64), "more bytes than the file holds"),
+    (lambda weights: configure(weights, r=16), "lora_A.weight has rank 4 (shape"),
+    (lambda weights: configure(weights, r=16), 'but adapter_config.json says "r": 16'),
+    (
+        lambda weights: configure(weights, r=4, rank_pattern={"v_proj": 8}),
+        "v_proj.lora_A.weight has rank 4 (shape",
+    ),
+    (
+        lambda weights: configure(weights, r=4, rank_pattern={"v_proj": 8}),
+        'says "rank_pattern" {"v_proj": 8}',
+    ),
 ]
 
 
 @pytest.mark.parametrize(
     ("spoil", "words"),
     SPOILED_WEIGHTS,
-    ids=["another-base-model", "truncated", "garbage-header", "empty", "huge-header-length"],
+    ids=[
+        "another-base-model",
+        "truncated",
+        "garbage-header",
+        "empty",
+        "huge-header-length",
+        "rank-not-r",
+        "r-named",
+        "rank-pattern",
+        "rank-pattern-named",
+    ],
 )
 def test_weights_that_do_not_fit_or_are_damaged_are_a_400(
     adapter_server, tiny_model_dir, spoil, words

@@ -156,6 +156,11 @@ BAD_REQUESTS = [
     (body(metadata={f"k{i}": "v" for i in range(17)}), 400, "metadata", "at most 16"),
     (body(metadata={"k": "v" * 513}), 400, "metadata", "at most 512"),
     (body(metadata={"k": {"nested": 1}}), 400, "metadata.k", "string"),
+    # Strict booleans: "yes", "false" and 1 are no answers to a yes-or-no field.
+    (body(stream="yes"), 400, "stream", "valid boolean"),
+    (body(stream="false"), 400, "stream", "valid boolean"),
+    (body(logprobs=1), 400, "logprobs", "valid boolean"),
+    (body(stop=["a", 5]), 400, "stop[1]", "valid string"),  # once `stop`: "a valid string"
 ]
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}

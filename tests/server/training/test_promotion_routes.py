@@ -54,9 +54,13 @@ def plain_name_step(server: RunningServer, name: str) -> str:
         ({"step": 0, "metrics": {"gate/value": "x"}}, 400, "metrics.gate/value", "number"),
         ({"step": 0, "promote": "perhaps"}, 400, "promote", "boolean"),
         ({"step": 0, "stepp": 1}, 400, "stepp", "Unrecognized"),
+        # Strict types: a boolean is no step 1, a 1 no promotion, a "1" no step.
+        ({"step": True}, 400, "step", "valid integer"),
+        ({"step": "1"}, 400, "step", "valid integer"),
+        ({"step": 0, "promote": 1}, 400, "promote", "valid boolean"),
     ],
     ids=["unknown-step", "negative-step", "no-step", "metric-not-a-number", "promote-not-bool",
-         "unknown-field"],
+         "unknown-field", "step-true", "step-string", "promote-one"],
 )  # fmt: skip
 def test_bad_promote_requests_are_refused_naming_the_field(
     gated: str, body: dict, status: int, param: str, words: str

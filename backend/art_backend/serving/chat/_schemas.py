@@ -10,6 +10,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -89,7 +90,7 @@ class FunctionDefinition(BaseModel):
     parameters: Annotated[dict[str, Any], AfterValidator(check_parameters_schema)] = Field(
         default_factory=lambda: {"type": "object", "properties": {}}
     )
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class Tool(BaseModel):
@@ -98,7 +99,7 @@ class Tool(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ChatCompletionRequest(BodySized):
@@ -118,22 +119,22 @@ class ChatCompletionRequest(BodySized):
     n: int = Field(default=1, ge=1, le=64)
     stop: StopSequences = None
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: LogitBias = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: StrictBool = True
     response_format: dict[str, Any] | None = None
     modalities: list[Literal["text"]] | None = None
     # Accepted and unused; see IGNORED_FIELDS.
     user: str | None = None
     metadata: Metadata = None
-    store: bool | None = None
+    store: StrictBool | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None

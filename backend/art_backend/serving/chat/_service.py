@@ -77,6 +77,7 @@ class ChatService:
             max_workers=1, thread_name_prefix="art-prepare-large"
         )
         self.preparing = 0  # requests being tokenized or compiled now (art_requests_preparing)
+        self.stalled_streams = 0  # dropped: their reader stopped reading (`serving._answer`)
 
     # ------------------------------------------------------------------------------- model names
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, Strict, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, Strict, StrictBool, ValidationInfo, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from art_backend.serving._request import (
@@ -62,15 +62,15 @@ class CompletionRequest(BodySized):
     best_of: int | None = Field(default=None, ge=1, le=64)
     stop: StopSequences = None
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
+    echo: StrictBool = False
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: LogitBias = None
     # vLLM's field: a text prompt gets the tokenizer's special tokens (a BOS) unless false.
-    add_special_tokens: bool = True
+    add_special_tokens: StrictBool = True
     user: str | None = None  # accepted, not used
     # Declared only to be refused by name (see UNSUPPORTED_FIELDS); not in the API description.
     suffix: SkipJsonSchema[Any] = None

@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictBool,
     Tag,
     ValidationInfo,
     field_validator,
@@ -114,7 +115,7 @@ class ToolResultBlock(BaseModel):
     tool_use_id: str = Field(min_length=1)
     content: str | list[TextBlock] = ""
     # Not rendered: the chat template has no error flag, so the content is what the model reads.
-    is_error: bool | None = None
+    is_error: StrictBool | None = None
     cache_control: CacheControl | None = None
     toolset_name: str | None = None
 
@@ -190,11 +191,11 @@ class Tool(BaseModel):
     input_schema: Annotated[dict[str, Any], AfterValidator(check_parameters_schema)]
     description: str | None = None
     type: Literal["custom"] | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
     cache_control: CacheControl | None = None
     # Accepted and unused: they do not change what this server generates.
     input_examples: list[dict[str, Any]] | None = None
-    eager_input_streaming: bool | None = None
+    eager_input_streaming: StrictBool | None = None
     allowed_callers: list[str] | None = None
     defer_loading: SkipJsonSchema[bool | None] = None
 
@@ -208,7 +209,7 @@ class ToolChoice(BaseModel):
 
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
-    disable_parallel_tool_use: bool | None = None
+    disable_parallel_tool_use: StrictBool | None = None
 
     @model_validator(mode="after")
     def _name_for_tool(self) -> ToolChoice:
@@ -242,7 +243,7 @@ class MessageCreateRequest(BodySized):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
-    stream: bool = False
+    stream: StrictBool = False
     # Accepted and unused: they do not change what is generated here.
     metadata: dict[str, Any] | None = None
     cache_control: CacheControl | None = None

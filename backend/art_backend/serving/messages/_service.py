@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
-from art_backend._errors import BackendError
+from art_backend._errors import BackendError, reported_error
 from art_backend.serving._request import parse_request
 from art_backend.serving._translation import (
     in_caller_terms,
@@ -232,22 +232,10 @@ async def in_anthropic_shape(work: Awaitable[Any]) -> Any:
 
 
 def _validation_error(error: ValidationError) -> Response:
-    first = error.errors()[0]
-    param = _field_path(tuple(first.get("loc", ())))
+    first, param = reported_error(error.errors())
     if first.get("type") == "extra_forbidden":
         message = f"{param}: Extra inputs are not permitted (not a Messages API field here)"
     else:
         reason = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
         message = f"{param}: {reason}" if param else reason
     return error_response(400, message, param=param, code="invalid_value")
-
-
-def _field_path(location: tuple[Any, ...]) -> str | None:
-    """`messages.0.content.1.type` as `messages[0].content[1].type`, without pydantic's union
-    branch names (`str`, `list[...]`, the block tags)."""
-    text = ""
-    for part in location:
-        if isinstance(part, str) and ("[" in part or part in {"str", "int", "body"}):
-            continue
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or None

@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictBool,
     Tag,
     ValidationInfo,
     field_validator,
@@ -26,6 +27,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from art_backend._errors import InvalidRequestError
 from art_backend.serving._request import (
     BodySized,
     LogitBias,
@@ -201,10 +203,10 @@ class FunctionTool(BaseModel):
     name: ToolName
     description: str | None = None
     parameters: Annotated[dict[str, Any] | None, AfterValidator(check_parameters_schema)] = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
     # Describes what the function returns; the model never sees it here.
     output_schema: dict[str, Any] | None = None
-    defer_loading: bool | None = None
+    defer_loading: StrictBool | None = None
     allowed_callers: list[Literal["direct", "programmatic"]] | None = None
 
     _loaded_now = refuse_deferred_loading()
@@ -233,7 +235,7 @@ class TextFormat(BaseModel):
     name: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     description: str | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
     @model_validator(mode="after")
     def _schema_when_needed(self) -> TextFormat:
@@ -280,16 +282,16 @@ class ResponseCreateRequest(BodySized):
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: StrictBool = True
     text: TextConfig | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     max_output_tokens: int | None = Field(default=None, ge=1)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     include: list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: dict[str, Any] | None = None
-    store: bool = True
+    store: StrictBool = True
     previous_response_id: str | None = None
     metadata: Metadata = None
     truncation: Literal["disabled"] | None = None
@@ -390,7 +392,11 @@ class ResponseCreateRequest(BodySized):
     @model_validator(mode="after")
     def _something_to_answer(self) -> ResponseCreateRequest:
         if self.input is None and self.previous_response_id is None:
-            raise ValueError("`input` is required: a string or a list of input items")
+            # Raised as it is (pydantic passes on what is no ValueError): a 400 naming `input`,
+            # which a model validator's error could not name.
+            raise InvalidRequestError(
+                "`input` is required: a string or a list of input items", param="input"
+            )
         return self
 
     @property
