@@ -9,7 +9,9 @@
   (reward minus the group's mean), `forward_backward("cispo")` and `optim_step`.
 
 Both: the same prompts (examples/data/tinker_arithmetic_train.jsonl), group size, max_tokens,
-temperature 1, learning rate, a rank-8 LoRA with alpha 32 on attention and MLP (Tinker's). Steps
+temperature 1, learning rate, a rank-8 LoRA with alpha 32 on attention and MLP (Tinker's), and
+rewards by a sample's place in its group (0, 1, 2, ...): every group trains on both sides, so the
+two steps do the same work (a real reward leaves a random number of groups untrained). Steps
 run in interleaved pairs (A B, then B A, ...), so drift on the shared machine hits both alike;
 the CPU other processes used during each step is recorded beside it. Reported: the median step
 time of each and B/A (the issue's bar: the Tinker path adds at most 10 %).
@@ -38,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 from _machine import OtherLoad, machine_info
 from _markdown import publish
-from tinker_rl_loop import get_reward, group_datums, load, prompt_tokens
+from tinker_rl_loop import group_datums, load, prompt_tokens
 
 import art_core as art
 
@@ -101,11 +103,8 @@ class ArtCoreStep:
             n=self.args.group,
         )
         return art.TrajectoryGroup(
-            art.Trajectory(
-                messages_and_choices=[*messages, choice],
-                reward=get_reward(choice.message.content or "", row["answer"]),
-            )
-            for choice in reply.choices
+            art.Trajectory(messages_and_choices=[*messages, choice], reward=float(place))
+            for place, choice in enumerate(reply.choices)
         )
 
     async def step(self) -> dict[str, Any]:
@@ -125,9 +124,9 @@ class TinkerStep:
         self.rows, self.args, self.number = rows, args, 0
 
     async def setup(self) -> None:
-        self.training = self.service.create_lora_training_client(
+        self.training = await self.service.create_lora_training_client(
             base_model=MODEL, rank=8, seed=0, train_unembed=False
-        ).result()
+        )
         self.tokenizer = self.training.get_tokenizer()
 
     async def step(self) -> dict[str, Any]:
@@ -143,12 +142,11 @@ class TinkerStep:
         for row in self.rows:
             prompt = prompt_tokens(self.tokenizer, f"{row['question']}")
             future = sampler.sample(types.ModelInput.from_ints(prompt), self.args.group, params)
-            futures.append((prompt, future, row["answer"]))
+            futures.append((prompt, future))
         datums = []
-        for prompt, future, answer in futures:
+        for prompt, future in futures:
             sequences = future.result().sequences
-            texts = [self.tokenizer.decode(s.tokens, skip_special_tokens=True) for s in sequences]
-            datums += group_datums(prompt, sequences, [get_reward(t, answer) for t in texts])
+            datums += group_datums(prompt, sequences, [float(i) for i in range(len(sequences))])
         if datums:
             backward = self.training.forward_backward(datums, "cispo")
             optim = self.training.optim_step(types.AdamParams(learning_rate=LEARNING_RATE))
