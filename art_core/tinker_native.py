@@ -120,7 +120,7 @@ class TinkerNativeBackend(RemoteBackend):
         info = await super().register(model, **options)
         tinker = _tinker()
         service = tinker.ServiceClient(base_url=self.base_url, api_key=self._sdk_key())
-        rank = int(info.get("lora", {}).get("r") or (model.lora_config or {}).get("r", 8))
+        rank = int((info.get("lora") or {}).get("r") or 8)  # the registered model's rank
         training = await service.create_lora_training_client(
             base_model=model.base_model,
             rank=rank,

@@ -57,7 +57,7 @@ class TinkerCheckpoints:
         """The SDK's TrainingRun: the run, its newest state and its newest sampler weights."""
         record = self.record(model_id)
         checkpoints = self.checkpoints(model_id)
-        newest = {kind: None for kind in ("training", "sampler")}
+        newest: dict[str, dict[str, Any] | None] = {"training": None, "sampler": None}
         for checkpoint in checkpoints:
             newest[checkpoint["checkpoint_type"]] = checkpoint
         return {
