@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
 from art_core._refused_art_names import module_getattr
-from art_core.errors import UnsupportedOptionError
+from art_core.errors import IgnoredSettingWarning, UnsupportedOptionError
 from art_core.types import _ONLY_DEFAULT, ART_TRAIN_DEFAULTS
 from art_core.types import TrainConfig as _TrainConfig
 
@@ -211,11 +211,6 @@ PLACEMENT_KEYS: dict[str, dict[str, str]] = {
 _LENGTH_KEYS = ("max_seq_length", "max_model_len")
 # ART's modes whose value is what this backend does (one LoRA adapter served per step).
 _OURS = {"rollout_weights_mode": "lora", "rollout_weight_update_mode": "step_lora"}
-
-
-class IgnoredSettingWarning(UserWarning):
-    """An ART setting that only places or sizes the work (a GPU id, a memory fraction): ignored
-    here, where art-server places and sizes the engine itself."""
 
 
 def _refuse(path: str, note: str) -> UnsupportedOptionError:

@@ -29,6 +29,8 @@ base in parentheses is a builtin a caller may catch instead, as Python raises it
       LangfuseConfigError                    Langfuse export asked for without keys or host
       ReviewReadError                        a Langfuse review read-back poll failed (retried)
       PromotionGateError                     a promotion gate cannot judge a step
+    IgnoredSettingWarning (UserWarning)    a warning: an ART setting that only places or sizes
+                                           the work, ignored here (`art.dev`)
 
 `tests/core/test_errors.py` holds this drawing to the classes: a new error goes in the tree.
 """
@@ -43,6 +45,7 @@ __all__ = [
     "BackendRequestError",
     "GeneratorContextError",
     "GeneratorError",
+    "IgnoredSettingWarning",
     "InvalidSFTFileError",
     "InvalidTrajectoryError",
     "JudgeContextError",
@@ -204,3 +207,8 @@ class PromotionGateError(ArtError):
         # the `TrainResult` of the trained step it could not judge, when there is one (typed
         # loosely: art_core.types imports this module)
         self.result = result
+
+
+class IgnoredSettingWarning(UserWarning):
+    """An ART setting that only places or sizes the work (a GPU id, a memory fraction): ignored
+    here, where art-server places and sizes the engine itself (`art_core.dev`)."""

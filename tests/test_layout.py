@@ -215,7 +215,7 @@ PUBLIC_SURFACES = {
     "art_core.types": ["LoRAConfig", "TokenPrice", "TrainConfig", "TrainResult", "TrainSFTConfig"],
     "art_core.errors": [
         "ArtError", "BackendCrashedError", "BackendRequestError", "GeneratorContextError",
-        "GeneratorError", "InvalidSFTFileError", "InvalidTrajectoryError", "JudgeContextError",
+        "GeneratorError", "IgnoredSettingWarning", "InvalidSFTFileError", "InvalidTrajectoryError", "JudgeContextError",
         "JudgeError", "JudgeResponseError", "JudgeUnavailableError", "LangfuseConfigError",
         "LangfuseNotInstalledError", "ModelConfigError", "ModelNotRegisteredError",
         "NoTrajectoryError", "NotTrainableError", "PreflightError", "PromotionGateError",
