@@ -168,7 +168,10 @@ class VllmProcess:
         self._ipc_folder = tempfile.mkdtemp(prefix="art-vllm-")
         env["TMPDIR"] = self._ipc_folder
         env.setdefault("VLLM_RPC_BASE_PATH", self._ipc_folder)
-        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_cache_root() / "torchinductor"))
+        # A user's own choice stands; torch's default (`<temp>/torchinductor_<user>`, which
+        # importing torch._inductor writes into this process's environment) does not.
+        if env.get("TORCHINDUCTOR_CACHE_DIR") in (None, _torch_default_kernel_cache()):
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(_cache_root() / "torchinductor")
         logger.info("starting vLLM: %s", " ".join(settings.command(self.port)))
         self.process = subprocess.Popen(
             settings.command(self.port),
@@ -296,3 +299,14 @@ class AttachedVllm:
 
     def stop(self, timeout: float = 30.0) -> None:
         return None
+
+
+def _torch_default_kernel_cache() -> str:
+    """Where torch puts compiled kernels unless told: `<temp>/torchinductor_<user>`."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no user name for this uid (a container): torch's own fallback
+        user = "unknown"
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")

@@ -5,6 +5,7 @@ vLLM itself is tested for real in test_vllm_engine.py (make test-vllm).
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
@@ -165,6 +166,11 @@ def test_vllms_files_in_the_temp_folder_go_with_the_child(tmp_path, monkeypatch)
     from art_backend.testing import ModelLoadError, VllmProcess
 
     monkeypatch.setenv("ART_CACHE_DIR", str(tmp_path / "cache"))
+    # What importing torch._inductor writes into the environment: torch's default, not a choice.
+    monkeypatch.setenv(
+        "TORCHINDUCTOR_CACHE_DIR",
+        str(Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"),
+    )
     fake = tmp_path / "python"  # stands in for vLLM: leaves its files where vLLM would
     fake.write_text(
         '#!/bin/sh\necho "$TMPDIR $VLLM_RPC_BASE_PATH $TORCHINDUCTOR_CACHE_DIR" > "$0.env"\n'
