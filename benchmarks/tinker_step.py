@@ -107,10 +107,12 @@ class ArtCoreStep:
             for place, choice in enumerate(reply.choices)
         )
 
-    async def step(self) -> dict[str, Any]:
+    async def step(self) -> dict[str, float]:
+        started = time.perf_counter()
         groups = await asyncio.gather(*(self.group(row) for row in self.rows))
-        result = await self.backend.train(self.model, groups, learning_rate=LEARNING_RATE)
-        return {"step": result.step}
+        sampled = time.perf_counter()
+        await self.backend.train(self.model, groups, learning_rate=LEARNING_RATE)
+        return {"sample": sampled - started, "train": time.perf_counter() - sampled}
 
 
 class TinkerStep:
@@ -129,14 +131,16 @@ class TinkerStep:
         )
         self.tokenizer = self.training.get_tokenizer()
 
-    async def step(self) -> dict[str, Any]:
+    async def step(self) -> dict[str, float]:
         return await asyncio.to_thread(self._step)
 
-    def _step(self) -> dict[str, Any]:
+    def _step(self) -> dict[str, float]:
         types = self.tinker.types
         self.number += 1
+        started = time.perf_counter()
         path = self.training.save_weights_for_sampler(name=f"{self.number:06d}").result().path
         sampler = self.service.create_sampling_client(model_path=path).result()
+        saved = time.perf_counter()
         params = types.SamplingParams(max_tokens=self.args.max_tokens, temperature=1.0)
         futures = []
         for row in self.rows:
@@ -147,11 +151,16 @@ class TinkerStep:
         for prompt, future in futures:
             sequences = future.result().sequences
             datums += group_datums(prompt, sequences, [float(i) for i in range(len(sequences))])
-        if datums:
-            backward = self.training.forward_backward(datums, "cispo")
-            optim = self.training.optim_step(types.AdamParams(learning_rate=LEARNING_RATE))
-            backward.result(), optim.result()
-        return {"datums": len(datums)}
+        sampled = time.perf_counter()
+        backward = self.training.forward_backward(datums, "cispo")
+        optim = self.training.optim_step(types.AdamParams(learning_rate=LEARNING_RATE))
+        backward.result(), optim.result()
+        # The checkpoint the next step samples from is this step's commit (art_core's train
+        # commits it at its end): counted with the training.
+        return {
+            "sample": sampled - saved,
+            "train": time.perf_counter() - sampled + saved - started,
+        }
 
 
 async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
@@ -162,13 +171,14 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     for side in sides.values():  # one unmeasured step each: caches, first adapter loads
         await side.step()
     times: dict[str, list[float]] = {name: [] for name in sides}
+    phases: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
     loads: dict[str, list[float]] = {name: [] for name in sides}
     for pair in range(args.pairs):
         order = ["art_core", "tinker"] if pair % 2 == 0 else ["tinker", "art_core"]
         for name in order:
             with OtherLoad() as other:
                 started = time.perf_counter()
-                await sides[name].step()
+                phases[name].append(await sides[name].step())
                 times[name].append(time.perf_counter() - started)
             loads[name].append(round(other.cores, 2))
             print(
@@ -177,6 +187,11 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
     medians = {name: statistics.median(values) for name, values in times.items()}
     return {
         "seconds": times,
+        "phases": phases,
+        "median_phase_seconds": {
+            name: {key: statistics.median(p[key] for p in runs) for key in runs[0]}
+            for name, runs in phases.items()
+        },
         "other_load_cores": loads,
         "median_seconds": medians,
         "tinker_over_art_core": medians["tinker"] / medians["art_core"],
@@ -185,6 +200,7 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
 def section(result: dict[str, Any]) -> str:
     m = result["median_seconds"]
+    p = result["median_phase_seconds"]
     ratio = result["tinker_over_art_core"]
     load = statistics.mean(v for values in result["other_load_cores"].values() for v in values)
     return f"""{START}
@@ -195,10 +211,10 @@ x {result["group"]} samples of up to {result["max_tokens"]} tokens, a rank-8 LoR
 and MLP), cispo, interleaved pairs ({result["pairs"]}); other processes used {load:.2f} cores on
 average during the steps ({result["machine"]["cpu_count"]} CPUs).
 
-| path | median step (s) |
-| --- | --- |
-| art_core (`backend.train` after Chat Completions rollouts) | {m["art_core"]:.2f} |
-| Tinker API (the cookbook's loop body through the SDK) | {m["tinker"]:.2f} |
+| path | median step (s) | sampling | training (with the checkpoint) |
+| --- | --- | --- | --- |
+| art_core (`backend.train` after Chat Completions rollouts) | {m["art_core"]:.2f} | {p["art_core"]["sample"]:.2f} | {p["art_core"]["train"]:.2f} |
+| Tinker API (the cookbook's loop body through the SDK) | {m["tinker"]:.2f} | {p["tinker"]["sample"]:.2f} | {p["tinker"]["train"]:.2f} |
 
 Tinker / art_core: **{ratio:.2f}** (the bar: at most 1.10).
 {END}"""
