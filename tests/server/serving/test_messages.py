@@ -447,6 +447,7 @@ BAD_REQUESTS = [
     # Strict booleans, as the rest of the API: "yes" once streamed.
     (request(stream="yes"), 400, "stream", "valid boolean"),
     (request(stream=1), 400, "stream", "valid boolean"),
+    (request(max_tokens="4"), 400, "max_tokens", "valid integer"),
     # A union's error names the branch the value was meant for (once: "system: should be a
     # valid string" for a list of blocks).
     (request(system=[{"type": "text"}]), 400, "system[0].text", "Field required"),

@@ -453,6 +453,7 @@ FUNCTION = {"type": "function", "name": "f", "parameters": {"type": "object", "p
 BAD_REQUESTS = [
     ({"model": "tiny"}, 400, "input", "`input` is required"),
     (request(stream="yes"), 400, "stream", "valid boolean"),
+    (request(max_output_tokens="4"), 400, "max_output_tokens", "valid integer"),
     (  # once `input[0].content`: "should be a valid string"
         request(input=[{"role": "user", "content": [{"type": "input_text"}]}]),
         400,

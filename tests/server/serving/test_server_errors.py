@@ -160,6 +160,16 @@ BAD_REQUESTS = [
     (body(stream="yes"), 400, "stream", "valid boolean"),
     (body(stream="false"), 400, "stream", "valid boolean"),
     (body(logprobs=1), 400, "logprobs", "valid boolean"),
+    # Strict integers: "2" and 2.5 are no counts (once: "2" asked for two choices).
+    (body(n="2"), 400, "n", "valid integer"),
+    (body(max_tokens=2.5), 400, "max_tokens", "valid integer"),
+    (body(seed=True), 400, "seed", "valid integer"),
+    (
+        body(messages=[{"role": "user", "content": [{"type": "text"}]}]),
+        400,
+        "messages[0].content",
+        "text part",
+    ),
     (body(stop=["a", 5]), 400, "stop[1]", "valid string"),  # once `stop`: "a valid string"
 ]
 

@@ -11,6 +11,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictInt,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -75,6 +76,15 @@ class Message(BaseModel):
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts_carry_text(cls, content: Any) -> Any:
+        # Once a `{"type": "text"}` part without its text read as empty text: a 200 for a typo.
+        for number, part in enumerate(content if isinstance(content, list) else []):
+            if part.get("type") == "text" and not isinstance(part.get("text"), str):
+                raise ValueError(f"part {number} is a text part without a string `text`")
+        return content
+
     @model_validator(mode="after")
     def _content_where_required(self) -> Message:
         if self.role != "assistant" and self.content is None:
@@ -111,18 +121,18 @@ class ChatCompletionRequest(BodySized):
     messages: list[Message] = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: StrictInt | None = Field(default=None, ge=-1)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # vLLM's extension
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)  # vLLM's extension
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    n: int = Field(default=1, ge=1, le=64)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    n: StrictInt = Field(default=1, ge=1, le=64)
     stop: StopSequences = None
-    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    seed: StrictInt | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     logprobs: StrictBool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: LogitBias = None

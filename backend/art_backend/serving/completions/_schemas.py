@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, Strict, StrictBool, ValidationInfo, field_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 from art_backend.serving._request import (
@@ -52,19 +60,19 @@ class CompletionRequest(BodySized):
 
     model: str
     prompt: Prompt
-    max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, ge=1)
+    max_tokens: StrictInt | None = Field(default=DEFAULT_MAX_TOKENS, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: StrictInt | None = Field(default=None, ge=-1)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)  # vLLM's extension
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)  # vLLM's extension
-    n: int = Field(default=1, ge=1, le=64)
-    best_of: int | None = Field(default=None, ge=1, le=64)
+    n: StrictInt = Field(default=1, ge=1, le=64)
+    best_of: StrictInt | None = Field(default=None, ge=1, le=64)
     stop: StopSequences = None
-    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    seed: StrictInt | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     echo: StrictBool = False
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)

@@ -20,6 +20,7 @@ from pydantic import (
     Discriminator,
     Field,
     StrictBool,
+    StrictInt,
     Tag,
     ValidationInfo,
     field_validator,
@@ -230,7 +231,7 @@ class MessageCreateRequest(BodySized):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    max_tokens: int = Field(ge=1)
+    max_tokens: StrictInt = Field(ge=1)
     messages: list[InputMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
     tools: list[Tool] | None = None
@@ -242,7 +243,7 @@ class MessageCreateRequest(BodySized):
     ] = None
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: StrictInt | None = Field(default=None, ge=0)
     stream: StrictBool = False
     # Accepted and unused: they do not change what is generated here.
     metadata: dict[str, Any] | None = None

@@ -20,6 +20,7 @@ from pydantic import (
     Discriminator,
     Field,
     StrictBool,
+    StrictInt,
     Tag,
     ValidationInfo,
     field_validator,
@@ -286,8 +287,8 @@ class ResponseCreateRequest(BodySized):
     text: TextConfig | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_output_tokens: StrictInt | None = Field(default=None, ge=1)
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=20)
     include: list[str] | None = None
     stream: StrictBool = False
     stream_options: dict[str, Any] | None = None
@@ -297,7 +298,7 @@ class ResponseCreateRequest(BodySized):
     truncation: Literal["disabled"] | None = None
     # Accepted and unused: they do not change what is generated (`max_tool_calls` counts
     # built-in tool calls, which this server has none of).
-    max_tool_calls: int | None = Field(default=None, ge=1)
+    max_tool_calls: StrictInt | None = Field(default=None, ge=1)
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
@@ -307,8 +308,8 @@ class ResponseCreateRequest(BodySized):
     access_programs: dict[str, Any] | None = None
     background_options: SkipJsonSchema[Any] = None  # only means something with background
     # Extensions beyond OpenAI's Responses API, as in chat completions.
-    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
-    top_k: int | None = Field(default=None, ge=-1)
+    seed: StrictInt | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    top_k: StrictInt | None = Field(default=None, ge=-1)
     stop: StopSequences = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
