@@ -221,11 +221,11 @@ class TinkerNativeBackend(RemoteBackend):
             records = {record["id"]: record for record in found["data"]}
         datums = []
         for completion_id, index, advantage in wanted:
-            record = records.get(completion_id)
-            if record is None:
+            record = records.get(completion_id, {})
+            choice = next((c for c in record.get("choices", []) if c["index"] == index), None)
+            if choice is None:  # evicted, or a choice the record does not hold
                 unrecorded += 1
                 continue
-            choice = next(c for c in record["choices"] if c["index"] == index)
             prompt = choice.get("prompt_token_ids", record["prompt_token_ids"])
             if not choice["token_ids"]:
                 continue  # nothing sampled (max_tokens 0): nothing to train

@@ -28,20 +28,41 @@ DATA = Path(__file__).resolve().parent / "data"
 NUMBER = re.compile(r"-?\d+")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def loop_parser(description: str, *, batches: int, batch_size: int) -> argparse.ArgumentParser:
+    """The options both loops take (the SL loop adds nothing; the RL loop its sampling)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--base-url", default=None, help="default: TINKER_BASE_URL")
     parser.add_argument("--model-name", default="smollm2-135m-instruct")
     parser.add_argument("--train", type=Path, default=DATA / "tinker_arithmetic_train.jsonl")
     parser.add_argument("--test", type=Path, default=DATA / "tinker_arithmetic_test.jsonl")
-    parser.add_argument("--batches", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--batches", type=int, default=batches)
+    parser.add_argument("--batch-size", type=int, default=batch_size)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--lora-rank", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--eval-samples", type=int, default=4)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = loop_parser(__doc__.splitlines()[0], batches=8, batch_size=8)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=12)
     return parser.parse_args(argv)
+
+
+def open_run(args: argparse.Namespace):
+    """The service client, a new LoRA training client on the model, and its tokenizer."""
+    service_client = tinker.ServiceClient(base_url=args.base_url)
+    training_client = service_client.create_lora_training_client(
+        base_model=args.model_name, rank=args.lora_rank, seed=0
+    ).result()
+    return service_client, training_client, training_client.get_tokenizer()
+
+
+def sampler_at(service_client, training_client, name: str):
+    """A sampling client on the training client's weights now, saved as `name`."""
+    path = training_client.save_weights_for_sampler(name=name).result().path
+    return service_client.create_sampling_client(model_path=path).result()
 
 
 def load(path: Path) -> list[dict]:
@@ -110,17 +131,12 @@ def group_datums(prompt: list[int], sequences, rewards: list[float]) -> list[typ
 def main(args: argparse.Namespace) -> dict[str, float]:
     logging.getLogger("tinker").setLevel(logging.ERROR)  # its notes on long polls, not ours
     train, test = load(args.train), load(args.test)
-    service_client = tinker.ServiceClient(base_url=args.base_url)
-    training_client = service_client.create_lora_training_client(
-        base_model=args.model_name, rank=args.lora_rank, seed=0
-    ).result()
-    tokenizer = training_client.get_tokenizer()
+    service_client, training_client, tokenizer = open_run(args)
     sampling_params = types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0)
     eval_params = types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=1234)
     adam_params = types.AdamParams(learning_rate=args.learning_rate, beta1=0.9, beta2=0.95)
 
-    path = training_client.save_weights_for_sampler(name="000000").result().path
-    sampler = service_client.create_sampling_client(model_path=path).result()
+    sampler = sampler_at(service_client, training_client, "000000")
     before = evaluate(sampler, tokenizer, test, eval_params, args.eval_samples)
     print(f"held-out reward before: {before:.3f}", flush=True)
 
@@ -150,8 +166,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
             backward = training_client.forward_backward(datums, loss_fn="importance_sampling")
             step = training_client.optim_step(adam_params)
             backward.result(), step.result()
-        path = training_client.save_weights_for_sampler(name=f"{batch_idx + 1:06d}").result().path
-        sampler = service_client.create_sampling_client(model_path=path).result()
+        sampler = sampler_at(service_client, training_client, f"{batch_idx + 1:06d}")
         reward = sum(batch_rewards) / len(batch_rewards)
         print(
             f"batch {batch_idx + 1}/{args.batches}: reward {reward:.3f}, {len(datums)} datums, "

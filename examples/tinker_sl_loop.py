@@ -14,25 +14,13 @@ questions are scored before and after with `tinker_rl_loop`'s reward.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-import tinker
 from tinker import types
-from tinker_rl_loop import DATA, evaluate, load, prompt_tokens
+from tinker_rl_loop import evaluate, load, loop_parser, open_run, prompt_tokens, sampler_at
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-url", default=None, help="default: TINKER_BASE_URL")
-    parser.add_argument("--model-name", default="smollm2-135m-instruct")
-    parser.add_argument("--train", type=Path, default=DATA / "tinker_arithmetic_train.jsonl")
-    parser.add_argument("--test", type=Path, default=DATA / "tinker_arithmetic_test.jsonl")
-    parser.add_argument("--batches", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--lora-rank", type=int, default=8)
-    parser.add_argument("--eval-samples", type=int, default=4)
-    return parser.parse_args(argv)
+    return loop_parser(__doc__.splitlines()[0], batches=10, batch_size=16).parse_args(argv)
 
 
 def sft_datums(tokenizer, rows: list[dict]) -> list[types.Datum]:
@@ -59,15 +47,10 @@ def sft_datums(tokenizer, rows: list[dict]) -> list[types.Datum]:
 
 def main(args: argparse.Namespace) -> dict[str, float]:
     train, test = load(args.train), load(args.test)
-    service_client = tinker.ServiceClient(base_url=args.base_url)
-    training_client = service_client.create_lora_training_client(
-        base_model=args.model_name, rank=args.lora_rank, seed=0
-    ).result()
-    tokenizer = training_client.get_tokenizer()
+    service_client, training_client, tokenizer = open_run(args)
     params = types.SamplingParams(max_tokens=8, temperature=1.0, seed=1234)
 
-    path = training_client.save_weights_for_sampler(name="sl-000000").result().path
-    sampler = service_client.create_sampling_client(model_path=path).result()
+    sampler = sampler_at(service_client, training_client, "sl-000000")
     before = evaluate(sampler, tokenizer, test, params, args.eval_samples)
     print(f"held-out reward before: {before:.3f}", flush=True)
     for batch_idx in range(args.batches):
@@ -79,8 +62,7 @@ def main(args: argparse.Namespace) -> dict[str, float]:
         loss = backward.result().metrics["loss:sum"]
         step.result()
         print(f"batch {batch_idx + 1}/{args.batches}: loss {loss:.3f}", flush=True)
-    path = training_client.save_weights_for_sampler(name="sl-final").result().path
-    sampler = service_client.create_sampling_client(model_path=path).result()
+    sampler = sampler_at(service_client, training_client, "sl-final")
     after = evaluate(sampler, tokenizer, test, params, args.eval_samples)
     print(f"held-out reward after: {after:.3f} (before {before:.3f})", flush=True)
     service_client.close("success")
