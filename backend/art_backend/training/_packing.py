@@ -18,7 +18,7 @@ logit predicts each trained token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -57,23 +57,47 @@ class PackedBatch:
         the one it has unpacked). A padding query sees itself only, so no softmax row is empty
         (its output is never used).
         """
-        segments = self.segments.to(device)
-        width = segments.shape[1]
-        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        query = segments[:, :, None]
-        key = segments[:, None, :]
-        allowed = causal & (key >= 0) & ((key == 0) | (key == query))
-        if window is not None:
-            positions = self.position_ids.to(device)
-            allowed &= positions[:, :, None] - positions[:, None, :] < window
-        allowed |= torch.eye(width, dtype=torch.bool, device=device)
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[:, None]
+        return segment_attention_mask(
+            self.segments, self.position_ids, dtype, device, window=window
+        )
+
+
+class Segmented(Protocol):
+    """A packed forward's layout: `PackedBatch` here, `_target_rows.TargetPack` for the Tinker
+    API's rows."""
+
+    def attention_mask(
+        self, dtype: torch.dtype, device: torch.device | str = "cpu", *, window: int | None = None
+    ) -> torch.Tensor: ...
+
+
+def segment_attention_mask(
+    segments: torch.Tensor,
+    position_ids: torch.Tensor,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    *,
+    window: int | None = None,
+) -> torch.Tensor:
+    """The additive [P, 1, S, S] mask of packed rows whose `segments` are [P, S] (0 the shared
+    prefix, j >= 1 the j-th remainder, -1 padding): `PackedBatch.attention_mask`."""
+    segments = segments.to(device)
+    width = segments.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    query = segments[:, :, None]
+    key = segments[:, None, :]
+    allowed = causal & (key >= 0) & ((key == 0) | (key == query))
+    if window is not None:
+        positions = position_ids.to(device)
+        allowed &= positions[:, :, None] - positions[:, None, :] < window
+    allowed |= torch.eye(width, dtype=torch.bool, device=device)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]
 
 
 def packed_attention_masks(
-    packed: PackedBatch, config: Any, dtype: torch.dtype, device: torch.device | str
+    packed: Segmented, config: Any, dtype: torch.dtype, device: torch.device | str
 ) -> torch.Tensor | dict[str, torch.Tensor]:
     """The packed forward's `attention_mask` for a model of `config`.
 

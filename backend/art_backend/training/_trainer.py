@@ -36,7 +36,14 @@ from art_backend.training._packing import (
     packing_supported,
 )
 from art_backend.training._rows import Rows, micro_batches, token_logprobs_and_entropy
-from art_backend.training._target_rows import TargetRow, target_batches, target_logprobs
+from art_backend.training._target_rows import (
+    TargetBatch,
+    TargetPack,
+    TargetRow,
+    packed_target_logprobs,
+    target_batches,
+    target_logprobs,
+)
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # A row's elementwise loss from its target logprobs (`score_targets`): (row index, logprobs).
@@ -270,15 +277,11 @@ class LoraTrainer:
         forward_backward, then optim_step)."""
         logprobs = [torch.empty(0)] * len(rows)
         losses = [torch.empty(0)] * len(rows)
-        device = self.engine.device
-        for batch in target_batches(rows, token_budget=token_budget):
+        # Datums that begin alike (a group's samples of one prompt) share their prefix's forward.
+        batches = target_batches(rows, token_budget=token_budget, pack=self.packs_prefixes)
+        for batch in batches:
             with self.engine.exclusive() as model, self._scoring(model, backward):
-                output = model(
-                    input_ids=batch.input_ids.to(device),
-                    attention_mask=batch.attention_mask.to(device),
-                    use_cache=False,
-                )
-                scored = target_logprobs(output.logits, batch.target_ids.to(device))
+                scored = self._target_logprobs(model, batch)
                 total = scored.new_zeros(())
                 for line, (index, length) in enumerate(
                     zip(batch.indices, batch.lengths, strict=True)
@@ -430,6 +433,24 @@ class LoraTrainer:
         )
         new, entropy = packed_logprobs_and_entropy(output.logits, packed)
         return new.cpu(), entropy.sum().cpu()
+
+    def _target_logprobs(self, model: Any, batch: TargetBatch | TargetPack) -> torch.Tensor:
+        """Each row's target logprobs, [rows, longest] (`_target_rows`)."""
+        device = self.engine.device
+        if isinstance(batch, TargetBatch):
+            output = model(
+                input_ids=batch.input_ids.to(device),
+                attention_mask=batch.attention_mask.to(device),
+                use_cache=False,
+            )
+            return target_logprobs(output.logits, batch.target_ids.to(device))
+        output = model(
+            input_ids=batch.input_ids.to(device),
+            attention_mask=packed_attention_masks(batch, model.config, model.dtype, device),
+            position_ids=batch.position_ids.to(device),
+            use_cache=False,
+        )
+        return packed_target_logprobs(output.logits, batch)
 
     @torch.no_grad()
     def _reference_logprobs(self, model: Any, batch: Rows | PackedBatch) -> torch.Tensor:
