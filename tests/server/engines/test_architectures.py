@@ -6,7 +6,8 @@ requests of different lengths join a batch that is already decoding, rows finish
 times, prompts run past the sliding window, a group's prompt is prefilled once, and every
 request's greedy tokens equal transformers' `generate()` on that request alone. Then a GRPO step
 on the engine's own samples trains with a ratio of 1 (the trainer's logprobs equal the
-engine's), through shared-prefix packing where the family allows it.
+engine's), through shared-prefix packing where the family allows it, and the Tinker API's
+scoring of the same samples (`score_targets`, packed and padded) gives the engine's logprobs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from art_backend.engines._engine import FinishEvent, GenerationRequest, Sampling
 from art_backend.engines._kv_cache import check_servable
 from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
 from art_backend.training._rows import Sequence, pack_rows
+from art_backend.training._target_rows import TargetRow
 from tests.support.adapters import load_model
 from tests.support.tiny_families import (
     FAMILIES,
@@ -163,6 +165,12 @@ async def test_a_grpo_step_on_the_engines_samples_has_a_ratio_of_one(
             choices = await finished(engine.submit(request), n=4)
             for index, choice in choices.items():
                 sequences.append(sampled_sequence(ids, choice, group, advantage=index - 1.5))
+        # The Tinker API's scoring of the same samples (`score_targets`), packed and padded.
+        datums = [TargetRow(s.input_ids[:-1].tolist(), s.input_ids[1:].tolist()) for s in sequences]
+        scores = [
+            trainer.score_targets(datums, lambda _, lp: -lp, backward=False)[0]
+            for trainer in (packed, padded)
+        ]
         rows, dropped = pack_rows(sequences, max_length=4096, mask_truncated=False)
         assert not any(dropped.values())
         settings = OptimizerSettings(learning_rate=1e-3, micro_batch_tokens=4096)
@@ -179,6 +187,13 @@ async def test_a_grpo_step_on_the_engines_samples_has_a_ratio_of_one(
     assert metrics["shared_prefix_tokens"] > 0 == padded_metrics["shared_prefix_tokens"]
     for key in ("loss", "grad_norm", "entropy", "ratio_mean"):
         assert metrics[key] == pytest.approx(padded_metrics[key], rel=1e-4, abs=1e-6), key
+    # Scored through the Tinker API's path, each sample's tokens have the engine's logprobs, and
+    # the datums packed over their prompt score as the padded ones.
+    for sequence, from_pack, from_padding in zip(sequences, *scores, strict=True):
+        assert torch.allclose(from_pack, from_padding, atol=1e-5)
+        sampled = sequence.trained_mask[1:]
+        expected = sequence.old_logprobs[1:][sampled]
+        assert torch.allclose(from_pack[sampled], expected, atol=1e-3)
 
 
 def sampled_sequence(

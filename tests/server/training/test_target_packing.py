@@ -131,7 +131,9 @@ def test_packed_scores_and_gradients_equal_the_padded_forwards(trainers, budget:
 
     packed, padded = trainers
     rows = cookbook_batch()
-    weights = [torch.linspace(-1.0, 1.0, len(row.input_ids)) * (i + 1) for i, row in enumerate(rows)]
+    weights = [
+        torch.linspace(-1.0, 1.0, len(row.input_ids)) * (i + 1) for i, row in enumerate(rows)
+    ]
 
     def loss(index: int, logprobs: torch.Tensor) -> torch.Tensor:
         return -weights[index] * logprobs
