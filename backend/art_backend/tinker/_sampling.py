@@ -73,9 +73,11 @@ class TinkerSampling:
                 raise InvalidRequestError(str(error), param="path") from error
 
         async def work() -> Answer:
+            tally = run.since_checkpoint
             step = await self.training.training.save_step(
-                run.registered, "tinker_sampler", {"tinker_sampler": name}
+                run.registered, "tinker_sampler", {"tinker_sampler": name}, tally.metrics()
             )
+            run.since_checkpoint = type(tally)()
             if name is None:  # save_weights_and_get_sampling_client: a session, unnamed
                 session_id = self._open(self._sampler(run, step, None))
                 return Answer(

@@ -54,6 +54,35 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
+class StepTally:
+    """A run's training since its last checkpoint, as the metrics of that checkpoint's history
+    row (what trackers and the review page chart): the losses summed over forward_backward
+    calls, the datums and target tokens they scored, the optimizer steps and the last one's
+    gradient norm and learning rate."""
+
+    loss_sum: float = 0.0
+    datums: int = 0
+    tokens: int = 0
+    optim_steps: int = 0
+    grad_norm: float | None = None
+    learning_rate: float | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """The row's metrics; empty when nothing trained (a sampler saved twice)."""
+        if not self.datums and not self.optim_steps:
+            return {}
+        metrics = {
+            "loss": self.loss_sum,
+            "datums": float(self.datums),
+            "trained_tokens": float(self.tokens),
+            "optim_steps": float(self.optim_steps),
+        }
+        if self.grad_norm is not None and self.learning_rate is not None:
+            metrics |= {"grad_norm": self.grad_norm, "learning_rate": self.learning_rate}
+        return metrics
+
+
+@dataclass
 class TrainingRun:
     """A training client's model: the registered model and its operations' order."""
 
@@ -64,6 +93,8 @@ class TrainingRun:
     order: RunOrder = field(default_factory=RunOrder)
     # seq_id -> (request id, sha256 of the body): a retried operation gets its first answer
     requests: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # What the run did since its last checkpoint: the next one's history row carries it.
+    since_checkpoint: StepTally = field(default_factory=lambda: StepTally())
 
     @property
     def lora_rank(self) -> int:
@@ -261,6 +292,11 @@ class TinkerTraining:
         async def work() -> Answer:
             logprobs, losses = await self.training.step_part(score, rows, elementwise)
             total = float(sum(float(values.sum()) for values in losses))
+            if not wire.forward_only:
+                tally = run.since_checkpoint
+                tally.loss_sum += total
+                tally.datums += len(rows)
+                tally.tokens += sum(len(row.input_ids) for row in rows)
             outputs = {
                 "logprobs": [values.numpy() for values in logprobs],
                 "elementwise_loss": [values.numpy() for values in losses],
@@ -376,6 +412,9 @@ class TinkerTraining:
                 raise InvalidRequestError(
                     f"The accumulated gradient is not finite ({error}); nothing was updated."
                 ) from error
+            tally = run.since_checkpoint
+            tally.optim_steps += 1
+            tally.grad_norm, tally.learning_rate = grad_norm, adam.learning_rate
             return Answer({"metrics": {"grad_norm": grad_norm}, "type": "optim_step"})
 
         return self.in_order(run, request.seq_id, work)

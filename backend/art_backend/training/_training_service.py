@@ -161,12 +161,16 @@ class TrainingService:
             return await self._in_trainer_thread(function, *args)
 
     async def save_step(
-        self, model: RegisteredModel, kind: str, details: dict[str, Any] | None = None
+        self,
+        model: RegisteredModel,
+        kind: str,
+        details: dict[str, Any] | None = None,
+        metrics: dict[str, float] | None = None,
     ) -> int:
         """Checkpoint the trainer's adapter as step N+1 and serve it as `<name>@<N+1>`, outside
         a train call (the Tinker API's save_weights_for_sampler); returns N+1."""
         async with self._step_lock:
-            await self._commit_step(model, kind, {}, details=details)
+            await self._commit_step(model, kind, metrics or {}, details=details)
         return model.step
 
     def validate_train(self, project: str, name: str, request: TrainRequest) -> RegisteredModel:

@@ -314,6 +314,41 @@ def test_sampler_weights_sample_with_the_trainers_logprobs(service: tinker.Servi
     assert latest.sample(prompt, 1, params).result().sequences[0].tokens
 
 
+def test_a_sampler_checkpoints_history_row_carries_the_training_since_the_last_one(
+    service: tinker.ServiceClient, tinker_server: RunningServer
+):
+    """What trackers and the review page chart: each sampler checkpoint's history row has the
+    summed loss, the datums and tokens scored, the optimizer steps and the last gradient norm
+    since the checkpoint before it; a forward without backward counts for nothing."""
+    metadata = {"art_project": "tinker-tests", "art_name": "tallied"}
+    training = service.create_lora_training_client(
+        base_model="tiny", rank=4, seed=2, user_metadata=metadata
+    ).result()
+    losses = [
+        training.forward_backward(datums(), "cross_entropy").result().metrics["loss:sum"]
+        for _ in range(2)
+    ]
+    training.forward(datums(), "cross_entropy").result()
+    grad_norm = training.optim_step(ADAM).result().metrics["grad_norm"]
+    training.save_weights_for_sampler("first").result()
+    training.save_weights_for_sampler("second").result()  # nothing trained in between
+
+    response = httpx.get(
+        f"{tinker_server.url}/v1/training/models/tinker-tests/tallied/history",
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
+    response.raise_for_status()
+    rows = [row for row in response.json()["rows"] if row.get("type") == "tinker_sampler"]
+    assert [row["step"] for row in rows] == [1, 2]
+    first, second = rows[0]["metrics"], rows[1]["metrics"]
+    tokens = sum(len(prompt) + len(answer) - 1 for prompt, answer in EXAMPLES)
+    assert first["loss"] == pytest.approx(sum(losses), rel=1e-5)
+    assert (first["datums"], first["trained_tokens"]) == (2 * len(EXAMPLES), 2 * tokens)
+    assert first["optim_steps"] == 1 and first["grad_norm"] == pytest.approx(grad_norm)
+    assert first["learning_rate"] == LEARNING_RATE
+    assert second == {}
+
+
 def test_an_older_sampler_step_is_served_again_until_the_windows_next_trim(
     service: tinker.ServiceClient, tinker_server: RunningServer
 ):
