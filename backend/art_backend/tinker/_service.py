@@ -56,7 +56,7 @@ MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 @dataclass
 class StepTally:
     """A run's training since its last checkpoint, as the metrics of that checkpoint's history
-    row (what trackers and the review page chart): the losses summed over forward_backward
+    row (the history route and the review page show them): the losses summed over forward_backward
     calls, the datums and target tokens they scored, the optimizer steps and the last one's
     gradient norm and learning rate."""
 

@@ -317,7 +317,7 @@ def test_sampler_weights_sample_with_the_trainers_logprobs(service: tinker.Servi
 def test_a_sampler_checkpoints_history_row_carries_the_training_since_the_last_one(
     service: tinker.ServiceClient, tinker_server: RunningServer
 ):
-    """What trackers and the review page chart: each sampler checkpoint's history row has the
+    """What the history shows: each sampler checkpoint's history row has the
     summed loss, the datums and tokens scored, the optimizer steps and the last gradient norm
     since the checkpoint before it; a forward without backward counts for nothing."""
     metadata = {"art_project": "tinker-tests", "art_name": "tallied"}
