@@ -39,10 +39,10 @@ from art_backend.engines._adapter_files import check_adapter_folder
 from art_backend.engines._constrained import lark_text
 from art_backend.engines._engine import (
     EngineMetrics,
-    FinishEvent,
     GenerationRequest,
     TokenEvent,
 )
+from art_backend.engines._vllm_choice import Chunk, VllmChoice, matched_by_vllm
 from art_backend.engines._vllm_process import VllmServer
 
 logger = logging.getLogger("art_backend.vllm")
@@ -218,20 +218,24 @@ class VllmEngine:
     async def _run(self, request: GenerationRequest) -> None:
         emit = request._emit
         assert emit is not None
-        choices = [_Choice() for _ in range(request.n)]
+        stops = request.params.stop
+        ours = bool(stops) and not matched_by_vllm(stops)  # `_vllm_choice`
+        choices = [VllmChoice(stops if ours else None) for _ in range(request.n)]
         self._rows += request.n
         self.metrics.max_batch_size_seen = max(self.metrics.max_batch_size_seen, self._rows)
         if self._busy_since is None:
             self._busy_since = time.perf_counter()
         try:
             await self._awake.wait()
-            if request.stream_tokens:
+            if request.stream_tokens or ours:
                 # aclosing: leaving the loop closes the connection now, and vLLM aborts the rest
-                async with contextlib.aclosing(self._stream(request)) as stream:
+                async with contextlib.aclosing(self._stream(request, ours)) as stream:
                     async for choice_index, chunk in stream:
                         if request.cancelled:
                             break
                         self._take(chunk, choices[choice_index], choice_index, request)
+                        if all(choice.finish_reason is not None for choice in choices):
+                            break  # our stops ended every choice: vLLM's sampling is aborted
                         await asyncio.sleep(0)  # a burst of buffered chunks must not hold the loop
             else:
                 for chunk in await self._whole(request):
@@ -270,26 +274,26 @@ class VllmEngine:
             asyncio.get_running_loop().run_in_executor(None, self._unload_now, adapter)
 
     def _take(
-        self, chunk: dict[str, Any], choice: _Choice, index: int, request: GenerationRequest
+        self, raw: dict[str, Any], choice: VllmChoice, index: int, request: GenerationRequest
     ) -> None:
         emit = request._emit
         assert emit is not None
-        token_ids = chunk.get("token_ids") or []
-        logprobs = chunk.get("logprobs") or {}
-        values = logprobs.get("token_logprobs") or [0.0] * len(token_ids)
-        tops = logprobs.get("top_logprobs") or [None] * len(token_ids)
-        text = chunk.get("text") or ""
-        choice.text += text
-        for position, (token, value, top) in enumerate(zip(token_ids, values, tops, strict=True)):
+        if choice.finish_reason is not None:
+            return  # one of our stops ended it: what vLLM sampled after is dropped
+        chunk, stopped = choice.add(_chunk(raw), self.tokenizer)
+        reason = "stop" if stopped else raw.get("finish_reason")
+        for position, (token, value, top) in enumerate(
+            zip(chunk.token_ids, chunk.logprobs, chunk.tops, strict=True)
+        ):
             top_list = _top_list(top, request.params.top_logprobs)
             choice.token_ids.append(int(token))
             choice.logprobs.append(float(value))
             choice.top_logprobs.append(top_list)
             self.metrics.generated_tokens_total += 1
             if request.stream_tokens:
-                last = position == len(token_ids) - 1
-                emit(TokenEvent(index, int(token), float(value), top_list, text if last else ""))
-        reason = chunk.get("finish_reason")
+                last = position == len(chunk.token_ids) - 1
+                text = choice.stream_delta(final=reason is not None) if last else ""
+                emit(TokenEvent(index, int(token), float(value), top_list, text))
         if reason is not None:
             if reason == "length":
                 # vLLM holds back a trailing incomplete UTF-8 character even at the end; the
@@ -302,9 +306,12 @@ class VllmEngine:
                 choice.error = f"vLLM finished with {reason!r}"
             emit(choice.finish_event(index))
 
-    async def _stream(self, request: GenerationRequest) -> AsyncGenerator[tuple[int, dict], None]:
+    async def _stream(
+        self, request: GenerationRequest, our_stops: bool = False
+    ) -> AsyncGenerator[tuple[int, dict], None]:
         client = self._client()
-        async with client.stream("POST", "/v1/completions", json=self._body(request)) as response:
+        body = self._body(request, our_stops=our_stops)
+        async with client.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code != 200:
                 await response.aread()
                 raise RuntimeError(f"HTTP {response.status_code}: {_error_text(response)}")
@@ -334,7 +341,9 @@ class VllmEngine:
             raise RuntimeError(f"HTTP {response.status_code}: {_error_text(response)}")
         return list(response.json().get("choices") or [])
 
-    def _body(self, request: GenerationRequest, *, stream: bool = True) -> dict[str, Any]:
+    def _body(
+        self, request: GenerationRequest, *, stream: bool = True, our_stops: bool = False
+    ) -> dict[str, Any]:
         params = request.params
         body: dict[str, Any] = {
             "model": self._prefix + request.adapter
@@ -357,7 +366,7 @@ class VllmEngine:
             "stop_token_ids": self.eos_token_ids,
             "add_special_tokens": False,
         }
-        if params.stop:
+        if params.stop and not our_stops:
             body["stop"] = params.stop
         if params.seed is not None:
             body["seed"] = params.seed
@@ -379,28 +388,13 @@ class VllmEngine:
         return client
 
 
-class _Choice:
-    """What one choice has produced so far."""
-
-    def __init__(self) -> None:
-        self.text = ""
-        self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.top_logprobs: list[list[tuple[int, float]]] = []
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-
-    def finish_event(self, index: int) -> FinishEvent:
-        assert self.finish_reason is not None
-        return FinishEvent(
-            choice_index=index,
-            finish_reason=self.finish_reason,
-            text=self.text,
-            token_ids=self.token_ids,
-            logprobs=self.logprobs,
-            top_logprobs=self.top_logprobs,
-            error=self.error,
-        )
+def _chunk(raw: dict[str, Any]) -> Chunk:
+    """A streamed (or whole) choice of vLLM's answer: its tokens, logprobs, top lists, text."""
+    token_ids = raw.get("token_ids") or []
+    logprobs = raw.get("logprobs") or {}
+    values = logprobs.get("token_logprobs") or [0.0] * len(token_ids)
+    tops = logprobs.get("top_logprobs") or [None] * len(token_ids)
+    return Chunk(token_ids, values, tops, raw.get("text") or "")
 
 
 def _top_list(top: dict[str, float] | None, k: int) -> list[tuple[int, float]]:

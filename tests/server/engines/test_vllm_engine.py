@@ -114,6 +114,50 @@ def test_greedy_answers_are_the_torch_engines_token_for_token(
     assert answers[0] == answers[1]
 
 
+def _chat(running: RunningServer, body: dict) -> tuple[list[int], str, str]:
+    """The recorded ids, the content (streamed or not) and the finish reason of one answer."""
+    url = f"{running.url}/v1/chat/completions"
+    if not body.get("stream"):
+        answer = httpx.post(url, json=body, timeout=120).json()
+        completion_id = answer["id"]
+        content = answer["choices"][0]["message"]["content"]
+        reason = answer["choices"][0]["finish_reason"]
+    else:
+        content, reason = "", None
+        with httpx.stream("POST", url, json=body, timeout=120) as response:
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                completion_id = chunk["id"]
+                for choice in chunk["choices"]:
+                    content += choice["delta"].get("content") or ""
+                    reason = choice.get("finish_reason") or reason
+    record = httpx.get(f"{running.url}/v1/chat/completions/{completion_id}").json()
+    return record["choices"][0]["token_ids"], content, str(reason)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("matcher", ["vllm", "ours"])
+def test_stop_strings_end_a_choice_as_the_torch_engine_ends_it(
+    server: RunningServer, torch_server: RunningServer, matcher: str, stream: bool
+):
+    """A stop from the middle of the greedy answer: few and short stops go to vLLM, many go
+    through our automaton (`_vllm_choice`); either way the ids, text and finish reason are the
+    torch engine's, and a stream never shows the stop."""
+    body = {"model": "tiny", "temperature": 0.0, "max_tokens": 40}
+    body["messages"] = [{"role": "user", "content": "Hello there"}]
+    _, full, _ = _chat(torch_server, body)
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert len(full) > 10 and stop.strip()
+    decoys = [] if matcher == "vllm" else [f"never seen {n}" for n in range(60)]
+    body |= {"stop": [*decoys, stop], "stream": stream}
+    answers = [_chat(running, body) for running in (torch_server, server)]
+    assert answers[0] == answers[1]
+    _, content, reason = answers[1]
+    assert reason == "stop" and stop not in content and full.startswith(content)
+
+
 def test_seed_repeats_and_n_differs(client):
     def ask(**extra):
         response = client.chat.completions.create(
