@@ -119,6 +119,7 @@ def _chat(running: RunningServer, body: dict) -> tuple[list[int], str, str]:
     url = f"{running.url}/v1/chat/completions"
     if not body.get("stream"):
         answer = httpx.post(url, json=body, timeout=120).json()
+        assert "id" in answer, answer
         completion_id = answer["id"]
         content = answer["choices"][0]["message"]["content"]
         reason = answer["choices"][0]["finish_reason"]
@@ -142,15 +143,17 @@ def _chat(running: RunningServer, body: dict) -> tuple[list[int], str, str]:
 def test_stop_strings_end_a_choice_as_the_torch_engine_ends_it(
     server: RunningServer, torch_server: RunningServer, matcher: str, stream: bool
 ):
-    """A stop from the middle of the greedy answer: few and short stops go to vLLM, many go
+    """A stop from the middle of a greedy answer: few and short stops go to vLLM, long ones
     through our automaton (`_vllm_choice`); either way the ids, text and finish reason are the
     torch engine's, and a stream never shows the stop."""
-    body = {"model": "tiny", "temperature": 0.0, "max_tokens": 40}
-    body["messages"] = [{"role": "user", "content": "Hello there"}]
+    # Under a JSON grammar: the tiny model's free greedy answer is newlines only.
+    body = {"model": "tiny", "temperature": 0.0, **PARITY_REQUESTS["json_object"]}
     _, full, _ = _chat(torch_server, body)
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     assert len(full) > 10 and stop.strip()
-    decoys = [] if matcher == "vllm" else [f"never seen {n}" for n in range(60)]
+    # Chat takes at most 4 stops (OpenAI's limit), of up to 16,384 characters in all: long
+    # ones are ours (Messages takes 256).
+    decoys = [] if matcher == "vllm" else [f"never seen {n} " * 20 for n in range(3)]
     body |= {"stop": [*decoys, stop], "stream": stream}
     answers = [_chat(running, body) for running in (torch_server, server)]
     assert answers[0] == answers[1]
