@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from art_backend._errors import BackendError, StoreNotFoundError
+from art_backend._errors import BackendError, StoreFileDamagedError, StoreNotFoundError
 from art_backend._unicode import replace_lone_surrogates
-from art_backend.store._checkpoints import ModelStore, read_trajectory_file
+from art_backend.store._checkpoints import ModelStore, TrajectoryFile, read_trajectory_file
 from art_backend.store._review_decisions import (
     PENDING,
     PendingStep,
@@ -231,7 +231,7 @@ def load_step(store: ModelStore, split: str, step: str, state: ReviewState) -> S
             + (f"its {split} steps are {steps}." if steps else f"it has no {split!r} steps.")
         )
     # A damaged file (a crash while it was written) shows what is readable, and says so.
-    content = read_trajectory_file(store.trajectories_path(split, entry.step))
+    content = read_step_file(store, split, entry.step)
     return StepView(
         split,
         str(entry.step),
@@ -239,6 +239,29 @@ def load_step(store: ModelStore, split: str, step: str, state: ReviewState) -> S
         metrics=entry.metrics,
         damage=content.note(),
     )
+
+
+def log_again(split: str) -> str:
+    """What to do about a logged step whose file is lost: log it again."""
+    return f'log the step again with `await model.log(groups, split="{split}")`'
+
+
+def read_step_file(store: ModelStore, split: str, step: int) -> TrajectoryFile:
+    """The readable records of a logged step's file; a folder where the file belongs, or a file
+    that cannot be read at all, is a `StoreFileDamagedError` (409) naming it and what to do."""
+    path = store.trajectories_path(split, step)
+    what = f"The {split} trajectories of step {step} ({path})"
+    if path.is_dir():
+        raise StoreFileDamagedError(
+            f"{what} are a folder, not a file: move the folder away, then {log_again(split)}."
+        )
+    try:
+        return read_trajectory_file(path)
+    except OSError as error:
+        raise StoreFileDamagedError(
+            f"{what} cannot be read ({error.strerror or error}): make the file readable, or "
+            f"{log_again(split)}."
+        ) from error
 
 
 def build_groups(rows: list[dict[str, Any]], state: ReviewState) -> list[GroupView]:

@@ -40,8 +40,8 @@ from art_backend._errors import (
     StoreFileDamagedError,
     StoreNotFoundError,
 )
-from art_backend.review._browse import message_text
-from art_backend.store._checkpoints import ModelStore, read_trajectory_file
+from art_backend.review._browse import log_again, message_text, read_step_file
+from art_backend.store._checkpoints import ModelStore
 
 # tag -> what it means, as shown on the page and by `art diff`
 TAGS = {
@@ -427,19 +427,7 @@ def _step_rows(store: ModelStore, split: str, step: int) -> tuple[list[dict[str,
     none); a file that cannot be read at all, or that holds no readable record, is a
     `StoreFileDamagedError` naming it and what to do."""
     path = store.trajectories_path(split, step)
-    what = f"The {split} trajectories of step {step} ({path})"
-    log_again = f'log the step again with `await model.log(groups, split="{split}")`'
-    if path.is_dir():
-        raise StoreFileDamagedError(
-            f"{what} are a folder, not a file: move the folder away, then {log_again}."
-        )
-    try:
-        content = read_trajectory_file(path)
-    except OSError as error:
-        raise StoreFileDamagedError(
-            f"{what} cannot be read ({error.strerror or error}): make the file readable, or "
-            f"{log_again}."
-        ) from error
+    content = read_step_file(store, split, step)
     rows = [row for row in content.rows if _readable_row(row)]
     odd = len(content.rows) - len(rows)
     note = "; ".join(
@@ -452,8 +440,8 @@ def _step_rows(store: ModelStore, split: str, step: int) -> tuple[list[dict[str,
             "beside it as .damaged), or "
         )
         raise StoreFileDamagedError(
-            f"{what} hold no readable record ({note or 'the file is empty'}): "
-            f"{repair * content.damaged}{log_again}."
+            f"The {split} trajectories of step {step} ({path}) hold no readable record "
+            f"({note or 'the file is empty'}): {repair * content.damaged}{log_again(split)}."
         )
     return rows, note
 

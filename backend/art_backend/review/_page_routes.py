@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from art_backend._errors import InvalidRequestError
+from art_backend._errors import InvalidRequestError, StoreFileDamagedError
 from art_backend._unicode import TolerantHTMLResponse, TolerantJSONResponse
 from art_backend.review._browse import StepEntry, list_steps, load_state, load_step, open_model
 from art_backend.review._decision_routes import reviewer
@@ -113,7 +113,11 @@ def _search(
     for entry in steps:
         if wanted.split and entry.split != wanted.split:
             continue
-        view = load_step(store, entry.split, str(entry.step), state)
+        try:
+            view = load_step(store, entry.split, str(entry.step), state)
+        except StoreFileDamagedError:  # a folder, or unreadable: nothing in it to search
+            damaged.append(f"{entry.split} step {entry.step}")
+            continue
         if view.damage:
             damaged.append(f"{entry.split} step {entry.step}")
         for group in wanted.apply(view.groups):

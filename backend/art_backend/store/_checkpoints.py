@@ -46,7 +46,7 @@ import shutil
 import sys
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,9 @@ GZIP_MAGIC = b"\x1f\x8b\x08"  # the start of every gzip member (magic bytes, the
 # a test can SIGKILL the process there. Points: before_checkpoint, before_rename,
 # before_trajectories, before_history, before_trajectories_rename, before_checkpoint_removal.
 FAULT_ENV = "ART_FAULT_PAUSE"
+# History is read in blocks of whole lines this long: reading, splitting and decoding a long file
+# in one call holds the interpreter (every other thread, the event loop's too) that long.
+HISTORY_BLOCK_BYTES = 1024 * 1024
 
 
 def fault_point(name: str) -> None:
@@ -229,30 +232,22 @@ class ModelStore:
             os.close(fd)
 
     def read_history(self) -> list[dict[str, Any]]:
-        """All complete rows; a torn last line is skipped."""
-        return [row for _, row in self._history_rows()]
+        """All complete rows; a torn last line (or a damaged one) is skipped."""
+        return [row for block in _line_blocks(self.history_path) for _, row in _rows_of(block)]
 
-    def history_json(self) -> bytes:
-        """`{"rows": [...]}` as JSON: the complete rows' own lines, joined (each parsed once, to
-        skip a torn line, never encoded again). A long history costs the interpreter one short
-        step per row, so the history route runs this on a worker thread beside the event loop;
-        encoding the rows as one object held the loop half a second for 32 MB."""
-        lines = [line.encode() for line, _ in self._history_rows()]
-        return b'{"rows":[' + b",".join(lines) + b"]}"
-
-    def _history_rows(self) -> list[tuple[str, dict[str, Any]]]:
-        """Each complete row: its line, and the row parsed."""
-        if not self.history_path.is_file():
-            return []
-        rows = []
-        for line in self.history_path.read_text(errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict):
-                rows.append((line, row))
-        return rows
+    def history_json(self, piece_bytes: int = HISTORY_BLOCK_BYTES) -> Iterator[bytes]:
+        """`{"rows": [...]}` as JSON, in pieces of about `piece_bytes`: the complete rows' own
+        lines, joined (each parsed once, to skip a torn or damaged line, never encoded again).
+        Each piece costs the interpreter short steps only: the history route runs them on worker
+        threads beside the event loop, where one read, split and join of a 32 MB file held the
+        loop's turn for tens of milliseconds at a time."""
+        opening = b'{"rows":['
+        for block in _line_blocks(self.history_path, piece_bytes):
+            lines = [line.encode() for line, _ in _rows_of(block)]
+            if lines:
+                yield opening + b",".join(lines)
+                opening = b","
+        yield b"]}" if opening == b"," else b'{"rows":[]}'
 
     def repair_history(self) -> list[str]:
         """Make history agree with the checkpoints after a crash; returns what was repaired."""
@@ -477,6 +472,34 @@ def _decode_member(data: bytes, start: int, chunk: int = 1 << 16) -> tuple[bytes
     if not decoder.eof:
         return b"".join(output), position, False
     return b"".join(output), position - len(decoder.unused_data), True
+
+
+def _line_blocks(path: Path, block_bytes: int = HISTORY_BLOCK_BYTES) -> Iterator[str]:
+    """`path`'s text up to its size when opened, in blocks of whole lines of about `block_bytes`
+    (a longer line is one block), decoded as `read_text(errors="replace")` decodes it whole."""
+    if not path.is_file():
+        return
+    with path.open("rb") as file:
+        left, pending = os.fstat(file.fileno()).st_size, bytearray()
+        while left > 0 and (block := file.read(min(block_bytes, left))):
+            left -= len(block)
+            pending += block
+            if end := pending.rfind(b"\n") + 1:
+                yield pending[:end].decode(errors="replace")
+                del pending[:end]
+        if pending:  # a last line without its newline: torn, or whole but for the newline
+            yield pending.decode(errors="replace")
+
+
+def _rows_of(text: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each complete row in `text` (whole lines): its line, and the row parsed."""
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            yield line, row
 
 
 def _write_bytes_synced(path: Path, data: bytes) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter
@@ -29,6 +30,7 @@ from art_core.wire import (
 )
 
 HISTORY_PIECE_BYTES = 1024 * 1024
+JSON = "application/json"
 
 
 def training_router(training: TrainingService) -> APIRouter:
@@ -46,12 +48,14 @@ def training_router(training: TrainingService) -> APIRouter:
 
     @router.get("/models/{project}/{name}/history")
     async def history(project: str, name: str):
-        # Read and joined on a worker thread, sent a piece at a time: a long history is tens
-        # of megabytes, which one write would hand the event loop to copy and move at once.
-        rows = await asyncio.to_thread(registry.get(project, name).store.history_json)
-        if len(rows) <= HISTORY_PIECE_BYTES:
-            return Response(rows, media_type="application/json")
-        return StreamingResponse(_pieces(rows), media_type="application/json")
+        # Read, checked and sent a block of whole lines at a time, each step on a worker thread
+        # (Starlette runs a plain iterator's steps there): a long history is tens of megabytes,
+        # which one read, split or join would hold the interpreter, so the event loop, to copy.
+        store = registry.get(project, name).store
+        pieces = store.history_json(HISTORY_PIECE_BYTES)
+        if await asyncio.to_thread(_file_size, store.history_path) <= HISTORY_PIECE_BYTES:
+            return Response(await asyncio.to_thread(b"".join, pieces), media_type=JSON)
+        return StreamingResponse(pieces, media_type=JSON)
 
     @router.post("/models/{project}/{name}/train")
     async def train(project: str, name: str, body: TrainRequest):
@@ -82,10 +86,12 @@ def training_router(training: TrainingService) -> APIRouter:
     return router
 
 
-async def _pieces(data: bytes) -> AsyncIterator[bytes]:
-    view = memoryview(data)
-    for start in range(0, len(data), HISTORY_PIECE_BYTES):
-        yield bytes(view[start : start + HISTORY_PIECE_BYTES])
+def _file_size(path: Path) -> int:
+    """The size of the file at `path` in bytes; 0 when there is none."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _ndjson(events: AsyncIterator[dict[str, Any]]) -> StreamingResponse:

@@ -407,3 +407,33 @@ def test_pages_show_a_lone_surrogate_on_disk_instead_of_failing(tmp_path: Path):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_a_step_whose_trajectories_file_is_a_folder_is_a_409_naming_it(tmp_path: Path):
+    """A folder where a step's file belongs: its pages answer 409 with the path and what to do
+    (a 500 before), the search lists the step as damaged, and the other pages still serve."""
+    store = write_review_store(tmp_path)
+    folder = store.trajectories_path("train", 1)
+    folder.unlink()
+    folder.mkdir()
+    server, thread, url = start_review_server(tmp_path)
+    try:
+        step1 = f"{url}{MODEL_PAGE}/steps/train/1"
+        for page in (step1, f"{step1}/groups/0", f"{step1}/trajectories/t1-a"):
+            answer = httpx.get(page)
+            assert answer.status_code == 409, (page, answer.text[:300])
+            assert f"({folder}) are a folder, not a file: move the folder away" in answer.text
+            as_json = httpx.get(page, headers={"Accept": "application/json"})
+            assert as_json.status_code == 409
+            assert as_json.json()["error"]["type"] == "conflict_error"
+        form = {"action": "flag_trajectory", "trajectory_id": "t1-a", "reason": "why"}
+        flag = httpx.post(f"{step1}/decisions", data=form)
+        assert flag.status_code == 409 and "are a folder, not a file" in flag.text
+        search = httpx.get(f"{url}{MODEL_PAGE}/search", params={"q": "bags"})
+        assert search.status_code == 200 and "Damaged trajectories files" in search.text
+        assert "train step 1" in search.text and "t0-a" in search.text
+        for page in (f"{MODEL_PAGE}/", STEP0, f"{MODEL_PAGE}/steps/val/2"):
+            assert httpx.get(f"{url}{page}").status_code == 200, page
+    finally:
+        server.should_exit = True
+        thread.join(10)

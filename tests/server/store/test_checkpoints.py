@@ -64,6 +64,37 @@ def test_torn_history_line_is_dropped_and_missing_rows_rebuilt(tmp_path: Path):
     assert all(json.loads(line) for line in store.history_path.read_text().splitlines())
 
 
+@pytest.mark.parametrize("piece_bytes", [1, 64, 1024 * 1024])
+def test_history_json_is_the_whole_rows_own_lines_in_bounded_pieces(
+    tmp_path: Path, piece_bytes: int
+):
+    """Read a block of whole lines at a time (no piece holds the whole file): every complete
+    row's own line, joined; a damaged middle line, a line that is not an object and a torn
+    last line are skipped, and the answer is still valid JSON."""
+    store = ModelStore(tmp_path, "p", "m")
+    rows = [{"type": "log", "step": step, "note": "n" * 100} for step in range(20)]
+    lines = [json.dumps(row) for row in rows]
+    store.history_path.parent.mkdir(parents=True)
+    damaged = [*lines[:7], '{"type": "log", "st', *lines[7:12], "[1, 2]", *lines[12:]]
+    store.history_path.write_text("\n".join(damaged) + '\n{"type": "torn", "st')
+
+    pieces = list(store.history_json(piece_bytes))
+
+    body = b"".join(pieces)
+    assert body == ('{"rows":[' + ",".join(lines) + "]}").encode()
+    assert json.loads(body)["rows"] == rows == store.read_history()
+    longest = max(len(line) for line in damaged) + len('{"rows":[') + 1
+    assert max(len(piece) for piece in pieces) <= max(piece_bytes, longest)
+
+
+def test_history_json_of_no_history_is_no_rows(tmp_path: Path):
+    store = ModelStore(tmp_path, "p", "m")
+    assert b"".join(store.history_json()) == b'{"rows":[]}'
+    store.history_path.parent.mkdir(parents=True)
+    store.history_path.write_text('{"type": "torn", "st')
+    assert b"".join(store.history_json()) == b'{"rows":[]}'
+
+
 def test_trajectories_append_per_split_and_step(tmp_path: Path):
     store = ModelStore(tmp_path, "p", "m")
     store.write_trajectories("val", 0, [{"reward": 1.0}])

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 import art_backend._limits as limits
+import art_backend.store._checkpoints as checkpoints
 import art_backend.training._routes as routes
-from art_backend.store._checkpoints import ModelStore
 from art_core.wire import MAX_DETAIL_CHARACTERS, MAX_DETAILS, MAX_METRIC_NAME, MAX_METRICS
 from tests.support.servers import RunningServer
 
@@ -95,7 +95,7 @@ def test_a_large_training_body_is_parsed_off_the_event_loop(server, model_url, h
 
 def test_the_history_is_read_off_the_event_loop(server, model_url, held):
     expected = httpx.get(f"{model_url}/history").json()["rows"]
-    called, release = held(ModelStore, "_history_rows")
+    called, release = held(checkpoints, "_rows_of")
     with ThreadPoolExecutor(1) as pool:
         history = pool.submit(httpx.get, f"{model_url}/history", timeout=60)
         try:
@@ -110,19 +110,24 @@ def test_the_history_is_read_off_the_event_loop(server, model_url, held):
 
 @pytest.mark.parametrize("piece_bytes", [routes.HISTORY_PIECE_BYTES, 64], ids=["whole", "pieces"])
 def test_the_history_route_serves_every_complete_row(server, model_url, monkeypatch, piece_bytes):
-    """The rows' own lines, joined (sent in pieces when long): a torn last line (a crash
-    mid-write) is skipped."""
+    """The rows' own lines, joined (read and sent in pieces when long): a damaged line in the
+    middle and a torn last line (a crash mid-write) are skipped."""
     monkeypatch.setattr(routes, "HISTORY_PIECE_BYTES", piece_bytes)
     store = server.app.state.training.registry.get("limits", "bounded").store
+    before = store.history_path.read_text()
+    store.append_history({"type": "log", "step": 0, "split": "val", "metrics": {"m": 1.0}})
+    with open(store.history_path, "a") as history:
+        history.write('{"type": "damaged", "st\n')
+    store.append_history({"type": "log", "step": 0, "split": "val", "metrics": {"m": 2.0}})
     with open(store.history_path, "a") as history:
         history.write('{"type": "torn", "st')
     try:
         rows = httpx.get(f"{model_url}/history").json()["rows"]
         assert rows == store.read_history() and rows
-        assert all(row.get("type") != "torn" for row in rows)
+        assert [row["metrics"] for row in rows[-2:]] == [{"m": 1.0}, {"m": 2.0}]
+        assert all(row.get("type") not in ("damaged", "torn") for row in rows)
     finally:
-        text = store.history_path.read_text()
-        store.history_path.write_text(text[: text.rindex("\n") + 1])
+        store.history_path.write_text(before)
 
 
 def test_the_value_bound_strips_strings_in_steps_as_a_whole_pass_would(monkeypatch):
