@@ -18,7 +18,7 @@ logit predicts each trained token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -26,21 +26,14 @@ from art_backend.training._rows import Rows
 
 
 @dataclass(frozen=True)
-class PackedBatch:
-    """One micro-batch's rows and, when any of them share a prefix, the packed forward's inputs.
+class Segmented:
+    """A packed forward's layout, [P, S] each: segment 0 is a packed row's prefix, j >= 1 its
+    j-th remainder, -1 padding. `PackedBatch` here, `_target_rows.TargetPack` for the Tinker
+    API's rows."""
 
-    `input_ids`, `position_ids` and `segments` are [P, S]: segment 0 is a packed row's prefix,
-    j >= 1 its j-th remainder, -1 padding. The model keeps the logits of packed columns
-    `first_kept`.. (W of them); `source[r, c]` is the flat index p * W + (s - first_kept) of
-    the logit that predicts `rows.input_ids[r, c]`, for every trained (r, c) (0 elsewhere).
-    """
-
-    rows: Rows
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     segments: torch.Tensor
-    first_kept: int
-    source: torch.Tensor
 
     @property
     def processed_tokens(self) -> int:
@@ -57,43 +50,32 @@ class PackedBatch:
         the one it has unpacked). A padding query sees itself only, so no softmax row is empty
         (its output is never used).
         """
-        return segment_attention_mask(
-            self.segments, self.position_ids, dtype, device, window=window
-        )
+        segments = self.segments.to(device)
+        width = segments.shape[1]
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        query = segments[:, :, None]
+        key = segments[:, None, :]
+        allowed = causal & (key >= 0) & ((key == 0) | (key == query))
+        if window is not None:
+            positions = self.position_ids.to(device)
+            allowed &= positions[:, :, None] - positions[:, None, :] < window
+        allowed |= torch.eye(width, dtype=torch.bool, device=device)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[:, None]
 
 
-class Segmented(Protocol):
-    """A packed forward's layout: `PackedBatch` here, `_target_rows.TargetPack` for the Tinker
-    API's rows."""
+@dataclass(frozen=True)
+class PackedBatch(Segmented):
+    """One micro-batch's rows and, when any of them share a prefix, the packed forward's inputs
+    (`Segmented`). The model keeps the logits of packed columns `first_kept`.. (W of them);
+    `source[r, c]` is the flat index p * W + (s - first_kept) of the logit that predicts
+    `rows.input_ids[r, c]`, for every trained (r, c) (0 elsewhere).
+    """
 
-    def attention_mask(
-        self, dtype: torch.dtype, device: torch.device | str = "cpu", *, window: int | None = None
-    ) -> torch.Tensor: ...
-
-
-def segment_attention_mask(
-    segments: torch.Tensor,
-    position_ids: torch.Tensor,
-    dtype: torch.dtype,
-    device: torch.device | str = "cpu",
-    *,
-    window: int | None = None,
-) -> torch.Tensor:
-    """The additive [P, 1, S, S] mask of packed rows whose `segments` are [P, S] (0 the shared
-    prefix, j >= 1 the j-th remainder, -1 padding): `PackedBatch.attention_mask`."""
-    segments = segments.to(device)
-    width = segments.shape[1]
-    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    query = segments[:, :, None]
-    key = segments[:, None, :]
-    allowed = causal & (key >= 0) & ((key == 0) | (key == query))
-    if window is not None:
-        positions = position_ids.to(device)
-        allowed &= positions[:, :, None] - positions[:, None, :] < window
-    allowed |= torch.eye(width, dtype=torch.bool, device=device)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[:, None]
+    rows: Rows
+    first_kept: int
+    source: torch.Tensor
 
 
 def packed_attention_masks(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from art_backend.training._packing import segment_attention_mask
+from art_backend.training._packing import Segmented
 from art_backend.training._rows import longest_first_groups
 
 
@@ -55,33 +55,17 @@ class TargetBatch:
 
 
 @dataclass(frozen=True)
-class TargetPack:
-    """Some rows of a request packed over their shared prefixes (`_packing`'s layout).
-
-    `input_ids`, `position_ids` and `segments` are [P, S], one packed row per unit (segment 0
-    the unit's prefix, j >= 1 its j-th row's remainder, -1 padding). Row `line` of the batch
-    (request row `indices[line]`) reads its position t's logit at flat index `where[line, t]`
-    (p * S + s) and scores `target_ids[line, t]`; both are 0 past the row's length.
+class TargetPack(Segmented):
+    """Some rows of a request packed over their shared prefixes (`_packing.Segmented`), one
+    packed row per unit. Row `line` of the batch (request row `indices[line]`) reads its
+    position t's logit at flat index `where[line, t]` (p * S + s) and scores
+    `target_ids[line, t]`; both are 0 past the row's length.
     """
 
     indices: list[int]
     lengths: list[int]
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    segments: torch.Tensor
     where: torch.Tensor
     target_ids: torch.Tensor
-
-    @property
-    def processed_tokens(self) -> int:
-        return int((self.segments >= 0).sum())
-
-    def attention_mask(
-        self, dtype: torch.dtype, device: torch.device | str = "cpu", *, window: int | None = None
-    ) -> torch.Tensor:
-        return segment_attention_mask(
-            self.segments, self.position_ids, dtype, device, window=window
-        )
 
 
 # (shared prefix length, request row indices): a unit of one row is all prefix.
@@ -179,7 +163,15 @@ def _packed(rows: list[TargetRow], units: list[Unit]) -> TargetPack:
             where[line, shared : len(row.input_ids)] = base + torch.arange(start, end)
             target_ids[line, : len(row.input_ids)] = torch.tensor(row.target_ids)
             start, line = end, line + 1
-    return TargetPack(indices, lengths, input_ids, position_ids, segments, where, target_ids)
+    return TargetPack(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        segments=segments,
+        indices=indices,
+        lengths=lengths,
+        where=where,
+        target_ids=target_ids,
+    )
 
 
 def _padded(rows: list[TargetRow], indices: list[int]) -> TargetBatch:
