@@ -112,8 +112,11 @@ async def test_a_killed_node_with_a_busy_worker_is_replaced_and_its_rollouts_ret
     add_node(cluster, resources={"art_rollout": 1})  # two rollout nodes again
     marks, release = tmp_path / "marks", tmp_path / "release"
     marks.mkdir()
+    # Heartbeat 5 s: on a loaded 2-core box (the suite beside vLLM's), four spinning threads
+    # kept the worker's loop from a turn for over a second, and a 1 s heartbeat replaced it
+    # before the kill (the busy runs then started again on the other node).
     with RayExecutor(
-        workers=2, resources={"art_rollout": 1}, infra_retries=1, timeout=120, heartbeat=1.0
+        workers=2, resources={"art_rollout": 1}, infra_retries=1, timeout=120, heartbeat=5.0
     ) as executor:
         await executor.where()
         # Least calls in flight alternates the workers: the even runs (busy) share one.
@@ -135,7 +138,9 @@ async def test_a_killed_node_with_a_busy_worker_is_replaced_and_its_rollouts_ret
             assert time.monotonic() < deadline, "the rollouts never all started"
             assert not gathering.done(), gathering
             await asyncio.sleep(0.2)
-        [busy_node] = {path.read_text() for path in marks.glob("busy-*")}
+        busy_nodes = {path.read_text() for path in marks.glob("busy-*")}
+        assert len(busy_nodes) == 1, (busy_nodes, executor.stats)
+        [busy_node] = busy_nodes
         [victim] = [node for node in cluster.worker_nodes if node.node_id == busy_node]
         assert kill_node(cluster, victim) >= 2
         release.touch()  # the busy runs sent again end at once
