@@ -17,7 +17,9 @@ a grammar) runs on worker threads too. A thread helps only between the interpret
 call (`json.loads`, a regular expression over the whole body) holds the interpreter lock
 throughout, whatever thread makes it. So the number of values is bounded before parsing (6
 million small values, 24 MB, held every other request 9 s), and that bound is counted in steps of
-about a megabyte (a 28 MB string of `\\",` escapes held every route a second in one regex).
+about a megabyte (a 28 MB string of `\\",` escapes held every route a second in one regex); a
+body of millions of escapes, whose `json.loads` alone holds the lock for a third of a second, is
+parsed in a child process (`_json_child`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from art_backend import _json_child as json_child
 from art_backend._errors import InvalidGrammarError, InvalidRequestError, RequestBodyTooLarge
 from art_backend._unicode import LONE_SURROGATE
 
@@ -153,7 +156,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
             param=None,
         )
     try:
-        payload = json.loads(body)
+        payload = json_child.loads(body)  # a body of millions of escapes: in a child process
     except RecursionError:
         # The parser gave up near 1,000 levels: find the top-level field that holds them.
         raise _too_deep(_field_too_deep_to_parse(body)) from None
