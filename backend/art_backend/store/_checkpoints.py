@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from art_backend._errors import InvalidNameError, UnsafePathError
+from art_backend._errors import InvalidNameError, StoreFileDamagedError, UnsafePathError
 from art_core.names import is_name, is_split
 
 STEP_FILE = "step.json"
@@ -84,7 +84,14 @@ def inside(root: Path, *parts: str) -> Path:
     """`root / parts...`, refused unless it resolves (symlinks followed) inside `root`."""
     base = root.resolve()
     path = root.joinpath(*parts)
-    if not path.resolve().is_relative_to(base):
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as error:  # a loop of symbolic links
+        raise StoreFileDamagedError(
+            f"{path} cannot be resolved ({getattr(error, 'strerror', None) or error}): remove "
+            "or replace the symbolic link there."
+        ) from error
+    if not resolved.is_relative_to(base):
         raise UnsafePathError(
             f"{'/'.join(parts)} leads outside the server's --path {root} (a symbolic link?): "
             "only files inside it are read. Copy the files there instead of linking them."

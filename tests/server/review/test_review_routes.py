@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -434,6 +435,26 @@ def test_a_step_whose_trajectories_file_is_a_folder_is_a_409_naming_it(tmp_path:
         assert "train step 1" in search.text and "t0-a" in search.text
         for page in (f"{MODEL_PAGE}/", STEP0, f"{MODEL_PAGE}/steps/val/2"):
             assert httpx.get(f"{url}{page}").status_code == 200, page
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_a_step_whose_trajectories_file_cannot_be_read_is_a_409_naming_it(tmp_path: Path):
+    """A path the server cannot open (a symbolic link to itself; a 500 before): 409 with the
+    path, why, and what to do."""
+    store = write_review_store(tmp_path)
+    path = store.trajectories_path("train", 1)
+    path.unlink()
+    path.symlink_to(path.name)  # opening it loops
+    server, thread, url = start_review_server(tmp_path)
+    try:
+        answer = httpx.get(f"{url}{MODEL_PAGE}/steps/train/1")
+        assert answer.status_code == 409, answer.text[:300]
+        text = html.unescape(answer.text)
+        assert f"{path} cannot be resolved (" in text
+        assert "remove or replace the symbolic link there" in text
+        assert httpx.get(f"{url}{STEP0}").status_code == 200  # the other steps still serve
     finally:
         server.should_exit = True
         thread.join(10)
