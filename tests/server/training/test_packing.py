@@ -16,6 +16,7 @@ from art_backend.training._packing import (
 )
 from art_backend.training._rows import Rows, Sequence, pack_rows, token_logprobs_and_entropy
 from tests.support.tiny_model import build_tiny_model
+from tests.support.trainers import twin_trainers
 
 
 def seq(
@@ -257,18 +258,9 @@ def _trajectories(batch: PackedBatch | Rows) -> list[str]:
 def test_a_grpo_step_packed_equals_the_padded_step(tmp_path_factory: pytest.TempPathFactory):
     """Two trainers from the same seed, one packing and one not: the same loss, KL, gradient
     norm and updated adapter, step after step (the second step with a KL term to the base)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from art_backend.testing import OptimizerSettings, loss_preset
 
-    from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
-
-    folder = build_tiny_model(tmp_path_factory.mktemp("packing-trainer"), vocab_size=128)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    engine = TorchEngine(model, tokenizer, eos_token_ids=[0], context_length=256)
-    lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-    packed, padded = (LoraTrainer(engine, name, lora, seed=3) for name in ("packed", "padded"))
-    assert packed.packs_prefixes and padded.packs_prefixes  # the tiny Llama: SDPA, RoPE
-    padded.packs_prefixes = False
+    packed, padded = twin_trainers(tmp_path_factory.mktemp("packing-trainer"), seed=3)
     rows = mixed_rows()
     settings = OptimizerSettings(learning_rate=5e-3, micro_batch_tokens=20)
     initial = [param.detach().clone() for param in packed.params]

@@ -14,7 +14,7 @@ from art_backend.training._target_rows import (
     prefix_units,
     target_batches,
 )
-from tests.support.tiny_model import build_tiny_model
+from tests.support.trainers import twin_trainers
 
 SYSTEM = [5, 6, 7, 8, 9, 10]  # a system prompt every row begins with
 
@@ -103,18 +103,7 @@ def test_logits_that_do_not_cover_every_packed_position_are_refused():
 @pytest.fixture(scope="module")
 def trainers(tmp_path_factory: pytest.TempPathFactory):
     """Two trainers from the same seed on one engine, one packing and one not."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from art_backend.testing import LoraTrainer, TorchEngine
-
-    folder = build_tiny_model(tmp_path_factory.mktemp("target-packing"), vocab_size=128)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    engine = TorchEngine(model, tokenizer, eos_token_ids=[0], context_length=256)
-    lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-    packed, padded = (LoraTrainer(engine, name, lora, seed=3) for name in ("packed", "padded"))
-    assert packed.packs_prefixes  # the tiny Llama: SDPA, RoPE
-    padded.packs_prefixes = False
+    packed, padded = twin_trainers(tmp_path_factory.mktemp("target-packing"), seed=3)
     for trainer in (packed, padded):  # a trained-looking adapter, so the LoRA shapes the scores
         with torch.no_grad(), torch.random.fork_rng():
             torch.manual_seed(0)
