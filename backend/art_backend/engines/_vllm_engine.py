@@ -234,7 +234,7 @@ class VllmEngine:
                         if request.cancelled:
                             break
                         self._take(chunk, choices[choice_index], choice_index, request)
-                        if all(choice.finish_reason is not None for choice in choices):
+                        if ours and all(choice.finish_reason is not None for choice in choices):
                             break  # our stops ended every choice: vLLM's sampling is aborted
                         await asyncio.sleep(0)  # a burst of buffered chunks must not hold the loop
             else:
