@@ -101,6 +101,6 @@ def _completing_token(
         return len(new)
     for count in range(1, len(new)):
         decoded = tokenizer.decode(before + new[:count], skip_special_tokens=True)
-        if any(stop and stop in decoded for stop in stops):
+        if StopMatcher(stops).feed(decoded) is not None:  # the same automaton, cached
             return count
     return len(new)

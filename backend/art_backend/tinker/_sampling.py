@@ -27,7 +27,7 @@ from art_backend.tinker._schemas import (
     SampleRequest,
     SaveWeightsForSamplerRequest,
 )
-from art_backend.tinker._service import TinkerTraining, TrainingRun, check_vocabulary
+from art_backend.tinker._service import StepTally, TinkerTraining, TrainingRun, check_vocabulary
 from art_core.names import check_name
 
 SAMPLER_PATH = "tinker://{model_id}/sampler_weights/{name}"
@@ -73,11 +73,13 @@ class TinkerSampling:
                 raise InvalidRequestError(str(error), param="path") from error
 
         async def work() -> Answer:
-            tally = run.since_checkpoint
             step = await self.training.training.save_step(
-                run.registered, "tinker_sampler", {"tinker_sampler": name}, tally.metrics()
+                run.registered,
+                "tinker_sampler",
+                {"tinker_sampler": name},
+                run.since_checkpoint.metrics(),
             )
-            run.since_checkpoint = type(tally)()
+            run.since_checkpoint = StepTally()
             if name is None:  # save_weights_and_get_sampling_client: a session, unnamed
                 session_id = self._open(self._sampler(run, step, None))
                 return Answer(

@@ -94,7 +94,7 @@ class TrainingRun:
     # seq_id -> (request id, sha256 of the body): a retried operation gets its first answer
     requests: dict[int, tuple[str, str]] = field(default_factory=dict)
     # What the run did since its last checkpoint: the next one's history row carries it.
-    since_checkpoint: StepTally = field(default_factory=lambda: StepTally())
+    since_checkpoint: StepTally = field(default_factory=StepTally)
 
     @property
     def lora_rank(self) -> int:

@@ -18,6 +18,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response, StreamingResponse
 
 from art_backend._limits import CheckedJsonRoute
+from art_backend.store._checkpoints import HISTORY_BLOCK_BYTES
 from art_backend.training._review_veto import held_for_review
 from art_backend.training._training_service import TrainingService
 from art_core.wire import (
@@ -29,7 +30,7 @@ from art_core.wire import (
     TrainRequest,
 )
 
-HISTORY_PIECE_BYTES = 1024 * 1024
+HISTORY_PIECE_BYTES = HISTORY_BLOCK_BYTES  # a block of the store's history, a piece sent
 JSON = "application/json"
 
 
