@@ -4,6 +4,7 @@
 backend and the integrations may import art_core; this module imports argparse only, no torch):
 
     positive_int(text)        an argparse type: a whole number of at least 1
+    non_negative_float(text)  an argparse type: a finite number of at least 0
     flag_values(args, names)  the parsed flags `names` as keywords, for a function or settings
                               object whose parameters are named like the flags
                               (`--max-batch-size` is `max_batch_size`)
@@ -12,6 +13,7 @@ backend and the integrations may import art_core; this module imports argparse o
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 
@@ -23,6 +25,19 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite number of at least 0 (`nan`, `inf` and `-1` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is less than 0")
     return value
 
 

@@ -13,6 +13,7 @@ per weight, about 1 % of one AdamW update) and says why (docs/reliability.md, "R
 
 from __future__ import annotations
 
+import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,12 @@ def replay_step(
         raise InvalidRequestError(
             f"threads={threads}: give a count from 1 to {max_threads()} (4 per core, at least "
             "256), or None for the step's own count."
+        )
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
+        # `worst <= nan` and `worst <= -1` are never true: every replay would be a mismatch.
+        raise InvalidRequestError(
+            f"tolerance={tolerance}: give a finite number of at least 0 (the largest |delta| per "
+            "weight accepted), or None for 1 % of the step's learning rate."
         )
     store = find_store(art_path, name, project)
     notes: list[str] = []

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from art_backend._errors import BackendError
-from art_core._arguments import flag_values, positive_int
+from art_core._arguments import flag_values, non_negative_float, positive_int
 
 if TYPE_CHECKING:
     from art_backend.training._replay import ReplayReport
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--tolerance",
-        type=float,
+        type=non_negative_float,
         help="max |delta| per weight accepted where bit-exact is not expected "
         "(default: 1%% of the step's learning rate)",
     )

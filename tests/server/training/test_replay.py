@@ -285,6 +285,30 @@ def test_a_thread_count_torch_would_crash_on_is_refused_with_exit_2(tmp_path: Pa
         replay_step(tmp_path, NAME, 1, threads=100_000)
 
 
+@pytest.mark.parametrize(
+    ("tolerance", "why"),
+    [("-1", "-1 is less than 0"), ("nan", "'nan' is not a finite number"),
+     ("inf", "'inf' is not a finite number"), ("tight", "'tight' is not a number")],
+)  # fmt: skip
+def test_a_negative_or_non_finite_tolerance_is_refused_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tolerance: str, why: str
+):
+    """`worst <= nan` or `<= -1` is never true: every replay would have been a mismatch."""
+    from art_backend.training import replay_cli
+
+    with pytest.raises(SystemExit) as exited:
+        replay_cli.main(["--path", str(tmp_path), "--model", NAME, "--step", "1",
+                         "--tolerance", tolerance])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "" and "Traceback" not in err
+    assert err.splitlines()[-1] == f"art replay: error: argument --tolerance: {why}"
+    from art_backend._errors import InvalidRequestError
+    from art_backend.training._replay import replay_step
+
+    with pytest.raises(InvalidRequestError, match="give a finite number of at least 0"):
+        replay_step(tmp_path, NAME, 1, tolerance=float(tolerance.replace("tight", "-0.5")))
+
+
 def test_the_art_command_runs_replay_and_refuses_step_0(tmp_path: Path):
     art_command = Path(sys.executable).with_name("art")
     assert art_command.is_file(), "no `art` next to python: pip install -e . registers it"
