@@ -2,10 +2,10 @@
 
 PEFT fails on a bad folder with a KeyError, a size mismatch, or after it has already wrapped the
 model's layers (then the model stays changed). So every folder the server loads is checked here
-first, torch-cheaply: adapter_config.json (a LoRA, a rank, target modules that name modules of
-this model), the safetensors weights' header (tensors inside the file: not truncated, not
-garbage), the LoRA shapes against the model's linear layers (not another model's adapter) and
-their ranks against the config's `r` (a config that says r=4 for rank-16 weights).
+first, torch-cheaply: adapter_config.json (a plain LoRA, not DoRA; a rank, target modules that
+name modules of this model), the safetensors weights' header (tensors inside the file: not
+truncated, not garbage), the LoRA shapes against the model's linear layers (not another model's
+adapter) and their ranks against the config's `r` (a config that says r=4 for rank-16 weights).
 Each refusal is an InvalidRequestError on `path` that says what is wrong. A folder a client names
 (POST /v1/adapters) is first confined to the server's --path (`confined_adapter_folder`).
 """
@@ -209,6 +209,14 @@ def check_adapter_folder(
         raise refuse(
             f'{ADAPTER_CONFIG} has "peft_type": {json.dumps(config.get("peft_type"))}; '
             'this server loads LoRA adapters only ("peft_type": "LORA").'
+        )
+    if config.get("use_dora") not in (None, False):
+        # PEFT would build DoRA layers (a magnitude per output, taken from the base weights when
+        # the file has none) that no engine here batches and no trainer here trains.
+        raise refuse(
+            f'{ADAPTER_CONFIG} has "use_dora": {json.dumps(config["use_dora"])}; this server '
+            "serves and trains plain LoRA only. Merge a DoRA adapter into the base model and "
+            'serve that; for an adapter trained without DoRA, set "use_dora": false.'
         )
     rank = config.get("r", 8)
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:

@@ -181,6 +181,9 @@ SPOILED_WEIGHTS = [
         lambda weights: configure(weights, r=4, rank_pattern={"v_proj": 8}),
         'says "rank_pattern" {"v_proj": 8}',
     ),
+    # Accepted before: PEFT built DoRA layers (a magnitude from the base weights) that the
+    # engine's mixed batches refuse and the trainer never trains: not the adapter it claimed.
+    (lambda weights: configure(weights, use_dora=True), '"use_dora": true'),
 ]
 
 
@@ -197,6 +200,7 @@ SPOILED_WEIGHTS = [
         "r-named",
         "rank-pattern",
         "rank-pattern-named",
+        "dora",
     ],
 )
 def test_weights_that_do_not_fit_or_are_damaged_are_a_400(
