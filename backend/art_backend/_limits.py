@@ -5,8 +5,9 @@ Checked before the expensive work, cheapest first; each refusal says which limit
 | limit                          | where                                   | answer                    |
 |--------------------------------|-----------------------------------------|---------------------------|
 | body bytes (`--max-body-mb`)   | `BodySizeLimitMiddleware`, as they come | 413                       |
-| JSON values (`MAX_JSON_VALUES`)| `parse_json_object`, before parsing      | 400                       |
+| JSON values (`MAX_JSON_VALUES`)| `parse_json_object`, before parsing      | 400 `body`                |
 | JSON nesting depth             | `check_json_depth`, after parsing        | 400 naming the field      |
+| integers past 4,300 digits     | `parse_json_object`, while parsing       | 400 naming the field      |
 | lone surrogates (`"\ud800"`)   | `parse_json_object`, after parsing       | 400 naming the field      |
 | prompt characters vs context   | `ChatService.prepare`, before templating | 400 `messages` / `tools`  |
 | schema properties and nodes    | `check_schema_sizes`, before compiling   | 400 naming the schema     |
@@ -20,6 +21,10 @@ million small values, 24 MB, held every other request 9 s), and that bound is co
 about a megabyte (a 28 MB string of `\\",` escapes held every route a second in one regex); a
 body of millions of escapes, whose `json.loads` alone holds the lock for a third of a second, is
 parsed in a child process (`_json_child`).
+
+A refusal names its field by its JSON path (`messages[0].content`), or `body` when it is the body
+as a whole (not JSON, not an object, too many values, nested too deep from the top) or the field
+cannot be found cheaply.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from fastapi.routing import APIRoute
@@ -61,6 +66,7 @@ PARSE_ON_LOOP_MAX_BYTES = 256 * 1024
 # The string-stripping count runs over steps of this many bytes (then to the next quote): each
 # step is one C call that holds the interpreter lock, about 40 ms at worst (tiny strings).
 SCAN_STEP_BYTES = 1024 * 1024
+WHOLE_BODY = "body"  # the `param` of a refusal of the body as a whole
 
 ParsedT = TypeVar("ParsedT")
 
@@ -140,9 +146,9 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     """Parse a request body that must be a JSON object of valid text, at most `MAX_JSON_VALUES`
     values nested at most `MAX_JSON_DEPTH` levels.
 
-    Invalid JSON, another type, too many values, deeper nesting, or a lone surrogate (`"\ud800"`
-    is valid JSON but no text: it cannot be tokenized, stored as UTF-8 or shown) is a 400; deeper
-    nesting and lone surrogates name their field.
+    Invalid JSON, another type, too many values, deeper nesting, an integer past Python's 4,300
+    digits, or a lone surrogate (`"\ud800"` is valid JSON but no text: it cannot be tokenized,
+    stored as UTF-8 or shown) is a 400 naming its field, or `body`.
     """
     # The cheap bound first; only a body over it has its strings taken out (text full of
     # commas) and is counted again.
@@ -153,7 +159,7 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         raise InvalidRequestError(
             f"The request body holds more than {MAX_JSON_VALUES:,} JSON values, more than this "
             "server parses in one request. Send fewer items in one request (split the batch).",
-            param=None,
+            param=WHOLE_BODY,
         )
     try:
         payload = json_child.loads(body)  # a body of millions of escapes: in a child process
@@ -162,16 +168,18 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         raise _too_deep(_field_too_deep_to_parse(body)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise InvalidRequestError(
-            f"The request body is not valid JSON: {error}", param=None
+            f"The request body is not valid JSON: {error}", param=WHOLE_BODY
         ) from error
     except ValueError as error:  # an integer of over 4,300 digits (Python's conversion limit)
+        field = _field_of_long_integer(body)
+        where = "The request body holds" if field == WHOLE_BODY else f"`{field}` holds"
         raise InvalidRequestError(
-            f"The request body holds a number this server does not read: {error}. Send it as a "
-            "string, or a shorter number.",
-            param=None,
+            f"{where} a number this server does not read: {error}. Send it as a string, or a "
+            "shorter number.",
+            param=field,
         ) from error
     if not isinstance(payload, dict):
-        raise InvalidRequestError("The request body must be a JSON object.")
+        raise InvalidRequestError("The request body must be a JSON object.", param=WHOLE_BODY)
     # Counting brackets runs at memchr speed; most bodies have too few to nest too deep.
     if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
         check_json_depth(payload)
@@ -215,35 +223,68 @@ PLAIN_STRING = re.compile(rb'"[^"]*"')
 SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+def _json_paths(payload: Any) -> Iterator[tuple[str, Any]]:
+    """Every value of a parsed body with its JSON path (`messages[0].content`; "" for the body
+    itself), in the body's order; iterative, so a deep body cannot overflow the stack."""
+    stack: list[tuple[str, Any]] = [("", payload)]
+    while stack:
+        path, node = stack.pop()
+        yield path, node
+        if isinstance(node, dict):
+            children = [(f"{path}.{key}" if path else str(key), v) for key, v in node.items()]
+        elif isinstance(node, list):
+            children = [(f"{path}[{index}]", value) for index, value in enumerate(node)]
+        else:
+            continue
+        stack.extend(reversed(children))
+
+
 def check_text(payload: Any) -> None:
     """Raise a 400 naming the first field whose key or string holds a lone surrogate.
 
     json.loads joins an escaped pair (`"\ud83d\ude00"`) into one character, so what is left in
     a string after parsing is a half that cannot be encoded."""
-    stack: list[tuple[str, Any]] = [("", payload)]
-    while stack:
-        path, node = stack.pop()
-        if isinstance(node, str):
-            if LONE_SURROGATE.search(node):
-                raise _lone_surrogate(path)
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                child = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and LONE_SURROGATE.search(key):
-                    raise _lone_surrogate(path or None, key=True)
-                stack.append((child, value))
-        elif isinstance(node, list):
-            stack.extend((f"{path}[{index}]", value) for index, value in enumerate(node))
+    for path, node in _json_paths(payload):
+        if isinstance(node, str) and LONE_SURROGATE.search(node):
+            raise _lone_surrogate(path or WHOLE_BODY)
+        if isinstance(node, dict) and any(LONE_SURROGATE.search(key) for key in node):
+            raise _lone_surrogate(path or WHOLE_BODY, key=True)
 
 
-def _lone_surrogate(param: str | None, *, key: bool = False) -> InvalidRequestError:
+def _lone_surrogate(param: str, *, key: bool = False) -> InvalidRequestError:
     what = "a key" if key else "text"
+    where = "The request body holds" if param == WHOLE_BODY else f"`{param}` holds"
     return InvalidRequestError(
-        f"{'`' + param + '` holds' if param else 'The request body holds'} {what} with a lone "
-        "UTF-16 surrogate (an escape like \\ud800 without its pair), which is not text. Send "
-        "valid Unicode: escape both halves of a pair, or the character itself in UTF-8.",
+        f"{where} {what} with a lone UTF-16 surrogate (an escape like \\ud800 without its "
+        "pair), which is not text. Send valid Unicode: escape both halves of a pair, or the "
+        "character itself in UTF-8.",
         param=param,
     )
+
+
+class _UnreadInteger(str):
+    """An integer literal past `int()`'s digit limit, kept as its text to find where it sits."""
+
+
+def _integer_or_text(text: str) -> int | str:
+    try:
+        return int(text)
+    except ValueError:
+        return _UnreadInteger(text)
+
+
+def _field_of_long_integer(body: bytes) -> str:
+    """The JSON path of the first integer `int()` refuses (over 4,300 digits), found by parsing
+    again with such integers kept as text; `body` when it sits at the top, or when a second
+    parse would hold the interpreter lock too long (a body the child process parsed)."""
+    if body.count(b"\\") > json_child.ESCAPES_FOR_A_CHILD:
+        return WHOLE_BODY
+    try:
+        payload = json.loads(body, parse_int=_integer_or_text)
+    except (ValueError, RecursionError):
+        return WHOLE_BODY
+    found = (path for path, node in _json_paths(payload) if isinstance(node, _UnreadInteger))
+    return next(found, "") or WHOLE_BODY
 
 
 async def parse_off_loop(body: bytes, parse: Callable[[bytes], ParsedT]) -> ParsedT:
@@ -336,7 +377,7 @@ def _too_deep(field: str | None) -> InvalidRequestError:
     return InvalidRequestError(
         f"{where} JSON more than {MAX_JSON_DEPTH} levels deep, the most this server accepts. "
         "Flatten the structure.",
-        param=field,
+        param=field or WHOLE_BODY,
     )
 
 

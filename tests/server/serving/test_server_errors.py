@@ -215,13 +215,27 @@ RAW_BAD_BODIES = [
     ("/v1/training/models/p/m/log", '{"trajectories": [{"id": "t' + LONE + '"}]}', 400,
      "trajectories[0].id", "lone UTF-16 surrogate"),
     ("/v1/chat/completions", json.dumps(body()).replace('"max_tokens": 4', '"max_tokens": '
-     + "9" * 4301), 400, None, "4300 digits"),
+     + "9" * 4301), 400, "max_tokens", "`max_tokens` holds a number"),
     ("/v1/training/models", '{"project": "p", "name": "m", "seed": ' + "9" * 4301 + "}", 400,
-     None, "4300 digits"),
+     "seed", "4300 digits"),
     ("/v1/chat/completions", '{"model": "tiny", "messages": [' + "1," * 100_000 + "1]}",
-     400, None, "more than 100,000 JSON values"),
+     400, "body", "more than 100,000 JSON values"),
     ("/v1/training/models", '{"project": "p", "x": [' + "1," * 100_000 + "1]}", 400,
-     None, "more than 100,000 JSON values"),
+     "body", "more than 100,000 JSON values"),
+    # Every protocol reads its body through one door (`parse_json_object`): each names the
+    # field of a 5,000-digit integer (its JSON path, however deep) and `body` for a body of
+    # 100,000 levels (more values than a request may hold) or one nested too deep from the top.
+    ("/v1/completions", '{"model": "tiny", "prompt": "hi", "max_tokens": ' + "9" * 5000 + "}",
+     400, "max_tokens", "4300 digits"),
+    ("/v1/responses", '{"model": "tiny", "input": [{"role": "user", "content": "hi"}], '
+     '"metadata": {"n": [1, ' + "9" * 5000 + "]}}", 400, "metadata.n[1]", "4300 digits"),
+    ("/v1/messages", '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], '
+     '"max_tokens": ' + "9" * 5000 + "}", 400, "max_tokens", "`max_tokens` holds a number"),
+    ("/v1/chat/completions", '{"model": "tiny", "messages": ' + "[" * 100_000 + "]" * 100_000
+     + "}", 400, "body", "more than 100,000 JSON values"),
+    ("/v1/messages", '{"model": "tiny", "messages": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     400, "body", "more than 100,000 JSON values"),
+    ("/v1/completions", "[" * 5_000 + "]" * 5_000, 400, "body", "The request body nests JSON"),
 ]  # fmt: skip
 
 
@@ -231,7 +245,9 @@ RAW_BAD_BODIES = [
     ids=[
         "chat-surrogate", "metadata-surrogate", "reversed-pair", "responses-surrogate",
         "log-surrogate", "chat-4301-digits", "register-4301-digits", "chat-too-many-values",
-        "register-too-many-values",
+        "register-too-many-values", "completions-5000-digits", "responses-nested-5000-digits",
+        "messages-5000-digits", "chat-100000-deep", "messages-100000-deep",
+        "completions-deep-from-the-top",
     ],
 )  # fmt: skip
 def test_raw_bodies_that_json_cannot_send_get_a_clear_error(
