@@ -5,7 +5,7 @@ GET pages read the store (`_page_routes`); two POST routes append decisions (fla
 withdraw, approve) to the model's `review/decisions.jsonl`, with their `source` (the page, or
 `langfuse` when the client's Langfuse read-back posts them); `GET .../pending` lists held steps
 as JSON for it (`_decision_routes`). Errors are HTML pages (JSON for `Accept:
-application/json`) with the status: 404 naming what exists, 400 naming the field.
+application/json` or `format=json`, as `wants_json` reads them) with the status: 404 naming what exists, 400 naming the field.
 
 Who may post: the app is served behind `HostGuardMiddleware` (a browser's cross-origin POST is
 refused before it gets here) and, with a key, `ApiKeyMiddleware`; a request that rides on the
@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from art_backend._errors import BackendError
 from art_backend._unicode import TolerantHTMLResponse, TolerantJSONResponse, tolerant_app
 from art_backend.review._browse import list_models
-from art_backend.review._decision_routes import add_decision_routes
+from art_backend.review._decision_routes import add_decision_routes, wants_json
 from art_backend.review._html import PREFIX
 from art_backend.review._page_routes import add_model_pages, add_step_pages
 from art_backend.review._pages import error_page, index_page
@@ -54,7 +54,7 @@ def _register_error_pages(app: FastAPI) -> None:
     def answer(
         request: Request, status: int, message: str, param: str | None, kind: str | None = None
     ) -> Response:
-        if "application/json" in request.headers.get("accept", ""):
+        if wants_json(request):
             kind = kind or ("not_found_error" if status == 404 else "invalid_request_error")
             body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
             return TolerantJSONResponse(body, status_code=status)

@@ -92,6 +92,15 @@ def add_decision_routes(app: FastAPI, root: Path) -> None:
         return _done(request, row, form.get("next") or Urls(project, name).model)
 
 
+def wants_json(request: Request) -> bool:
+    """Whether the client asked for JSON (errors included): `format=json` in the query (a link
+    can carry it), else `Accept: application/json`; `format=html` asks for the page."""
+    asked = request.query_params.get("format")
+    if asked in ("json", "html"):
+        return asked == "json"
+    return "application/json" in request.headers.get("accept", "")
+
+
 def reviewer(request: Request) -> Reviewer:
     """Who fills the pages' forms: the name their last decision gave (a cookie), and the token."""
     token = getattr(request.state, CSRF_STATE, "")
@@ -210,7 +219,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 def _done(request: Request, row: dict[str, Any], target: str) -> Response:
     """JSON for API clients; for a browser, back to the page (303) remembering the name."""
-    if "application/json" in request.headers.get("accept", ""):
+    if wants_json(request):
         return TolerantJSONResponse({"decision": row})
     if not target.startswith(f"{PREFIX}/") or "//" in target or "\\" in target:
         target = f"{PREFIX}/"

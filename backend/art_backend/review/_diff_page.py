@@ -27,7 +27,10 @@ from art_backend.review._html import PREFIX, Urls, conversation, e, number, page
 from art_backend.store._checkpoints import ModelStore
 from art_core.names import is_split
 
-DIFF_FIELDS = ("from", "to", "split", "tag", "q", "metric", "threshold", "length_margin")
+DIFF_FIELDS = (
+    "from", "to", "split", "tag", "q", "metric", "threshold", "length_margin", "format",
+)  # fmt: skip
+FORMATS = ("html", "json")  # `format`: the page, or its answer as JSON (`wants_json`)
 EXTRA_STYLE = """<style>
 .counts{display:flex;flex-wrap:wrap;gap:.4rem}.counts a{display:block;padding:.3rem .6rem;border:1px solid #d1d5db;border-radius:6px;background:#fff;text-decoration:none;color:#1f2328}
 .counts a b{font-size:1.2rem;display:block;font-variant-numeric:tabular-nums}.counts a.on{border-color:#1d4ed8;background:#eff6ff}
@@ -75,6 +78,12 @@ class DiffQuery:
             ),
             length_margin=DiffOptions.length_margin if length_margin is None else length_margin,
         )
+        if query.get("format", "html") not in FORMATS:
+            raise InvalidRequestError(
+                f"Unknown format {query['format']!r}: use json (the diff as JSON, as "
+                "`Accept: application/json` asks) or html (the page).",
+                param="format",
+            )
         tag = query.get("tag", "")
         if tag and tag not in TAG_FILTERS:
             raise InvalidRequestError(

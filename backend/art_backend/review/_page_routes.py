@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from art_backend._errors import InvalidRequestError, StoreFileDamagedError
 from art_backend._unicode import TolerantHTMLResponse, TolerantJSONResponse
 from art_backend.review._browse import StepEntry, list_steps, load_state, load_step, open_model
-from art_backend.review._decision_routes import reviewer
+from art_backend.review._decision_routes import reviewer, wants_json
 from art_backend.review._diff import filter_examples, load_step_diff
 from art_backend.review._diff_page import DiffQuery, diff_page
 from art_backend.review._filters import TrajectoryFilter
@@ -81,9 +81,9 @@ def add_model_pages(app: FastAPI, root: Path) -> None:
         store = open_model(root, project, name)
         query = dict(request.query_params)
         wanted = DiffQuery.parse(query)
-        wants_json = "application/json" in request.headers.get("accept", "")
+        answer_json = wants_json(request)
         if wanted.from_step is None or wanted.to_step is None:
-            if wants_json:
+            if answer_json:
                 raise InvalidRequestError(
                     "Give `from` and `to`: the two steps to compare.", param="from"
                 )
@@ -93,7 +93,7 @@ def add_model_pages(app: FastAPI, root: Path) -> None:
                 store, wanted.split, wanted.from_step, wanted.to_step, wanted.options
             )
             shown = filter_examples(result, wanted.tag, wanted.text)
-            if wants_json:
+            if answer_json:
                 return TolerantJSONResponse(result.to_json(shown))
         steps_by_split: dict[str, list[int]] = {}
         for split_name, number, _ in store.trajectory_files():

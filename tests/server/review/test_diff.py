@@ -411,9 +411,29 @@ async def test_bad_requests_are_4xx_saying_what_to_do(
     answer = httpx.get(url, params=query, headers=JSON)
     assert answer.status_code == status, answer.text
     assert message in answer.json()["error"]["message"]
+    # `format=json` asks as the header does: the error is JSON too, not the HTML page.
+    linked = httpx.get(url, params={**query, "format": "json"})
+    assert linked.status_code == status and linked.json() == answer.json()
     if query:  # the HTML page says the same
         html = httpx.get(url, params=query)
         assert html.status_code == status and "text/html" in html.headers["content-type"]
+
+
+async def test_format_json_in_the_query_answers_what_the_accept_header_does(
+    logged: art.TrainableModel, training_server: RunningServer
+):
+    """A link cannot set a header: `format=json` was a 400 HTML page ("Unknown field")."""
+    url = diff_url(training_server, logged)
+    by_header = httpx.get(url, params={"from": 0, "to": 1}, headers=JSON)
+    by_query = httpx.get(url, params={"from": 0, "to": 1, "format": "json"})
+    assert by_query.status_code == 200, by_query.text
+    assert by_query.headers["content-type"] == "application/json"
+    assert by_query.json() == by_header.json()
+    page = httpx.get(url, params={"from": 0, "to": 1, "format": "html"}, headers=JSON)
+    assert page.status_code == 200 and "<b>6</b> examples compared" in page.text
+    other = httpx.get(url, params={"from": 0, "to": 1, "format": "xml"}, headers=JSON)
+    assert other.status_code == 400 and other.json()["error"]["param"] == "format"
+    assert "Unknown format 'xml': use json" in other.json()["error"]["message"]
 
 
 # ------------------------------------------------------------------------------------ art diff
