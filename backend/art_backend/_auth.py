@@ -12,6 +12,11 @@ cookie. SameSite is not enough on its own (a page on another port of the same ho
 "site"), so the forms of a cookie session also carry a CSRF token derived from the key
 (`csrf_token`, checked by the review app), and `HostGuardMiddleware` refuses any POST a browser
 labels as cross-origin.
+
+Where to go after the login (the login form's `next`, the link's own path and query) and after
+a decision is `review_path`: a path of the review page, never another site, and nothing that
+carries a secret at any nesting depth (`?next=/review/%3Fapi_key%3DKEY`): the login page would
+show it back in its HTML, the redirect in the browser's history.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from art_backend._log_redaction import SECRET_PARAMS
+from art_backend._log_redaction import carries_secret
 
 REVIEW_PREFIX = "/review"
 TINKER_PREFIX = "/api/v1/"  # the Tinker API's routes (art_backend.tinker's router uses it)
@@ -117,7 +122,7 @@ class ApiKeyMiddleware:
         path: str = scope["path"]
         if path == f"{REVIEW_PREFIX}/login" and scope["method"] == "POST":
             form = dict(parse_qsl((await _read_body(receive)).decode("utf-8", "replace")))
-            target = _safe_next(form.get("next", ""))
+            target = review_path(form.get("next", ""))
             if self._key_ok(form.get("key", "")):
                 return self._logged_in(target)
             return _login_page(target, "That is not the server's API key.")
@@ -129,15 +134,15 @@ class ApiKeyMiddleware:
             return None
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
         keys = [value for name, value in query if name == "key"]
-        # Other secret-looking values (`api_key=`, `token=`) are not carried into the page's
-        # login form either: the page would show them back (its HTML, the browser's history).
-        rest = [(name, value) for name, value in query if name.lower() not in SECRET_PARAMS]
-        target = path + (f"?{urlencode(rest)}" if rest else "")
+        # The key, other secret-looking values (`api_key=`, `token=`) and values that nest one
+        # (`next=/review/%3Fapi_key%3D...`) are not carried to the page after the login.
+        rest = [(name, value) for name, value in query if not carries_secret(f"{name}={value}")]
+        target = review_path(path + (f"?{urlencode(rest)}" if rest else ""))
         if keys:
             if self._key_ok(keys[0]):
-                return self._logged_in(_safe_next(target))
-            return _login_page(_safe_next(target), "That is not the server's API key.")
-        return _login_page(_safe_next(target), None)
+                return self._logged_in(target)
+            return _login_page(target, "That is not the server's API key.")
+        return _login_page(target, None)
 
     def _logged_in(self, target: str) -> Response:
         response = RedirectResponse(target, status_code=303)
@@ -161,17 +166,21 @@ async def _read_body(receive: Receive) -> bytes:
             return body[:MAX_LOGIN_BODY]
 
 
-def _safe_next(target: str) -> str:
-    """Only a path of the review page itself (no open redirect to another site)."""
+def review_path(target: str, fallback: str = f"{REVIEW_PREFIX}/") -> str:
+    """`target` when it is a path of the review page (not the login) that carries no secret at
+    any nesting depth; else `fallback`. No `//`, backslash or control character: a browser reads
+    `//host`, `/\\host` and `/\t/host` as another site."""
+    path = target.partition("?")[0]
     if (
-        target.startswith(REVIEW_PREFIX)
-        and not target.startswith("//")
-        and "\\" not in target
+        (path == REVIEW_PREFIX or path.startswith(f"{REVIEW_PREFIX}/"))
+        and not path.startswith(f"{REVIEW_PREFIX}/login")
         and "//" not in target
-        and not target.startswith(f"{REVIEW_PREFIX}/login")
+        and "\\" not in target
+        and not any(character.isspace() or not character.isprintable() for character in target)
+        and not carries_secret(target)
     ):
         return target
-    return f"{REVIEW_PREFIX}/"
+    return fallback
 
 
 def _login_page(target: str, problem: str | None) -> HTMLResponse:

@@ -2,8 +2,10 @@
 
 uvicorn's access log prints each request's path with its query string, and a client may send
 the key there (`/review/?key=KEY`, the review page's login link, or `?api_key=` from a tool
-that expects it). `redact_secrets_in_logs()` installs `RedactSecretsFilter` on the handlers of
-uvicorn's loggers and of the root logger; call it after uvicorn configured its logging.
+that expects it), also nested in another value (`?next=/review/%3Fapi_key%3DKEY`:
+`carries_secret`, which the review login reads too). `redact_secrets_in_logs()` installs
+`RedactSecretsFilter` on the handlers of uvicorn's loggers and of the root logger; call it after
+uvicorn configured its logging.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import contextlib
 import logging
 import re
 import sys
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, unquote_plus, urlencode
 
 # uvicorn's levels, `--log-level` of both commands; `trace` is uvicorn's own level (5), below debug.
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug", "trace"]
@@ -48,6 +50,10 @@ _SECRET_NAMES = "|".join(re.escape(name) for name in sorted(SECRET_PARAMS, key=l
 # In free text: `key=VALUE` after `?`, `&`, whitespace, a quote (uvicorn's trace level prints
 # the ASGI scope: `'query_string': b'key=VALUE'`) or the start; and `Bearer TOKEN`.
 _QUERY_SECRET = re.compile(rf"(?i)(^|[?&;\s'\"])({_SECRET_NAMES})=([^&\s\"']*)")
+# `NAME=` of a secret anywhere, not as the end of a longer name (`monkey=` is no `key=`).
+_SECRET_ASSIGNMENT = re.compile(rf"(?i)(?<![a-z0-9_])(?:{_SECRET_NAMES})=")
+# URL-decodings tried; a value still changing after these is an encoding no page of ours makes.
+MAX_DECODINGS = 8
 _AUTHORIZATION = re.compile(r"(?i)\b(authorization[\"']?\s*[:=]\s*[\"']?)(\w+\s+)?[^\s\"',}]+")
 _BEARER = re.compile(r"(?i)\b(bearer\s+)[^\s\"',}]+")
 LOGGERS = ("", "uvicorn", "uvicorn.access", "uvicorn.error")
@@ -59,10 +65,26 @@ def redact_path(path: str) -> str:
     if not question:
         return path
     pairs = parse_qsl(query, keep_blank_values=True)
-    if not any(name.lower() in SECRET_PARAMS for name, _ in pairs):
+    if not any(carries_secret(f"{name}={value}") for name, value in pairs):
         return path
-    kept = [(name, REDACTED if name.lower() in SECRET_PARAMS else value) for name, value in pairs]
+    kept = [
+        (name, REDACTED if carries_secret(f"{name}={value}") else value) for name, value in pairs
+    ]
     return f"{base}?{urlencode(kept, safe='/')}"
+
+
+def carries_secret(text: str) -> bool:
+    """Whether `text` (a query's `name=value`, a path to go back to) holds `NAME=` of a secret
+    (SECRET_PARAMS) at any nesting depth: URL-decoded again (`%253F` -> `%3F` -> `?`) until it
+    stops changing; one still changing after MAX_DECODINGS is taken to hold one."""
+    for _ in range(MAX_DECODINGS):
+        if _SECRET_ASSIGNMENT.search(text):
+            return True
+        decoded = unquote_plus(text)
+        if decoded == text:
+            return False
+        text = decoded
+    return True
 
 
 def redact_text(text: str) -> str:

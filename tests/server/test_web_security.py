@@ -355,6 +355,8 @@ def test_access_log_redacts_key_like_query_values():
         "/v1/models?API_KEY=REDACTED&token=REDACTED"
     )
     assert redact_path("/review/?min_reward=0.5") == "/review/?min_reward=0.5"
+    nested = redact_path("/review/?next=/review/%253Fapi_key%253Ds3cret&q=1")  # encoded twice
+    assert "s3cret" not in nested and nested.endswith("?next=REDACTED&q=1")
     assert "s3cret" not in redact_text("GET /x?api_key=s3cret HTTP/1.1")
     assert "s3cret" not in redact_text("headers: {'authorization': 'Bearer s3cret'}")
     assert "s3cret" not in redact_text("Authorization: Basic s3cret")
@@ -469,3 +471,46 @@ def test_the_login_page_shows_no_secret_from_the_link_it_was_opened_with(
     assert page.status_code == 401
     assert "leaked" not in page.text
     assert 'value="/review/?q=ok"' in page.text
+
+
+# A key nested in another value (the login's `next`, a `next` in a `next`), at any depth of URL
+# encoding: (the query, where the login sends the browser once the key is given).
+NESTED_SECRETS = [
+    ("next=/review/%3Fapi_key%3Dleaked-1", "/review/"),
+    ("next=%2Freview%2F%253Fapi_key%253Dleaked-2", "/review/"),  # encoded twice
+    ("q=ok&next=/review/%3Fq%3D1%26Token%3Dleaked-3", "/review/?q=ok"),
+    ("next=/review/%3Fnext%3D%252Freview%252F%253Fkey%253Dleaked-4", "/review/"),
+    ("api%255Fkey=leaked-5", "/review/"),  # the name itself encoded
+]
+
+
+@pytest.mark.parametrize(("query", "after_login"), NESTED_SECRETS)
+def test_a_key_nested_in_a_link_is_never_shown_or_sent_back(
+    keyed_server: RunningServer, query: str, after_login: str
+):
+    """`/review/?next=/review/%3Fapi_key%3DKEY` showed the key in the login page's form."""
+    page = httpx.get(f"{keyed_server.url}/review/?{query}")
+    assert page.status_code == 401 and "leaked" not in page.text
+    assert f'name="next" value="{after_login}"' in page.text
+    logged_in = httpx.get(f"{keyed_server.url}/review/?{query}&key={KEY}")
+    assert logged_in.status_code == 303 and logged_in.headers["location"] == after_login
+
+
+@pytest.mark.parametrize(
+    "next_path",
+    ["/review/?api_key=leaked", "/review/%3Fapi_key%3Dleaked", "/review/x?q=%2526token%253Dleaked",
+     "/reviewer/", "//evil.example/review/", "/review/\t/evil.example", "/review/login"],
+)  # fmt: skip
+def test_the_page_after_a_login_or_a_decision_is_a_review_path_without_a_secret(
+    keyed_server: RunningServer, next_path: str
+):
+    url = keyed_server.url
+    refused = httpx.post(f"{url}/review/login", data={"key": "wrong", "next": next_path})
+    assert refused.status_code == 401 and "leaked" not in refused.text
+    assert 'name="next" value="/review/"' in refused.text
+    login = httpx.post(f"{url}/review/login", data={"key": KEY, "next": next_path})
+    assert login.status_code == 303 and login.headers["location"] == "/review/"
+    write_review_store(Path(keyed_server.art_path))
+    form = {"action": "flag_trajectory", "trajectory_id": "t0-a", "reason": "r", "next": next_path}
+    decided = httpx.post(f"{url}{STEP0}/decisions", data=form, headers=keyed_server.headers())
+    assert decided.status_code == 303 and decided.headers["location"] == "/review/"

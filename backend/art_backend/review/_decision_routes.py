@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from art_backend._auth import CSRF_STATE
+from art_backend._auth import CSRF_STATE, review_path
 from art_backend._errors import (
     BackendError,
     CrossSiteRequestError,
@@ -218,12 +218,11 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def _done(request: Request, row: dict[str, Any], target: str) -> Response:
-    """JSON for API clients; for a browser, back to the page (303) remembering the name."""
+    """JSON for API clients; for a browser, back to the page (303, the index unless
+    `review_path` takes `target`) remembering the name."""
     if wants_json(request):
         return TolerantJSONResponse({"decision": row})
-    if not target.startswith(f"{PREFIX}/") or "//" in target or "\\" in target:
-        target = f"{PREFIX}/"
-    response = RedirectResponse(target, status_code=303)
+    response = RedirectResponse(review_path(target), status_code=303)
     if row.get("who"):
         response.set_cookie(WHO_COOKIE, row["who"], httponly=True, samesite="lax", path=PREFIX)
     return response
