@@ -54,7 +54,6 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +61,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from art_ray._cluster import check_resources, node_answers
 from art_ray._errors import (
     INFRASTRUCTURE_ERRORS,
     ExecutorShutdownError,
@@ -69,7 +69,10 @@ from art_ray._errors import (
     RolloutBlockedError,
     RolloutTimeoutError,
     WorkerStartError,
+    first_line,
+    user_exception,
 )
+from art_ray._stats import ExecutorStats
 from art_ray._worker import HEALTH_GROUP, RolloutWorker
 
 logger = logging.getLogger("art_ray")
@@ -80,22 +83,6 @@ _WORKER_LOST: tuple[type[BaseException], ...] = (*INFRASTRUCTURE_ERRORS, WorkerS
 # Seconds a worker's `health` call may take past its own patience before the worker counts as
 # unresponsive as a whole (its process frozen, not only its rollouts' loop).
 HEALTH_GRACE = 10.0
-
-
-@dataclass
-class ExecutorStats:
-    """What the executor did: where rollouts ran, what was retried, what failed. Each call ends
-    in exactly one of `completed`, `failed`, `lost` and `cancelled`."""
-
-    completed: int = 0  # calls that returned a result
-    failed: int = 0  # the rollout's fault: its exception (SystemExit too), deadline, blocked loop
-    retried: int = 0  # calls sent again: Ray lost their worker, or a neighbour blocked its loop
-    lost: int = 0  # calls that failed on Ray's side past `infra_retries` (raised, counted)
-    cancelled: int = 0  # calls in flight when `shutdown` ran (raised ExecutorShutdownError)
-    timed_out: int = 0  # of `failed`: past `timeout`
-    blocked: int = 0  # of `failed`: held their worker's loop past `heartbeat`
-    workers_replaced: int = 0  # dead, blocked or timed-out workers replaced by fresh ones
-    nodes: Counter[str] = field(default_factory=Counter)  # node id -> rollouts completed there
 
 
 @dataclass(eq=False)
@@ -176,7 +163,7 @@ class RayExecutor:
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
             self._started_ray = True
-        self._check_resources(resources or {}, num_cpus)
+        check_resources(resources or {}, num_cpus)
         self._options: dict[str, Any] = {
             "num_cpus": num_cpus,
             "max_concurrency": max_concurrency,
@@ -283,29 +270,6 @@ class RayExecutor:
 
     # ------------------------------------------------------------------------------- internals
 
-    def _check_resources(self, resources: dict[str, float], num_cpus: float) -> None:
-        """A resource no node has would leave the workers pending forever: say so now."""
-        available = ray.cluster_resources()
-        missing = [name for name in resources if name not in available]
-        if missing:
-            have = ", ".join(sorted(k for k in available if not k.startswith("node:"))) or "none"
-            example = f'{{"{missing[0]}": 8}}'
-            how = (
-                # Every node on loopback: art_ray.testing.local_cluster (ray start cannot).
-                f"start the local cluster with `local_cluster(..., node_resources={example})` "
-                "(its worker nodes carry them)"
-                if _loopback_cluster()
-                else f"start the rollout nodes with `ray start --resources='{example}'`"
-            )
-            raise ValueError(
-                f"no node in the Ray cluster has the resource(s) {', '.join(missing)} "
-                f"(the cluster has: {have}); {how}, or drop resources="
-            )
-        if num_cpus > available.get("CPU", 0):
-            raise ValueError(
-                f"num_cpus={num_cpus} per worker, but the cluster has {available.get('CPU', 0)} CPUs"
-            )
-
     def _start_worker(self) -> _Worker:
         handle: Any = self._actor_class.options(**self._options).remote()
         worker = _Worker(handle=handle, index=self._next_index, where=handle.where.remote())
@@ -355,7 +319,7 @@ class RayExecutor:
                 result = await self._call(worker, fn, args, kwargs)
             except ray.exceptions.RayTaskError as error:
                 self.stats.failed += 1
-                raise _user_exception(error) from None
+                raise user_exception(error) from None
             except (RolloutTimeoutError, RolloutBlockedError):
                 self.stats.failed += 1
                 raise
@@ -532,7 +496,7 @@ class RayExecutor:
         if not worker.alive:
             return
         worker.alive = False
-        logger.warning("rollout worker %d died: %s", worker.index, _first_line(error))
+        logger.warning("rollout worker %d died: %s", worker.index, first_line(error))
         if self.replace_dead_workers and not self._closed:
             task = asyncio.ensure_future(self._replace(worker))
             self._replacing.add(task)
@@ -547,7 +511,7 @@ class RayExecutor:
             alive = {node["NodeID"]: node["Alive"] for node in ray.nodes()}
             if node_id is not None and not alive.get(node_id, False):
                 break  # the node is gone: SPREAD places the new worker elsewhere
-            if node_id is not None and await _node_answers(node_id):
+            if node_id is not None and await node_answers(node_id):
                 break  # the node lives on, only the worker's process died: start it again
             await asyncio.sleep(1.0)
         if self._closed or dead not in self._workers:
@@ -594,46 +558,3 @@ def _settle(verdict: asyncio.Future[None], error: BaseException) -> None:
         settle()
     elif not loop.is_closed():
         loop.call_soon_threadsafe(settle)
-
-
-def _loopback_cluster() -> bool:
-    """Whether every node of the cluster listens on 127.0.0.1 (`art_ray.testing`'s clusters)."""
-    with contextlib.suppress(Exception):
-        addresses = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
-        return addresses == {"127.0.0.1"}
-    return False
-
-
-async def _node_answers(node_id: str) -> bool:
-    """Whether a fresh task pinned to the node runs there within seconds."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    probe = _probe.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-    ).remote()
-    try:
-        await asyncio.wait_for(_awaited(probe), 5.0)
-    except (TimeoutError, ray.exceptions.RayError):
-        ray.cancel(probe, force=True)
-        return False
-    return True
-
-
-@ray.remote(num_cpus=0, max_retries=0)
-def _probe() -> bool:
-    return True
-
-
-def _user_exception(error: ray.exceptions.RayTaskError) -> BaseException:
-    """The rollout's own exception, with Ray's remote traceback attached as a note."""
-    cause = error.cause
-    if not isinstance(cause, BaseException):
-        return error
-    with contextlib.suppress(Exception):
-        cause.add_note(f"raised on a Ray worker:\n{error}")
-    return cause
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
