@@ -62,6 +62,18 @@ async def slow_rollout(marks: str, index: int, seconds: float) -> art.Trajectory
     )
 
 
+async def waiting_rollout(marks: str, index: int, release: str) -> art.Trajectory:
+    """Marks that it started (`<index>-<pid>`), then awaits until the file `release` exists."""
+    Path(marks, f"{index}-{os.getpid()}").write_text(_node_id())
+    while not Path(release).exists():
+        await asyncio.sleep(0.05)
+    return art.Trajectory(
+        messages_and_choices=[{"role": "user", "content": str(index)}],
+        reward=float(index),
+        metadata={"pid": os.getpid()},
+    )
+
+
 def busy_rollout(marks: str, index: int, release: str) -> art.Trajectory:
     """A plain `def` (run on a worker thread) that marks that it started, then spins the CPU
     until the file `release` exists."""
@@ -105,8 +117,10 @@ async def loop_sleeping_rollout(seconds: float) -> art.Trajectory:
     raise AssertionError("never reached: the worker is replaced")
 
 
-async def loop_spinning_rollout(seconds: float) -> art.Trajectory:
-    _spin(seconds)  # no await: the worker's loop is held
+async def loop_spinning_rollout(marks: str, seconds: float) -> art.Trajectory:
+    """Marks that it started (`spinning-<pid>`), then holds the worker's loop: no await."""
+    Path(marks, f"spinning-{os.getpid()}").write_text(_node_id())
+    _spin(seconds)
     raise AssertionError("never reached: the worker is replaced")
 
 

@@ -1,5 +1,6 @@
 """A rollout that exits or blocks fails alone: it arrives as that rollout's failure, a worker it
-poisoned is replaced, and eight normal rollouts afterwards all succeed. `shutdown()` with rollouts
+poisoned is replaced, and eight normal rollouts afterwards all succeed; normal rollouts whose loop
+it held past their deadline are moved to a fresh worker, not timed out. `shutdown()` with rollouts
 in flight ends them as counted `ExecutorShutdownError`s."""
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from typing import Any
 import pytest
 
 import art_core as art
-from art_ray import ExecutorShutdownError, RayExecutor
+from art_ray import ExecutorShutdownError, RayExecutor, RolloutBlockedError
 from tests.ray import _rollouts
-from tests.ray._rollouts import slow_rollout
+from tests.ray._rollouts import loop_spinning_rollout, slow_rollout, waiting_rollout
 
 HEARTBEAT = 1.0  # seconds a worker's loop may go without answering
 SHORT = 3.0  # the deadline where the case is a deadline
@@ -29,7 +30,7 @@ CASES = [
     ("sync_sleeping_rollout", "RolloutTimeoutError", True, SHORT),  # time.sleep(120), a def
     ("sync_spinning_rollout", "RolloutTimeoutError", True, SHORT),  # CPU for 120 s, a def
     ("loop_sleeping_rollout", "RolloutBlockedError", True, LONG),  # time.sleep in async def
-    ("loop_spinning_rollout", "RolloutBlockedError", True, LONG),  # CPU in an async def
+    # CPU in an async def: test_the_neighbours_of_a_spinning_rollout_are_moved_not_timed_out
 ]
 
 
@@ -80,6 +81,49 @@ async def test_a_poisoning_rollout_fails_alone_and_the_next_eight_succeed(
         )
         assert sorted(t.reward for t in after.trajectories) == [float(i) for i in range(8)]
         assert (stats.failed, stats.completed, stats.lost) == (1, 11, 0)
+
+
+async def test_the_neighbours_of_a_spinning_rollout_are_moved_not_timed_out(
+    cluster: Any, tmp_path: Path
+):
+    # The deadline is shorter than the heartbeat: it passes before the blocked loop can be
+    # found, so the normal rollouts' deadlines must not be spent on the held loop.
+    with RayExecutor(workers=1, timeout=2.5, heartbeat=3.0) as executor:
+        release = tmp_path / "release"
+        release.write_text("")
+        await executor.run(waiting_rollout, str(tmp_path), -1, str(release))  # imports done
+        release.unlink()
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        normal = [
+            asyncio.ensure_future(executor.run(waiting_rollout, str(marks), i, str(release)))
+            for i in range(8)
+        ]
+        await _until(lambda: len(list(marks.iterdir())) == 8, normal)
+        spinning = asyncio.ensure_future(executor.run(loop_spinning_rollout, str(marks), 120.0))
+        await _until(lambda: len(list(marks.glob("spinning-*"))) == 1, [*normal, spinning])
+        release.write_text("")  # too late for the held loop: only a moved rollout sees it
+
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(*normal, spinning, return_exceptions=True), 120
+        )
+        [spun_on] = [int(path.name.split("-")[1]) for path in marks.glob("spinning-*")]
+        *trajectories, failed = outcomes
+        assert [type(t) for t in trajectories] == [art.Trajectory] * 8, trajectories
+        assert isinstance(failed, RolloutBlockedError), failed
+        assert spun_on not in {t.metadata["pid"] for t in trajectories}  # ran on the new worker
+        stats = executor.stats
+        assert (stats.completed, stats.failed, stats.blocked, stats.timed_out) == (9, 1, 1, 0)
+        assert (stats.retried, stats.lost, stats.workers_replaced) == (8, 0, 1)
+        assert executor.workers == 1
+
+
+async def _until(condition: Any, running: list[asyncio.Future[Any]]) -> None:
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert time.monotonic() < deadline, "the rollouts never all started"
+        assert not any(call.done() for call in running), running
+        await asyncio.sleep(0.05)
 
 
 async def test_shutdown_with_rollouts_in_flight_ends_each_as_counted(cluster: Any, tmp_path: Path):

@@ -18,7 +18,8 @@ from art_ray._errors import (
     RolloutTimeoutError,
     WorkerStartError,
 )
-from art_ray._executor import ExecutorStats, RayExecutor
+from art_ray._executor import RayExecutor
+from art_ray._stats import ExecutorStats
 
 __all__ = [
     "INFRASTRUCTURE_ERRORS",

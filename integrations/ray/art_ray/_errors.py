@@ -3,11 +3,13 @@
 The rollout's failures: `RolloutExitError` (it raised `SystemExit`, `KeyboardInterrupt`, ...),
 `RolloutTimeoutError` (past `timeout`), `RolloutBlockedError` (it held its worker's event loop).
 Ray's: `INFRASTRUCTURE_ERRORS` (the worker or its node is gone), `WorkerStartError`,
-`NoLiveWorkersError`. The executor's own: `ExecutorShutdownError`.
+`NoLiveWorkersError`. The executor's own: `ExecutorShutdownError`. And how a rollout's own
+exception comes out of Ray's wrapper (`user_exception`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import ray.exceptions
@@ -56,3 +58,19 @@ class WorkerStartError(RuntimeError):
 
 class NoLiveWorkersError(RuntimeError):
     """Every rollout worker is gone and none could be started again."""
+
+
+def user_exception(error: ray.exceptions.RayTaskError) -> BaseException:
+    """The rollout's own exception, with Ray's remote traceback attached as a note."""
+    cause = error.cause
+    if not isinstance(cause, BaseException):
+        return error
+    with contextlib.suppress(Exception):
+        cause.add_note(f"raised on a Ray worker:\n{error}")
+    return cause
+
+
+def first_line(error: BaseException) -> str:
+    """The error's type and the first line of its message, for a log line."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"

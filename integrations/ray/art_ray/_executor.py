@@ -32,8 +32,13 @@ A rollout cannot poison its worker (see `art_ray._worker`):
 - while a worker has calls in flight, its loop is asked every `heartbeat` seconds to answer; a
   loop that does not answer within `heartbeat` is held by a sync call in an `async def` rollout
   (`time.sleep`, CPU work without `await`). That call fails with `RolloutBlockedError`, the worker
-  is killed and a fresh one started in its place, and its other calls go to other workers (as
-  when Ray loses a worker);
+  is killed and a fresh one started in its place, and its other calls are sent to other workers
+  (counted `retried`, not against `infra_retries`: they did nothing wrong);
+- a call past its `timeout` is the rollout's fault only if its worker's loop could run it: the
+  loop is asked first, and when another call holds it, that call is the one that fails (as
+  above) and this one is sent elsewhere with a fresh deadline. A loop held for an unknown reason
+  (no call of ours on its stack, the process frozen) is a lost worker: its calls are retried as
+  when Ray loses one;
 - a worker whose call ran past `timeout` is replaced too: its cancelled rollout may still hold
   one of its threads. It takes no new calls and is killed once its other calls are done.
 
@@ -49,7 +54,6 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +61,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from art_ray._cluster import check_resources, node_answers
 from art_ray._errors import (
     INFRASTRUCTURE_ERRORS,
     ExecutorShutdownError,
@@ -64,7 +69,10 @@ from art_ray._errors import (
     RolloutBlockedError,
     RolloutTimeoutError,
     WorkerStartError,
+    first_line,
+    user_exception,
 )
+from art_ray._stats import ExecutorStats
 from art_ray._worker import HEALTH_GROUP, RolloutWorker
 
 logger = logging.getLogger("art_ray")
@@ -75,22 +83,6 @@ _WORKER_LOST: tuple[type[BaseException], ...] = (*INFRASTRUCTURE_ERRORS, WorkerS
 # Seconds a worker's `health` call may take past its own patience before the worker counts as
 # unresponsive as a whole (its process frozen, not only its rollouts' loop).
 HEALTH_GRACE = 10.0
-
-
-@dataclass
-class ExecutorStats:
-    """What the executor did: where rollouts ran, what was retried, what failed. Each call ends
-    in exactly one of `completed`, `failed`, `lost` and `cancelled`."""
-
-    completed: int = 0  # calls that returned a result
-    failed: int = 0  # the rollout's fault: its exception (SystemExit too), deadline, blocked loop
-    retried: int = 0  # calls sent again after Ray lost their worker
-    lost: int = 0  # calls that failed on Ray's side past `infra_retries` (raised, counted)
-    cancelled: int = 0  # calls in flight when `shutdown` ran (raised ExecutorShutdownError)
-    timed_out: int = 0  # of `failed`: past `timeout`
-    blocked: int = 0  # of `failed`: held their worker's loop past `heartbeat`
-    workers_replaced: int = 0  # dead, blocked or timed-out workers replaced by fresh ones
-    nodes: Counter[str] = field(default_factory=Counter)  # node id -> rollouts completed there
 
 
 @dataclass(eq=False)
@@ -104,6 +96,7 @@ class _Worker:
     retired: bool = False  # replaced (blocked or timed out): killed once its calls are done
     killed: bool = False
     calls: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # id -> its verdict
+    check: asyncio.Future[bool] | None = None  # the health check under way, shared by its askers
 
     async def node(self, patience: float | None = 30.0) -> str | None:
         """The worker's node id once it has started (None: it died first, or took longer than
@@ -129,9 +122,11 @@ class RayExecutor:
         on the network and on their tools; give `num_cpus` for CPU-bound environments.
     infra_retries: how often a call whose worker Ray lost is sent to another worker.
     timeout: seconds one rollout may take once its worker runs (None: no deadline; then a lost
-        resource can hang). A worker whose rollout ran past it is replaced.
+        resource can hang). A worker whose rollout ran past it is replaced; a rollout that could
+        not run because another one held its worker's loop is sent elsewhere instead.
     heartbeat: seconds a busy worker's event loop may go without answering before the rollout
-        holding it fails and the worker is replaced (None: not watched).
+        holding it fails and the worker is replaced (None: not watched, and a blocked loop's
+        other rollouts run into their deadlines).
     start_timeout: seconds to wait for a new worker to start (its process, its imports);
         past it the worker counts as lost, like a dead one.
     runtime_env: Ray's runtime environment for the workers (env vars, pip packages, code).
@@ -168,7 +163,7 @@ class RayExecutor:
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
             self._started_ray = True
-        self._check_resources(resources or {}, num_cpus)
+        check_resources(resources or {}, num_cpus)
         self._options: dict[str, Any] = {
             "num_cpus": num_cpus,
             "max_concurrency": max_concurrency,
@@ -245,6 +240,9 @@ class RayExecutor:
         for task in self._replacing:
             task.cancel()
         for worker in [*self._workers, *self._retiring]:
+            if worker.check is not None:
+                worker.check.cancel()
+        for worker in [*self._workers, *self._retiring]:
             for verdict in worker.calls.values():
                 _settle(
                     verdict,
@@ -271,29 +269,6 @@ class RayExecutor:
         self.shutdown()
 
     # ------------------------------------------------------------------------------- internals
-
-    def _check_resources(self, resources: dict[str, float], num_cpus: float) -> None:
-        """A resource no node has would leave the workers pending forever: say so now."""
-        available = ray.cluster_resources()
-        missing = [name for name in resources if name not in available]
-        if missing:
-            have = ", ".join(sorted(k for k in available if not k.startswith("node:"))) or "none"
-            example = f'{{"{missing[0]}": 8}}'
-            how = (
-                # Every node on loopback: art_ray.testing.local_cluster (ray start cannot).
-                f"start the local cluster with `local_cluster(..., node_resources={example})` "
-                "(its worker nodes carry them)"
-                if _loopback_cluster()
-                else f"start the rollout nodes with `ray start --resources='{example}'`"
-            )
-            raise ValueError(
-                f"no node in the Ray cluster has the resource(s) {', '.join(missing)} "
-                f"(the cluster has: {have}); {how}, or drop resources="
-            )
-        if num_cpus > available.get("CPU", 0):
-            raise ValueError(
-                f"num_cpus={num_cpus} per worker, but the cluster has {available.get('CPU', 0)} CPUs"
-            )
 
     def _start_worker(self) -> _Worker:
         handle: Any = self._actor_class.options(**self._options).remote()
@@ -344,13 +319,16 @@ class RayExecutor:
                 result = await self._call(worker, fn, args, kwargs)
             except ray.exceptions.RayTaskError as error:
                 self.stats.failed += 1
-                raise _user_exception(error) from None
+                raise user_exception(error) from None
             except (RolloutTimeoutError, RolloutBlockedError):
                 self.stats.failed += 1
                 raise
             except ExecutorShutdownError:
                 self.stats.cancelled += 1
                 raise
+            except _NeighbourBlocked:
+                self.stats.retried += 1  # not against infra_retries: the rollout is innocent
+                continue
             except _WORKER_LOST as error:
                 if self._closed:
                     self.stats.cancelled += 1
@@ -382,7 +360,8 @@ class RayExecutor:
         self, worker: _Worker, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """One call on a started worker, ended by its answer, its deadline, or a verdict (the
-        watcher's `RolloutBlockedError`, `shutdown`'s `ExecutorShutdownError`)."""
+        health check's `RolloutBlockedError` or `_NeighbourBlocked`, `shutdown`'s
+        `ExecutorShutdownError`). A deadline counts only where the worker's loop answers."""
         call_id = next(self._call_ids)
         verdict: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         worker.calls[call_id] = verdict
@@ -392,6 +371,12 @@ class RayExecutor:
             await asyncio.wait(
                 {answer, verdict}, timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED
             )
+            # Past the deadline: the rollout's fault only if the worker's loop could run it.
+            if not (answer.done() or verdict.done()) and await self._loop_held(worker):
+                # The worker is killed: a verdict (blocked, or moved) or Ray's word follows.
+                await asyncio.wait(
+                    {answer, verdict}, timeout=HEALTH_GRACE, return_when=asyncio.FIRST_COMPLETED
+                )
         finally:
             worker.calls.pop(call_id, None)
             if not answer.done() or verdict.done():
@@ -430,9 +415,22 @@ class RayExecutor:
             if not any(worker.in_flight for worker in every):
                 return
             busy = [w for w in every if w.calls and not w.killed]
-            await asyncio.gather(*(self._check(worker, heartbeat) for worker in busy))
+            await asyncio.gather(*(self._loop_held(worker, heartbeat) for worker in busy))
 
-    async def _check(self, worker: _Worker, heartbeat: float) -> None:
+    async def _loop_held(self, worker: _Worker, heartbeat: float | None = None) -> bool:
+        """Whether the worker's loop went `heartbeat` seconds without answering (then the worker
+        is killed and its calls settled, see `_check`). One check per worker at a time: the
+        watcher and the calls past their deadline share it."""
+        heartbeat = heartbeat or self.heartbeat
+        if heartbeat is None or worker.killed:
+            return False
+        check = worker.check
+        if check is None or check.done():
+            check = worker.check = asyncio.ensure_future(self._check(worker, heartbeat))
+        await asyncio.wait({check})  # a caller's cancellation leaves the others' check running
+        return not check.cancelled() and check.exception() is None and check.result()
+
+    async def _check(self, worker: _Worker, heartbeat: float) -> bool:
         ref = worker.handle.health.remote(heartbeat)
         try:
             answer = await asyncio.wait_for(_awaited(ref), heartbeat + HEALTH_GRACE)
@@ -440,24 +438,35 @@ class RayExecutor:
             _cancel(ref)
             answer = {"answers": False, "blocking": None}  # the whole process is stuck
         except ray.exceptions.RayError:
-            return  # the worker is gone: its calls see it and are sent elsewhere
+            return False  # the worker is gone: its calls see it and are sent elsewhere
         if answer["answers"] or worker.killed or not worker.calls or self._closed:
-            return
-        verdict = worker.calls.get(answer["blocking"])
-        if verdict is not None and not verdict.done():
-            self.stats.blocked += 1
-            verdict.set_exception(
-                RolloutBlockedError(
-                    f"the rollout held its Ray worker's event loop for more than "
-                    f"heartbeat={heartbeat} s: a sync call without `await` in an `async def` "
-                    "rollout (time.sleep, CPU work, blocking I/O). Move it to a thread with "
-                    "`await asyncio.to_thread(...)`, or make the rollout a plain `def` (run on "
-                    "a thread); the worker was replaced"
+            return False
+        blocking = answer["blocking"]
+        for call_id, verdict in worker.calls.items():
+            if verdict.done():
+                continue
+            if call_id == blocking:
+                self.stats.blocked += 1
+                verdict.set_exception(
+                    RolloutBlockedError(
+                        f"the rollout held its Ray worker's event loop for more than "
+                        f"heartbeat={heartbeat} s: a sync call without `await` in an `async def` "
+                        "rollout (time.sleep, CPU work, blocking I/O). Move it to a thread with "
+                        "`await asyncio.to_thread(...)`, or make the rollout a plain `def` (run "
+                        "on a thread); the worker was replaced"
+                    )
                 )
-            )
-        culprit = "its rollout" if verdict is not None else "an unknown call"
-        self._retire(worker, f"its event loop did not answer for {heartbeat} s ({culprit})")
-        self._kill(worker)  # its other calls fail as lost and go to other workers
+            elif blocking is not None:
+                verdict.set_exception(_NeighbourBlocked())  # sent to another worker
+        # Unknown holder: the calls see the worker die and are retried as on a lost worker.
+        culprit = (
+            "by an unknown call"
+            if blocking is None
+            else "by a rollout, which fails; its other rollouts go to other workers"
+        )
+        self._retire(worker, f"its event loop was held for over {heartbeat} s {culprit}")
+        self._kill(worker)
+        return True
 
     def _retire(self, worker: _Worker, reason: str) -> None:
         """Take the worker out of rotation and start a fresh one in its place; the old one is
@@ -487,7 +496,7 @@ class RayExecutor:
         if not worker.alive:
             return
         worker.alive = False
-        logger.warning("rollout worker %d died: %s", worker.index, _first_line(error))
+        logger.warning("rollout worker %d died: %s", worker.index, first_line(error))
         if self.replace_dead_workers and not self._closed:
             task = asyncio.ensure_future(self._replace(worker))
             self._replacing.add(task)
@@ -502,13 +511,17 @@ class RayExecutor:
             alive = {node["NodeID"]: node["Alive"] for node in ray.nodes()}
             if node_id is not None and not alive.get(node_id, False):
                 break  # the node is gone: SPREAD places the new worker elsewhere
-            if node_id is not None and await _node_answers(node_id):
+            if node_id is not None and await node_answers(node_id):
                 break  # the node lives on, only the worker's process died: start it again
             await asyncio.sleep(1.0)
         if self._closed or dead not in self._workers:
             return
         self._workers[self._workers.index(dead)] = self._start_worker()
         self.stats.workers_replaced += 1
+
+
+class _NeighbourBlocked(Exception):
+    """Another call held this call's worker loop: the call is sent to another worker."""
 
 
 async def _awaited(ref: Any) -> Any:
@@ -545,46 +558,3 @@ def _settle(verdict: asyncio.Future[None], error: BaseException) -> None:
         settle()
     elif not loop.is_closed():
         loop.call_soon_threadsafe(settle)
-
-
-def _loopback_cluster() -> bool:
-    """Whether every node of the cluster listens on 127.0.0.1 (`art_ray.testing`'s clusters)."""
-    with contextlib.suppress(Exception):
-        addresses = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
-        return addresses == {"127.0.0.1"}
-    return False
-
-
-async def _node_answers(node_id: str) -> bool:
-    """Whether a fresh task pinned to the node runs there within seconds."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    probe = _probe.options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-    ).remote()
-    try:
-        await asyncio.wait_for(_awaited(probe), 5.0)
-    except (TimeoutError, ray.exceptions.RayError):
-        ray.cancel(probe, force=True)
-        return False
-    return True
-
-
-@ray.remote(num_cpus=0, max_retries=0)
-def _probe() -> bool:
-    return True
-
-
-def _user_exception(error: ray.exceptions.RayTaskError) -> BaseException:
-    """The rollout's own exception, with Ray's remote traceback attached as a note."""
-    cause = error.cause
-    if not isinstance(cause, BaseException):
-        return error
-    with contextlib.suppress(Exception):
-        cause.add_note(f"raised on a Ray worker:\n{error}")
-    return cause
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"
