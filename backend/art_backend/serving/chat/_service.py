@@ -23,6 +23,7 @@ from art_backend._errors import (
 )
 from art_backend.engines._aliases import alias_pins
 from art_backend.engines._chat_templates import template_refusal
+from art_backend.engines._constrained import Grammar
 from art_backend.engines._engine import (
     Engine,
     FinishEvent,
@@ -153,7 +154,7 @@ class ChatService:
             self.engine.vocab_size,
             max_new_tokens=max_new_tokens,
             top_logprobs=request.top_logprobs or 0,
-            grammar=grammar,
+            grammar=grammar.text if grammar else None,
         )
         compiler = self.grammar_compiler
         generation = GenerationRequest(
@@ -200,7 +201,7 @@ class ChatService:
 
     def _grammar(
         self, request: ChatCompletionRequest, tools: list[dict], tool_choice: Any
-    ) -> str | None:
+    ) -> Grammar | None:
         forced_tools = tools and tool_choice not in ("none", "auto")
         response_format = request.response_format
         wants_format = response_format is not None and response_format.get("type") != "text"
