@@ -135,6 +135,8 @@ def _prometheus_metrics(service: ChatService) -> str:
         "art_running_rows": ("gauge", service.engine.running_rows),
         "art_queue_depth": ("gauge", service.engine.queue_depth),
         "art_requests_preparing": ("gauge", service.preparing),
+        "art_grammars_compiling": ("gauge", service.grammars.compiling),
+        "art_grammar_compiles_total": ("counter", service.grammars.compiles),
         "art_streams_stalled_total": ("counter", service.stalled_streams),
         "art_tokens_per_second": (
             "gauge",

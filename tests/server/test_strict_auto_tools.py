@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from art_backend.engines._constrained import GrammarCompiler, SequenceConstraint
+from art_backend.engines._constrained import Grammar, GrammarCompiler, SequenceConstraint
 from art_backend.engines._kv_cache import cache_keyword
 from art_backend.engines._tool_calls import render_tools_system_prompt
 from art_backend.testing import InvalidGrammarError
@@ -88,7 +88,7 @@ def model(tiny_model_dir: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
 
 
-def consumes(compiler: GrammarCompiler, grammar: str, tokenizer: Any, text: str) -> bool | None:
+def consumes(compiler: GrammarCompiler, grammar: Grammar, tokenizer: Any, text: str) -> bool | None:
     """None if the grammar rejects `text`; else whether `text` is a complete output."""
     constraint = compiler.matcher(grammar)
     for token in tokenizer.encode(text, add_special_tokens=False):

@@ -10,9 +10,10 @@ of the grammar. We compute that set with llguidance because:
   string lengths) and rejects what it cannot enforce instead of silently ignoring it;
 - its Lark grammars can embed `%json {...}` schemas, which is exactly the shape of a tool call.
 
-Flow: `GrammarCompiler` (one per tokenizer) turns a request into a grammar string and validates it
-up front, so bad input is a 400 before generation starts; `matcher()` gives each sequence a
-`SequenceConstraint`; the engine masks logits (`apply_constraints`), samples, and calls `advance`.
+Flow: `GrammarCompiler` (one per tokenizer) turns a request into a `Grammar`, compiled and
+validated up front, so bad input is a 400 before generation starts; `matcher()` gives each
+sequence a `SequenceConstraint`, a copy of the grammar's compiled matcher (the engine thread never
+compiles); the engine masks logits (`apply_constraints`), samples, and calls `advance`.
 When the grammar is complete only the EOS tokens stay allowed, so the engine stops on its own.
 """
 
@@ -25,6 +26,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance
@@ -51,6 +53,15 @@ _ANY_BYTES_LARK = 'ANY_BYTES: ~"" | ""\n'
 logger = logging.getLogger("art_backend.engine")
 
 
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled grammar: its text (what vLLM's guidance backend takes) and its validated
+    matcher, which each constrained sequence starts from a copy of."""
+
+    text: str
+    compiled: llguidance.LLMatcher = field(compare=False, repr=False)
+
+
 class GrammarCompiler:
     """Builds and validates grammars for one tokenizer; hands out per-sequence constraints."""
 
@@ -61,13 +72,12 @@ class GrammarCompiler:
         self.eos_token_ids = list(eos_token_ids)
         self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=self.eos_token_ids)
         self.vocab_size: int = self._tokenizer.vocab_size
-        # Validated matchers keyed by grammar: `matcher()` deep-copies one instead of compiling
-        # the grammar again on the engine thread.
+        # Validated matchers keyed by grammar text: a schema sent again is not compiled again.
         self._validated: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
         self._lock = threading.Lock()
         self._unlexable: tuple[int, ...] | None = None
 
-    def for_response_format(self, response_format: dict | None) -> str | None:
+    def for_response_format(self, response_format: dict | None) -> Grammar | None:
         """Grammar for an OpenAI `response_format`, or None when output is free text.
 
         A `json_schema` is always enforced, whatever its `strict` flag says.
@@ -108,7 +118,7 @@ class GrammarCompiler:
 
     def for_tool_choice(
         self, tools: list[dict], tool_choice: str | dict | None, parallel_tool_calls: bool
-    ) -> str | None:
+    ) -> Grammar | None:
         """Grammar for the tool calls of a request, or None when nothing needs enforcing.
 
         "required" or a named function: only `<tool_call>` blocks, arguments valid for the
@@ -122,7 +132,7 @@ class GrammarCompiler:
         functions = _function_definitions(tools)
         after_text = tool_choice == "auto"
         if after_text:
-            strict = _strict_function_names(tools)
+            strict = strict_function_names(tools)
             if not strict:
                 return None
             repeat = parallel_tool_calls
@@ -175,15 +185,14 @@ class GrammarCompiler:
             grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         except ValueError as error:
             raise InvalidGrammarError(f"Invalid grammar: {error}", param="tools") from error
-        with self._lock:
-            known = grammar in self._validated
-        if not known:
-            # Each tool's schema alone first: an error then names the user's tool rather than
-            # quoting our generated Lark, and a schema that fails at its own first token (which
-            # comes after `{"name": ..., "arguments": ` in the combined grammar) is found.
-            self._raise_for_first_bad_parameters(enforced)
-            self._validated_matcher(grammar, param="tools")
-        return grammar
+        known = self._known(grammar)
+        if known is not None:
+            return Grammar(grammar, known)
+        # Each tool's schema alone first: an error then names the user's tool rather than
+        # quoting our generated Lark, and a schema that fails at its own first token (which
+        # comes after `{"name": ..., "arguments": ` in the combined grammar) is found.
+        self._raise_for_first_bad_parameters(enforced)
+        return Grammar(grammar, self._validated_matcher(grammar, param="tools"))
 
     def _unlexable_tokens(self) -> tuple[int, ...]:
         """Tokens free text must allow by id, found once: special tokens (once a grammar names a
@@ -205,15 +214,9 @@ class GrammarCompiler:
             self._unlexable = tuple(sorted((banned | special) - set(self.eos_token_ids)))
         return self._unlexable
 
-    def matcher(self, grammar: str) -> SequenceConstraint:
+    def matcher(self, grammar: Grammar) -> SequenceConstraint:
         """A fresh constraint for one generated sequence, starting at the grammar's beginning."""
-        with self._lock:
-            validated = self._validated.get(grammar)
-            if validated is not None:
-                self._validated.move_to_end(grammar)
-        if validated is None:
-            validated = self._validated_matcher(grammar, param=None)
-        return SequenceConstraint(validated.deep_copy(), self.vocab_size)
+        return SequenceConstraint(grammar.compiled.deep_copy(), self.vocab_size)
 
     def _raise_for_first_bad_parameters(self, functions: dict[str, dict]) -> None:
         for name, parameters in functions.items():
@@ -239,15 +242,25 @@ class GrammarCompiler:
                     param="tools",
                 ) from None
 
-    def _compile(self, build: Callable[[], str], *, param: str) -> str:
+    def _compile(self, build: Callable[[], str], *, param: str) -> Grammar:
         try:
             grammar = build()
         except ValueError as error:
             raise InvalidGrammarError(f"Invalid grammar: {error}", param=param) from error
-        self._validated_matcher(grammar, param=param)
-        return grammar
+        known = self._known(grammar)
+        if known is not None:
+            return Grammar(grammar, known)
+        return Grammar(grammar, self._validated_matcher(grammar, param=param))
 
-    def _validated_matcher(self, grammar: str, *, param: str | None) -> llguidance.LLMatcher:
+    def _known(self, grammar: str) -> llguidance.LLMatcher | None:
+        """The matcher of `grammar` if it was validated lately, else None."""
+        with self._lock:
+            validated = self._validated.get(grammar)
+            if validated is not None:
+                self._validated.move_to_end(grammar)
+        return validated
+
+    def _validated_matcher(self, grammar: str, *, param: str) -> llguidance.LLMatcher:
         # Building the matcher is the validation: it compiles the lexer against this vocabulary
         # and reports unsupported or unsatisfiable schemas through is_error().
         matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=_LIMITS)
@@ -263,7 +276,7 @@ class GrammarCompiler:
                 self._validated.popitem(last=False)
         return matcher
 
-    def _check_first_mask(self, matcher: llguidance.LLMatcher, *, param: str | None) -> None:
+    def _check_first_mask(self, matcher: llguidance.LLMatcher, *, param: str) -> None:
         # Some grammars compile and then fail at the first token: a schema that is only a
         # reference to itself (`{"$ref": "#"}`) has no first mask, and an object that requires
         # itself (`{"properties": {"a": {"$ref": "#"}}, "required": ["a"]}`) passes the lexer's
@@ -469,7 +482,7 @@ def _function_definitions(tools: list[dict]) -> dict[str, dict]:
     return functions
 
 
-def _strict_function_names(tools: list[dict]) -> set[str]:
+def strict_function_names(tools: list[dict]) -> set[str]:
     """Names of the function tools marked `"strict": true`."""
     return {
         function["name"]

@@ -54,14 +54,17 @@ async def answer(
     raw: Request,
     rollout_id: str | None,
     parse: Callable[[bytes], Any],
-    stream: Callable[[Any, str | None], Awaitable[AsyncIterator[str]]],
+    stream: Callable[[Any, str | None], Coroutine[Any, Any, AsyncIterator[str]]],
     complete: Callable[[Any, str | None], Coroutine[Any, Any, Any]],
 ) -> Any:
     """One generation route (chat completions, completions, responses, messages): parse the body, then
     stream it as server-sent events or answer once, cancelled if the client goes away."""
     rollout_id, request = await parsed_request(raw, rollout_id, parse)
     if request.stream:
-        events = await stream(request, rollout_id)
+        # Preparing (a grammar's compile may wait in its lane) stops too if the client goes.
+        events = await unless_disconnected(raw, stream(request, rollout_id))
+        if isinstance(events, Response):
+            return events
         # The app's ChatService counts the streams dropped (art_streams_stalled_total).
         return StallBoundedStream(events, getattr(raw.app.state, "service", None))
     return await unless_disconnected(raw, complete(request, rollout_id))

@@ -127,7 +127,7 @@ def test_our_grammars_become_lark_that_accepts_the_same_text(tiny_model_dir):
     }
     llg_tokenizer = llguidance.hf.from_tokenizer(tokenizer)
     for grammar, (good, bad) in cases.items():
-        lark = lark_text(grammar)
+        lark = lark_text(grammar.text)
         assert not lark.lstrip().startswith("{")
         for text, accepted in ((good, True), (bad, False)):
             matcher = llguidance.LLMatcher(

@@ -6,11 +6,16 @@ keeps serving; what passes the limits is tokenized and compiled off the event lo
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
@@ -19,6 +24,9 @@ import pytest
 from art_backend._limits import MAX_JSON_DEPTH, MAX_SCHEMA_NODES, MAX_SCHEMA_PROPERTIES
 from art_backend.testing import InvalidGrammarError
 from tests.support.servers import RunningServer, running_server
+
+if TYPE_CHECKING:
+    from art_backend.serving.chat._grammars import GrammarLane
 
 USER = [{"role": "user", "content": "hi"}]
 MIB = 1024 * 1024
@@ -225,6 +233,74 @@ def test_the_server_answers_while_a_large_schema_compiles(server):
     assert server.metrics()["art_requests_preparing"] == 0
 
 
+def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 60  # a bound on the wait, not a timing assertion
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"waited a minute for {what}")
+        time.sleep(0.01)
+
+
+def test_a_small_chat_is_answered_while_large_schemas_compile(server):
+    """Grammars compile in a lane of their own: a plain chat sent while the largest schemas
+    allowed wait for it or compile is answered before any of them has left it (issue 49: on
+    the shared preparing pool it waited 3.56 s behind four of them)."""
+    # As many as the preparing pool has threads: there the chat waited for one to finish.
+    schemas = [
+        schema_with_properties(MAX_SCHEMA_PROPERTIES, prefix=secrets.token_hex(4))  # uncached
+        for _ in range(min(4, os.cpu_count() or 1))
+    ]
+    compiles = server.metrics().get("art_grammar_compiles_total", 0.0)
+    with ThreadPoolExecutor(len(schemas)) as pool:
+        large = [
+            pool.submit(post, server, json=body(response_format=json_schema_format(schema)))
+            for schema in schemas
+        ]
+        until(lambda: server.service.preparing == len(schemas), "the schemas to arrive")
+        small = post(server, json=body())
+        assert small.status_code == 200, small.text
+        assert server.service.preparing == len(schemas)  # none has finished compiling
+        assert [request.result().status_code for request in large] == [200] * len(schemas)
+    metrics = server.metrics()
+    assert metrics["art_grammar_compiles_total"] == compiles + len(schemas)  # one each
+    assert metrics["art_grammars_compiling"] == 0
+
+
+def drained(lane: GrammarLane) -> None:
+    """Return once every lane thread has finished what it took before this call."""
+    barrier = threading.Barrier(lane.threads)
+    for done in [lane._pool.submit(barrier.wait, 60) for _ in range(lane.threads)]:
+        done.result()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_while_its_grammar_waits_compiles_nothing(server, stream):
+    """A client that hangs up while its grammar waits for the lane leaves the queue: the
+    request is let go while the lane is busy, and its grammar never compiles."""
+    lane, held = server.service.grammars, threading.Event()
+    blockers = [lane._pool.submit(held.wait, 120) for _ in range(lane.threads)]  # lane busy
+    compiles = lane.compiles
+    schema = schema_with_properties(3, prefix=secrets.token_hex(4))
+    try:
+        host, port = server.url.removeprefix("http://").split(":")
+        payload = json.dumps(body(response_format=json_schema_format(schema), stream=stream))
+        with socket.create_connection((host, int(port))) as client:
+            client.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+                f"{payload}".encode()
+            )
+            until(lambda: server.service.preparing == 1, "the request to wait for the lane")
+        # Let go while the lane is still busy: it left the queue.
+        until(lambda: server.service.preparing == 0, "the request to be let go")
+    finally:
+        held.set()
+        for blocker in blockers:
+            blocker.result(timeout=30)
+    drained(lane)
+    assert lane.compiles == compiles
+
+
 # ---------------------------------------------------------------------------------- records
 
 
@@ -237,8 +313,6 @@ def test_stored_records_are_counted_in_bytes_on_metrics(server):
 def test_small_requests_do_not_queue_behind_large_ones(server):
     """Requests that came in bodies over 1 MiB are prepared in a lane of their own: while that
     lane is held, a large request waits in it and a small one is served."""
-    from concurrent.futures import ThreadPoolExecutor
-
     held = threading.Event()
     lane = server.service._large_workers
     blocker = lane.submit(held.wait, 120)  # the large lane is busy (a slow, large request)

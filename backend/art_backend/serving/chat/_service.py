@@ -18,11 +18,11 @@ from art_backend._errors import (
     BackendError,
     ContextLengthError,
     EngineStoppedError,
-    InvalidRequestError,
     ModelNotServedError,
 )
 from art_backend.engines._aliases import alias_pins
 from art_backend.engines._chat_templates import template_refusal
+from art_backend.engines._constrained import Grammar
 from art_backend.engines._engine import (
     Engine,
     FinishEvent,
@@ -37,6 +37,7 @@ from art_backend.engines._tool_calls import (
 from art_backend.serving._request import BodySized
 from art_backend.serving._sampling_params import sampling_params
 from art_backend.serving._sse import sse_error, sse_json
+from art_backend.serving.chat._grammars import GrammarBuild, GrammarLane, grammar_build
 from art_backend.serving.chat._schemas import ChatCompletionRequest
 from art_backend.store._records import CompletionRecords, json_nodes
 from art_core.names import ADAPTER_NAME_PATTERN
@@ -65,9 +66,9 @@ class ChatService:
         # No token is longer than this, so a prompt of more characters than context x this
         # cannot fit, whatever it tokenizes to: refused before the template and tokenizer run.
         self.longest_token_chars = max(map(len, engine.tokenizer.get_vocab()), default=1)
-        # Tokenizing, compiling grammars and storing records (a dump and a size estimate, as
-        # long as the request) run here, off the event loop; the tokenizer and llguidance
-        # release the GIL for their heavy part. A few threads: the engine needs the cores more.
+        # Tokenizing and storing records (a dump and a size estimate, as long as the request)
+        # run here, off the event loop; the tokenizer releases the GIL for its heavy part. A few
+        # threads: the engine needs the cores more. Grammars compile in their own lane.
         self._workers = ThreadPoolExecutor(
             max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="art-prepare"
         )
@@ -76,6 +77,7 @@ class ChatService:
         self._large_workers = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="art-prepare-large"
         )
+        self.grammars = GrammarLane()
         self.preparing = 0  # requests being tokenized or compiled now (art_requests_preparing)
         self.stalled_streams = 0  # dropped: their reader stopped reading (`serving._answer`)
 
@@ -119,8 +121,11 @@ class ChatService:
 
     # ---------------------------------------------------------------------------------- requests
 
-    def prepare(self, request: ChatCompletionRequest) -> tuple[GenerationRequest, bool]:
-        """Validate against the model and build the engine request; returns (it, parse_tools)."""
+    def prepare(
+        self, request: ChatCompletionRequest
+    ) -> tuple[GenerationRequest, bool, GrammarBuild | None]:
+        """Validate against the model and build the engine request; returns it, whether tool
+        calls are parsed, and the compile of its grammar still to run (in `self.grammars`)."""
         adapter = self.resolve_adapter(request.model)
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools or []]
         tool_choice = request.tool_choice or ("auto" if tools else "none")
@@ -147,23 +152,17 @@ class ChatService:
                 param=field,
             )
 
-        grammar = self._grammar(request, tools, tool_choice)
+        build_grammar = grammar_build(self.grammar_compiler, request, tools, tool_choice)
         params = sampling_params(
             request,
             self.engine.vocab_size,
             max_new_tokens=max_new_tokens,
             top_logprobs=request.top_logprobs or 0,
-            grammar=grammar,
         )
-        compiler = self.grammar_compiler
         generation = GenerationRequest(
-            prompt_ids=prompt_ids,
-            params=params,
-            n=request.n,
-            adapter=adapter,
-            constraint_factory=(lambda: compiler.matcher(grammar)) if grammar else None,
+            prompt_ids=prompt_ids, params=params, n=request.n, adapter=adapter
         )
-        return generation, use_tools
+        return generation, use_tools, build_grammar
 
     def _check_prompt_characters(
         self, request: ChatCompletionRequest, tools: list[dict] | None
@@ -197,31 +196,6 @@ class ChatService:
         except Exception as error:  # jinja raises on conversations the template forbids
             raise template_refusal(tokenizer, error) from error  # or on no template at all
         return tokenizer.encode(text, add_special_tokens=False)
-
-    def _grammar(
-        self, request: ChatCompletionRequest, tools: list[dict], tool_choice: Any
-    ) -> str | None:
-        forced_tools = tools and tool_choice not in ("none", "auto")
-        response_format = request.response_format
-        wants_format = response_format is not None and response_format.get("type") != "text"
-        if forced_tools and wants_format:
-            raise InvalidRequestError(
-                "response_format cannot be combined with a forced tool_choice; drop one of them.",
-                param="response_format",
-            )
-        if forced_tools:
-            return self.grammar_compiler.for_tool_choice(
-                tools, tool_choice, request.parallel_tool_calls
-            )
-        if wants_format:
-            # The format grammar leaves no room for `<tool_call>` blocks, strict tools or not.
-            return self.grammar_compiler.for_response_format(response_format)
-        if tools and tool_choice == "auto":
-            # None unless some function is `strict`: then calls the model opens are enforced.
-            return self.grammar_compiler.for_tool_choice(
-                tools, tool_choice, request.parallel_tool_calls
-            )
-        return None
 
     # --------------------------------------------------------------------------------- responses
 
@@ -294,9 +268,22 @@ class ChatService:
         # prepared never reaches the engine (the thread finishes, its result is dropped).
         self.preparing += 1
         try:
-            return await self._off_loop(request, self.prepare, request)
+            generation, use_tools, build_grammar = await self._off_loop(
+                request, self.prepare, request
+            )
+            if build_grammar is not None:
+                self._constrain(generation, await self.grammars.compile(build_grammar))
+            return generation, use_tools
         finally:
             self.preparing -= 1
+
+    def _constrain(self, generation: GenerationRequest, grammar: Grammar | None) -> None:
+        """Attach a compiled grammar: its text for vLLM, a copy of its matcher per choice."""
+        if grammar is None:
+            return
+        compiler = self.grammar_compiler
+        generation.params.grammar = grammar.text
+        generation.constraint_factory = lambda: compiler.matcher(grammar)
 
     async def _off_loop(
         self, request: BodySized, work: Callable[..., _Result], *args: Any

@@ -108,7 +108,7 @@ class MessagesService:
         """POST /v1/messages/count_tokens: the prompt's length as the model's template renders it."""
         chat_request = chat_request_for(request, stream=False)
         with in_caller_terms(_MESSAGES_TERMS, _MESSAGES_WORDS):
-            generation, _ = await asyncio.to_thread(self.chat.prepare, chat_request)
+            generation, _, _ = await asyncio.to_thread(self.chat.prepare, chat_request)
         return {"input_tokens": len(generation.prompt_ids)}
 
     def _events(
