@@ -31,6 +31,8 @@ base in parentheses is a builtin a caller may catch instead, as Python raises it
       PromotionGateError                     a promotion gate cannot judge a step
     IgnoredSettingWarning (UserWarning)    a warning: an ART setting that only places or sizes
                                            the work, ignored here (`art.dev`)
+    BackendWarning (UserWarning)           a warning: one the backend's server logged while
+                                           `LocalBackend` started it
 
 `tests/core/test_errors.py` holds this drawing to the classes: a new error goes in the tree.
 """
@@ -43,6 +45,7 @@ __all__ = [
     "ArtError",
     "BackendCrashedError",
     "BackendRequestError",
+    "BackendWarning",
     "GeneratorContextError",
     "GeneratorError",
     "IgnoredSettingWarning",
@@ -212,3 +215,8 @@ class PromotionGateError(ArtError):
 class IgnoredSettingWarning(UserWarning):
     """An ART setting that only places or sizes the work (a GPU id, a memory fraction): ignored
     here, where art-server places and sizes the engine itself (`art_core.dev`)."""
+
+
+class BackendWarning(UserWarning):
+    """A warning `art-server` logged while `LocalBackend` started it (a base model without a chat
+    template, say): its log goes to `backend.log`, so LocalBackend warns with it here too."""

@@ -214,7 +214,7 @@ PUBLIC_SURFACES = {
     "art_core.batches": ["trajectory_group_batches"],
     "art_core.types": ["LoRAConfig", "TokenPrice", "TrainConfig", "TrainResult", "TrainSFTConfig"],
     "art_core.errors": [
-        "ArtError", "BackendCrashedError", "BackendRequestError", "GeneratorContextError",
+        "ArtError", "BackendCrashedError", "BackendRequestError", "BackendWarning", "GeneratorContextError",
         "GeneratorError", "IgnoredSettingWarning", "InvalidSFTFileError", "InvalidTrajectoryError", "JudgeContextError",
         "JudgeError", "JudgeResponseError", "JudgeUnavailableError", "LangfuseConfigError",
         "LangfuseNotInstalledError", "ModelConfigError", "ModelNotRegisteredError",

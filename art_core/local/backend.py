@@ -3,6 +3,10 @@
 The user's process stays light (no torch import) and survives a crash of the engine: the next
 call raises `BackendCrashedError` naming the log file. The child is started by the first
 `register` (it needs the base model's name) and stopped by `close()` or at interpreter exit.
+
+The child writes to `backend.log`; while it starts, its phases are shown on stderr and each
+warning it logs (a base model without a chat template, say) is raised here as a
+`BackendWarning`, so the person who started it reads it before the first request fails.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ import asyncio
 import atexit
 import logging
 import os
+import re
 import secrets
 import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +29,7 @@ import httpx
 
 from art_core._unknown_fields import check_names
 from art_core.backend import ModelRef, RemoteBackend
-from art_core.errors import ArtError, BackendCrashedError, UnsupportedOptionError
+from art_core.errors import ArtError, BackendCrashedError, BackendWarning, UnsupportedOptionError
 from art_core.local._buckets import bucket_url, sync
 
 __all__ = ["LocalBackend"]
@@ -186,7 +192,8 @@ class LocalBackend(RemoteBackend):
 
     def _wait_until_healthy(self, phases: _PhaseLines) -> None:
         """Poll /health; meanwhile the server's start-up phases are shown on stderr (its own
-        output goes to the log file), each with the seconds since the start."""
+        output goes to the log file), each with the seconds since the start, and the warnings
+        it logs are raised here as BackendWarning."""
         assert self.process is not None
         started = time.monotonic()
         deadline = started + STARTUP_TIMEOUT_SECONDS
@@ -267,8 +274,9 @@ class LocalBackend(RemoteBackend):
 
 
 class _PhaseLines:
-    """The `art-server: <phase>` lines the server writes to its log from `offset` on (not its
-    `art-server: error:` line, which the crash message quotes)."""
+    """What the server writes to its log from `offset` on that its user must see while it
+    starts: its `art-server: <phase>` lines (shown on stderr; not its `art-server: error:` line,
+    which the crash message quotes), and its warnings (raised as BackendWarning)."""
 
     def __init__(self, path: Path, offset: int) -> None:
         self.path = path
@@ -285,12 +293,33 @@ class _PhaseLines:
         self.offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")
         for raw in lines:
+            # A progress bar redraws its line with \r and may not end it: the text after it.
             line = raw.decode(errors="replace").rsplit("\r", 1)[-1].strip()
             if line.startswith(_PHASE) and not line.startswith(f"{_PHASE}error:"):
                 _say(f"{line.removeprefix(_PHASE)} ({time.monotonic() - started:.0f} s)")
+            elif (warning := _warning_in(line)) is not None:
+                # Named after the log (line 0: no source line to quote), each shown every time.
+                warnings.warn_explicit(
+                    f"art-server: {warning}",
+                    BackendWarning,
+                    filename=str(self.path),
+                    lineno=0,
+                    module=__name__,
+                )
 
 
 _PHASE = "art-server: "  # art_backend._phases.PREFIX (the client does not import the backend)
+# A record of the server's logging ("WARNING art_backend.cli: text", its format, or uvicorn's
+# "WARNING:  text") at warning level or above, and a Python warning it printed
+# ("path.py:12: FutureWarning: text").
+_LOGGED = re.compile(r"(?:WARNING|ERROR|CRITICAL)(?: [\w.]+:|:) +(?P<text>\S.*)")
+_PYTHON_WARNING = re.compile(r"\S.*:\d+: (?P<text>[A-Z]\w*Warning: \S.*)")
+
+
+def _warning_in(line: str) -> str | None:
+    """The warning a line of the server's log says, if it says one."""
+    match = _LOGGED.fullmatch(line) or _PYTHON_WARNING.fullmatch(line)
+    return match["text"] if match else None
 
 
 def _say(text: str) -> None:

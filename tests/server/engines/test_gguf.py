@@ -19,6 +19,7 @@ import torch
 from art_backend.engines._loading import resolve_model_source
 from art_backend.engines._stop_tokens import END_OF_TURN_TOKENS, stop_token_ids
 from art_backend.testing import ModelLoadError, load_model
+from tests.support.processes import art_server_refusal
 from tests.support.servers import running_server
 from tests.support.tiny_gguf import (
     CHATML_TEMPLATE,
@@ -108,6 +109,52 @@ def test_the_chat_template_in_the_gguf_is_kept(
     assert loaded.tokenizer.chat_template == template
 
 
+TEXTS = [
+    "What is the capital of France? The capital of France is Paris.",
+    "  two leading spaces, tabs\tand\nnew lines; unseen words: zyzzyva, Größe, 東京 🙂",
+    "<|im_start|>user\nhello<|im_end|>\n<start_of_turn>model\n0 1 2 + - * / = ( )<end_of_turn>",
+]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_converted_tokenizer_gives_the_ids_transformers_reads_from_the_gguf(
+    family: str, ggufs: Path, tmp_path: Path
+) -> None:
+    """The conversion reads the file through one shared, quicker gguf reader (_parsed_once):
+    the tokenizer it saves encodes as transformers' own reading of the file does."""
+    from transformers import AutoTokenizer
+
+    converted = AutoTokenizer.from_pretrained(_converted(ggufs / f"{family}.gguf", tmp_path))
+    reference = AutoTokenizer.from_pretrained(ggufs, gguf_file=f"{family}.gguf")
+
+    assert len(converted) == len(reference)
+    for text in TEXTS:
+        assert converted(text)["input_ids"] == reference(text)["input_ids"], text
+
+
+def test_a_conversion_parses_the_file_once(
+    ggufs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49: transformers parsed the file with gguf's reader for the config, the tokenizer and
+    the weights, and we once more for the header: 4 parses, 9 s of CPU each for Gemma 3's 262k
+    vocabulary. Now the header is walked without it, and its three calls share one reader."""
+    import gguf
+
+    original = gguf.GGUFReader
+    parsed: list[str] = []
+    parse = original.__init__
+
+    def counted(reader: Any, path: Any, *args: Any, **kwargs: Any) -> None:
+        parsed.append(Path(path).name)
+        parse(reader, path, *args, **kwargs)
+
+    monkeypatch.setattr(original, "__init__", counted)
+    _converted(ggufs / "gemma3.gguf", tmp_path)
+
+    assert parsed == ["gemma3.gguf"]
+    assert gguf.GGUFReader is original  # put back once the conversion is done
+
+
 def test_a_gguf_without_a_chat_template_gets_none_invented(tmp_path: Path) -> None:
     gguf_path = write_tiny_gguf(tmp_path / "base.gguf", "qwen2", chat_template=None)
 
@@ -181,8 +228,7 @@ def test_an_architecture_transformers_cannot_read_is_refused_naming_it(tmp_path:
     assert "Supported GGUF architectures: " in message
     for supported in ("gemma3", "llama", "qwen2"):
         assert supported in message
-    left = [path.name for path in (tmp_path / "cache").iterdir() if path.suffix != ".lock"]
-    assert left == []  # neither a converted folder nor a temporary one
+    assert list((tmp_path / "cache").iterdir()) == []  # no folder, temporary folder or lock
 
 
 def test_one_part_of_a_split_gguf_is_refused_saying_to_merge(tmp_path: Path) -> None:
@@ -219,6 +265,64 @@ def test_a_file_that_is_not_a_gguf_is_refused(tmp_path: Path) -> None:
         resolve_model_source(str(tmp_path / "notes.txt"), cache_dir=tmp_path / "cache")
     with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
         resolve_model_source(str(tmp_path / "broken.gguf"), cache_dir=tmp_path / "cache")
+
+
+def _cut_points(gguf_path: Path) -> dict[str, int]:
+    """Where to cut `gguf_path` to land in each part of it (offsets from gguf's own reader)."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    vocabulary = reader.fields["tokenizer.ggml.tokens"].offset
+    return {
+        "the magic": 2,
+        "the counts": 20,
+        "the first key": 30,
+        "the vocabulary": vocabulary + 1_000,
+        "the tensor table": reader.tensors[0].field.offset + 5,
+        "the tensor data": reader.data_offset + 64,
+        "the last byte": gguf_path.stat().st_size - 1,
+    }
+
+
+def test_a_gguf_cut_anywhere_or_garbled_is_refused_before_anything_is_written(
+    ggufs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 49: a cut in the header raised IndexError out of gguf's reader (a traceback); a
+    cut is a clean refusal wherever it falls, before the cache is touched or a conversion is
+    announced."""
+    whole = (ggufs / "gemma3.gguf").read_bytes()
+    broken = {
+        f"cut in {part}": whole[:at] for part, at in _cut_points(ggufs / "gemma3.gguf").items()
+    }
+    broken["empty"] = b""
+    key_end = 24 + 8 + len(b"general.architecture")  # the header, the key's length and name
+    broken["garbled"] = whole[:key_end] + (99).to_bytes(4, "little") + whole[key_end + 4 :]
+
+    for what, data in broken.items():
+        path = tmp_path / "model.gguf"
+        path.write_bytes(data)
+        with pytest.raises(ModelLoadError, match="is not a readable GGUF file") as raised:
+            resolve_model_source(str(path), cache_dir=tmp_path / "cache")
+        assert "Check that the download is complete" in str(raised.value), what
+        assert not (tmp_path / "cache").exists(), what
+    assert "converting" not in capsys.readouterr().err
+
+
+def test_art_server_refuses_a_cut_gguf_in_one_line(
+    ggufs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cut of issue 49 (in the vocabulary: IndexError, exit 1), through the real command."""
+    monkeypatch.setenv("ART_CACHE_DIR", str(tmp_path / "cache"))
+    cut = tmp_path / "cut.gguf"
+    at = _cut_points(ggufs / "qwen2.gguf")["the vocabulary"]
+    cut.write_bytes((ggufs / "qwen2.gguf").read_bytes()[:at])
+
+    refusal = art_server_refusal("--model", str(cut), "--path", str(tmp_path / "art"))
+
+    assert f"art-server: error: '{cut}' is not a readable GGUF file (it ends at byte" in refusal
+    assert "Check that the download is complete" in refusal
+    assert "converting" not in refusal
+    assert not (tmp_path / "cache").exists()
 
 
 # --- stop tokens -----------------------------------------------------------------------------

@@ -273,7 +273,7 @@ def test_corrupted_cache_is_rebuilt_with_a_warning(
     assert "rebuilding" in caplog.text
 
 
-def test_failed_build_leaves_neither_target_nor_temporary_folder(tmp_path: Path) -> None:
+def test_failed_build_leaves_neither_target_nor_temporary_folder_nor_lock(tmp_path: Path) -> None:
     target = tmp_path / "fake"
     (tmp_path / "fake.tmp-crashed-earlier").mkdir()
 
@@ -284,7 +284,22 @@ def test_failed_build_leaves_neither_target_nor_temporary_folder(tmp_path: Path)
     with pytest.raises(RuntimeError, match="conversion failed"):
         _loading._build_cache(target, failing_build)
 
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake.lock"]
+    assert list(tmp_path.iterdir()) == []  # issue 49: an empty fake.lock stayed
+
+
+def test_a_build_whose_check_fails_touches_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    counter = tmp_path / "count"
+
+    def refuse() -> None:
+        raise ModelLoadError("not a readable GGUF file")
+
+    with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
+        _loading._build_cache(tmp_path / "models" / "fake", _counting_build(counter), check=refuse)
+
+    assert list(tmp_path.iterdir()) == []
+    assert "converting" not in capsys.readouterr().err  # announced only when it will happen
 
 
 def test_concurrent_threads_build_only_once(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ name or a Jinja file) makes chat work; a template that cannot be used stops the 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from art_backend._settings import ServerSettings
 from art_backend.cli import build_app
 from art_backend.engines._chat_templates import BUILTIN_TEMPLATES, install_chat_template
 from art_backend.training._rows import sft_sequence
+from art_core.errors import BackendWarning
 from tests.support.processes import art_server_refusal
 from tests.support.servers import RunningServer, running_server
 from tests.support.tiny_model import build_tiny_model
@@ -219,7 +221,9 @@ async def test_local_backend_passes_the_template_to_its_server(
     backend = art.LocalBackend(path=tmp_path, dtype="float32", chat_template="chatml")
     try:
         model = art.TrainableModel(name="chatty", project="tests", base_model=str(base_model_dir))
-        await model.register(backend)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", BackendWarning)  # no "no chat template" warning
+            await model.register(backend)
         response = await model.openai_client().chat.completions.create(
             model=model.get_inference_name(),
             messages=HELLO,
