@@ -74,12 +74,16 @@ chromium:
 			apt-get install -y -qq --no-install-recommends chromium; \
 	fi
 
+# Two pytest workers (pytest-xdist), a test file whole on one (tests/support/suite_order.py): on
+# 2 cores the suite's waits (servers starting, heartbeats, child processes) overlap the other
+# worker's computing. `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed $(VENV)/.installed-mcp1 $(VENV)/.installed-trackio chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	ART_MCP1_PYTHON=$(VENV)/mcp1/bin/python ART_TRACKIO_PYTHON=$(VENV)/trackio/bin/python \
-		$(PY) -m pytest -m "not slow" -q
+		$(PY) -m pytest -m "not slow" -q -n $(TEST_WORKERS)
 
 # The suite beside two processes that keep a core each busy (not in CI): no verdict may depend on
 # what else runs on the machine.

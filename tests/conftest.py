@@ -1,8 +1,9 @@
-"""Every test folder gets the shared fixtures of tests/support/fixtures.py."""
+"""Every test folder gets the shared fixtures of tests/support/fixtures.py, and the suite's groups
+and order for parallel runs (tests/support/suite_order.py)."""
 
 import pytest
 
-pytest_plugins = ["tests.support.fixtures"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.suite_order"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -122,17 +122,20 @@ def async_client(server: RunningServer):
 # ------------------------------------------------------------- backends and the scripted judge
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def training_server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, engine_options: dict
 ) -> Iterator[RunningServer]:
-    """An art-server in this process (so tests can look inside), tiny model, no API key."""
+    """An art-server in this process (so tests can look inside), tiny model, no API key; one per
+    test file: every registered model keeps an adapter in the server's one PEFT model, and PEFT's
+    adapter operations walk all of them (a step took 0.1 s on a fresh server, 3 s beside 100
+    models), so a session-long server made the suite's last training tests the slowest."""
     path = tmp_path_factory.mktemp("art-train")
     with running_server(tiny_model_dir, path, **engine_options) as running:
         yield running
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def remote_backend(training_server: RunningServer) -> AsyncIterator[art.RemoteBackend]:
     backend = art.RemoteBackend(training_server.url)
     yield backend
