@@ -169,3 +169,23 @@ def test_startup_discovery_serves_a_name_for_one_project_only(tmp_path: Path):
 def test_an_unknown_log_level_is_refused_naming_the_choices():
     refusal = art_server_refusal("--model", "/no/such/model", "--log-level", "loud", timeout=60)
     assert "--log-level: invalid choice: 'loud'" in refusal and "trace" in refusal
+
+
+def test_every_flag_has_a_row_on_the_serving_page_and_the_model_row_names_what_it_takes():
+    """docs/serving.md's option tables list every `art-server` flag, and its `--model` row says
+    what `--model` takes, a GGUF file or a folder holding one included (the help says so)."""
+    from art_backend.cli import _parser
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `--")]
+    flags = {
+        flag
+        for action in _parser()._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--help"
+    }
+    missing = sorted(flag for flag in flags if not any(f"`{flag}`" in row for row in rows))
+    assert not missing, f"flags without a row in docs/serving.md: {missing}"
+    (model_row,) = [row for row in rows if row.startswith("| `--model` |")]
+    for kind in ("GGUF file", "a folder holding", "hub id", "smollm2-135m-instruct"):
+        assert kind.lower() in model_row.lower(), kind
