@@ -172,9 +172,8 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         ) from error
     except ValueError as error:  # an integer of over 4,300 digits (Python's conversion limit)
         field = _field_of_long_integer(body)
-        where = "The request body holds" if field == WHOLE_BODY else f"`{field}` holds"
         raise InvalidRequestError(
-            f"{where} a number this server does not read: {error}. Send it as a string, or a "
+            f"{_holder(field)} a number this server does not read: {error}. Send it as a string, or a "
             "shorter number.",
             param=field,
         ) from error
@@ -251,11 +250,15 @@ def check_text(payload: Any) -> None:
             raise _lone_surrogate(path or WHOLE_BODY, key=True)
 
 
+def _holder(param: str) -> str:
+    """How a refusal's sentence starts: "`messages[0].content` holds", or the body's."""
+    return "The request body holds" if param == WHOLE_BODY else f"`{param}` holds"
+
+
 def _lone_surrogate(param: str, *, key: bool = False) -> InvalidRequestError:
     what = "a key" if key else "text"
-    where = "The request body holds" if param == WHOLE_BODY else f"`{param}` holds"
     return InvalidRequestError(
-        f"{where} {what} with a lone UTF-16 surrogate (an escape like \\ud800 without its "
+        f"{_holder(param)} {what} with a lone UTF-16 surrogate (an escape like \\ud800 without its "
         "pair), which is not text. Send valid Unicode: escape both halves of a pair, or the "
         "character itself in UTF-8.",
         param=param,
