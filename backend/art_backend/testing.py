@@ -38,8 +38,9 @@ from art_backend.store._checkpoints import ModelStore, read_trajectories, read_t
 from art_backend.store._records import CompletionRecords
 from art_backend.store._review_decisions import list_pending, write_pending
 from art_backend.training._grpo import advantages_from_rewards, loss_preset, policy_loss
+from art_backend.training._optimizer import OptimizerSettings
 from art_backend.training._rows import Rows, Sequence, pack_rows
-from art_backend.training._trainer import LoraTrainer, OptimizerSettings
+from art_backend.training._trainer import LoraTrainer
 
 __all__ = [
     "BackendError",

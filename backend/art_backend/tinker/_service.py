@@ -39,8 +39,8 @@ from art_backend.tinker._proto import ForwardBackwardWire, encode_forward_backwa
 from art_backend.tinker._run_index import PROJECT, RunIndex, RunRecord
 from art_backend.tinker._schemas import CreateModelRequest, OptimStepRequest
 from art_backend.training._model_registry import RegisteredModel
+from art_backend.training._optimizer import OptimizerSettings
 from art_backend.training._target_rows import TargetRow
-from art_backend.training._trainer import OptimizerSettings
 from art_backend.training._training_service import TrainingService
 from art_core.names import check_name
 from art_core.types import LoRAConfig

@@ -28,6 +28,7 @@ import torch
 from art_backend._errors import CheckpointLoadError, TrainerStateError
 from art_backend.engines._engine import TrainableEngine
 from art_backend.training._grpo import LossConfig, loss_denominator, policy_loss
+from art_backend.training._optimizer import OptimizerSettings
 from art_backend.training._packing import (
     PackedBatch,
     packed_attention_masks,
@@ -49,32 +50,6 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # A row's elementwise loss from its target logprobs (`score_targets`): (row index, logprobs).
 RowLoss = Callable[[int, torch.Tensor], torch.Tensor]
 TRAINER_STATE = "trainer_state.pt"
-
-
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """What one optimizer step does with the gradients of a step."""
-
-    learning_rate: float = 1e-5
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    micro_batch_tokens: int = 2048  # rows x padded length per forward pass: bounds memory
-    gradient_checkpointing: bool = False
-    # AdamW's betas and eps for this step; None keeps the optimizer's (0.9, 0.99), 1e-8. The
-    # Tinker API sends them with every step.
-    betas: tuple[float, float] | None = None
-    eps: float | None = None
-
-    @classmethod
-    def from_config(cls, config: Any) -> OptimizerSettings:
-        """The optimizer part of a `TrainConfig` or `TrainSFTConfig` (both carry these fields)."""
-        return cls(
-            learning_rate=config.learning_rate,
-            max_grad_norm=config.max_grad_norm,
-            weight_decay=config.weight_decay,
-            micro_batch_tokens=config.micro_batch_tokens,
-            gradient_checkpointing=config.gradient_checkpointing,
-        )
 
 
 @dataclass

@@ -32,6 +32,7 @@ from art_backend.store._review_decisions import read_review_state
 from art_backend.training._distributed import TrainingTeam
 from art_backend.training._grpo import LossConfig, loss_preset
 from art_backend.training._model_registry import ModelRegistry, RegisteredModel
+from art_backend.training._optimizer import OptimizerSettings
 from art_backend.training._prepared_step import (
     PreparedStep,
     check_rewards,
@@ -41,7 +42,7 @@ from art_backend.training._prepared_step import (
 from art_backend.training._replay_record import StepInputs, index_step, write_step_files
 from art_backend.training._rows import Rows, pack_rows, sft_sequences
 from art_backend.training._step_log import StepLog, trajectory_rows
-from art_backend.training._trainer import LoraTrainer, OptimizerSettings
+from art_backend.training._trainer import LoraTrainer
 from art_backend.training._trainer_thread import TrainerThread
 from art_core.types import TrainConfig
 from art_core.wire import SFTRequest, TrainRequest

@@ -25,8 +25,9 @@ tinker = pytest.importorskip(
 from tinker import types  # noqa: E402
 
 from art_backend.training._grpo import loss_preset  # noqa: E402
+from art_backend.training._optimizer import OptimizerSettings  # noqa: E402
 from art_backend.training._rows import Sequence, pack_rows  # noqa: E402
-from art_backend.training._trainer import LoraTrainer, OptimizerSettings  # noqa: E402
+from art_backend.training._trainer import LoraTrainer  # noqa: E402
 from tests.support.servers import RunningServer, running_server  # noqa: E402
 
 API_KEY = "tml-test-key"  # the SDK refuses a key without its `tml-` prefix

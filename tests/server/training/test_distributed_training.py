@@ -25,8 +25,9 @@ from art_backend.training._distributed import (
     trainer_engine,
 )
 from art_backend.training._grpo import loss_preset
+from art_backend.training._optimizer import OptimizerSettings
 from art_backend.training._rows import Rows, Sequence, pack_rows
-from art_backend.training._trainer import LoraTrainer, OptimizerSettings
+from art_backend.training._trainer import LoraTrainer
 from tests.support.servers import free_port
 
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
