@@ -184,7 +184,15 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         del os.environ[key]  # no export in the background
 
     bodies, registers = capture_bodies()
-    backend = art.LocalBackend(path=work / "art", dtype=args.dtype, device=args.device)
+    # A fixed thread count: `--threads auto` follows the cores other processes leave idle, and
+    # another count splits the matmuls' sums differently (measured: two runs of eafed61 on a
+    # busy machine gave two adapter hashes; with a fixed count, one).
+    backend = art.LocalBackend(
+        path=work / "art",
+        dtype=args.dtype,
+        device=args.device,
+        extra_args=["--threads", str(args.threads)],
+    )
     try:
         model = art.TrainableModel(name=NAME, project=PROJECT, base_model=str(model_dir))
         await model.register(backend)
@@ -249,6 +257,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--dtype", default="float32", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--dump-dir", help="keep the train body, metrics, texts and server log")
+    parser.add_argument("--threads", type=int, default=2, help="the server's torch threads")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="grpo-checksum-") as work:
         print(json.dumps(asyncio.run(run(args, Path(work)))), flush=True)

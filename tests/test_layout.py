@@ -117,6 +117,24 @@ def wing_of(module: str) -> str | None:
     return parts[1] if parts[0] == "art_backend" and len(parts) > 2 else None
 
 
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80  # STYLE.md: split a room before it reaches these
+
+
+def test_no_module_over_600_lines_and_no_function_over_80():
+    """Mass under the limits: a module past 600 lines or a function past 80 is split by concept."""
+    too_big = []
+    for name, path in module_files().items():
+        source = path.read_text()
+        if source.count("\n") > MAX_MODULE_LINES:
+            too_big.append(f"module {name}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_big.append(f"function {name}.{node.name}: {length} lines")
+    assert not too_big, too_big
+
+
 def test_backend_wings_import_one_way():
     wrong = []
     for module, targets in import_graph().items():

@@ -20,6 +20,7 @@ from typing import Any
 
 from art_backend._errors import BackendError, ContextLengthError, InvalidRequestError, NotFoundError
 from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams
+from art_backend.tinker._datums import check_vocabulary
 from art_backend.tinker._futures import Answer
 from art_backend.tinker._proto import WireSequence, encode_sample_response
 from art_backend.tinker._schemas import (
@@ -27,7 +28,7 @@ from art_backend.tinker._schemas import (
     SampleRequest,
     SaveWeightsForSamplerRequest,
 )
-from art_backend.tinker._service import StepTally, TinkerTraining, TrainingRun, check_vocabulary
+from art_backend.tinker._service import StepTally, TinkerTraining, TrainingRun
 from art_core.names import check_name
 
 SAMPLER_PATH = "tinker://{model_id}/sampler_weights/{name}"

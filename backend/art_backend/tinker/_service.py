@@ -2,10 +2,11 @@
 
     create_model               -> `ModelRegistry.register` (project "tinker", name = model id):
                                   a LoRA on the served base model, checkpoint 0, served `<id>@0`
-    forward_backward           -> `LoraTrainer.score_targets` with a loss of `_losses.LOSSES`
-                                  (cross_entropy, importance_sampling, ppo, cispo):
-                                  gradients add up until the next optim_step
-    optim_step                 -> `LoraTrainer.apply_gradients` with the step's AdamW settings
+    forward_backward           -> `LoraTrainer.forward_backward`: the datums as the trainer's rows
+                                  (`_datums`), a loss of `training._losses.LOSSES` (cross_entropy,
+                                  importance_sampling, ppo, cispo): gradients add up until the
+                                  next optim_step
+    optim_step                 -> `LoraTrainer.optim_step` with the step's AdamW settings
     save_weights_for_sampler   -> checkpoint N+1, served `<id>@<N+1>` (`TrainingService.save_step`),
                                   named `tinker://<id>/sampler_weights/<name>` (`_sampling`)
 
@@ -27,20 +28,23 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import torch
-
 from art_backend._errors import InvalidRequestError, NotFoundError
 from art_backend.engines._engine import Engine
 from art_backend.store._checkpoints import fault_point
+from art_backend.tinker._datums import datum_rows
 from art_backend.tinker._futures import Answer, Futures, RunOrder
-from art_backend.tinker._losses import LOSSES, NOT_SERVED_YET, TinkerLoss, resolved_config
 from art_backend.tinker._proto import ForwardBackwardWire, encode_forward_backward_output
 from art_backend.tinker._run_index import PROJECT, RunIndex, RunRecord
 from art_backend.tinker._schemas import CreateModelRequest, OptimStepRequest
+from art_backend.training._losses import (
+    LOSSES,
+    NOT_SERVED_YET,
+    DatumLoss,
+    TinkerLoss,
+    resolved_config,
+)
 from art_backend.training._model_registry import RegisteredModel
 from art_backend.training._optimizer import OptimizerSettings
-from art_backend.training._target_rows import TargetRow
 from art_backend.training._training_service import TrainingService
 from art_core.names import check_name
 from art_core.types import LoRAConfig
@@ -283,25 +287,37 @@ class TinkerTraining:
         """Check the datums and the loss, then score them (and keep the gradient) in order."""
         run = self.run(wire.model_id)
         loss, config = self._loss(wire)
-        rows, inputs = self._rows(wire, loss)
-        elementwise = functools.partial(_row_loss, loss, inputs, config)
-        score = functools.partial(
-            run.registered.trainer.score_targets, backward=not wire.forward_only
-        )
+        context, vocabulary = self.engine.context_length, self.engine.vocab_size
+        rows = datum_rows(wire, loss, vocabulary=vocabulary, context=context)
+        trainer = run.registered.trainer
+        backward = not wire.forward_only
 
         async def work() -> Answer:
-            logprobs, losses = await self.training.step_part(score, rows, elementwise)
+            scoring = DatumLoss(loss, config)
+            score = functools.partial(
+                trainer.forward_backward, backward=backward, share_trained=True
+            )
+            try:
+                await self.training.step_part(score, rows, scoring, OptimizerSettings())
+            except FloatingPointError as error:
+                raise InvalidRequestError(
+                    f"The loss of these datums is not finite ({error}): nothing of this "
+                    "forward_backward was added to the gradient, and the run goes on. Scale "
+                    "the advantages or weights down, or check the sampler logprobs sent."
+                ) from error
+            count = len(wire.data)
+            losses = [scoring.losses[number] for number in range(count)]
             total = float(sum(float(values.sum()) for values in losses))
-            if not wire.forward_only:
+            if backward:
                 tally = run.since_checkpoint
                 tally.loss_sum += total
-                tally.datums += len(rows)
-                tally.tokens += sum(len(row.input_ids) for row in rows)
+                tally.datums += count
+                tally.tokens += sum(len(datum.tokens) for datum in wire.data)
             outputs = {
-                "logprobs": [values.numpy() for values in logprobs],
+                "logprobs": [scoring.logprobs[number].numpy() for number in range(count)],
                 "elementwise_loss": [values.numpy() for values in losses],
             }
-            proto = encode_forward_backward_output(outputs, {"loss:sum": total}, len(rows))
+            proto = encode_forward_backward_output(outputs, {"loss:sum": total}, count)
             return Answer(proto=proto)
 
         return self.in_order(run, wire.seq_id or None, work)
@@ -323,60 +339,6 @@ class TinkerTraining:
             return loss, resolved_config(loss, wire.loss_fn_config)
         except ValueError as error:
             raise InvalidRequestError(f"{wire.loss_fn}: {error}.", param="loss_fn_config") from None
-
-    def _rows(
-        self, wire: ForwardBackwardWire, loss: TinkerLoss
-    ) -> tuple[list[TargetRow], list[dict[str, torch.Tensor]]]:
-        """Each datum as a `TargetRow` and its other loss inputs as tensors, all checked."""
-        if not wire.data:
-            raise InvalidRequestError("forward_backward needs at least one datum.", param="data")
-        vocabulary = self.engine.vocab_size
-        rows, inputs = [], []
-        for number, datum in enumerate(wire.data):
-            where = f"data[{number}]"
-            if datum.other_chunks:
-                raise InvalidRequestError(
-                    f"{where}: {sorted(set(datum.other_chunks))} chunks are not served; this "
-                    "server trains on encoded_text chunks.",
-                    param="data",
-                )
-            missing = [name for name in loss.required if name not in datum.inputs]
-            extra = sorted(set(datum.inputs) - {*loss.required, *loss.optional})
-            if missing or extra:
-                raise InvalidRequestError(
-                    f"{where}: {wire.loss_fn} reads loss_fn_inputs {list(loss.required)} "
-                    f"(optional {list(loss.optional)}); missing {missing}, not read {extra}.",
-                    param="data",
-                )
-            tokens = datum.tokens
-            targets = datum.inputs["target_tokens"].values.tolist()
-            for name, tensor in datum.inputs.items():
-                if tensor.values.shape != (len(tokens),):
-                    raise InvalidRequestError(
-                        f"{where}: loss_fn_inputs[{name!r}] has shape "
-                        f"{list(tensor.values.shape)}; it needs one value per input token "
-                        f"([{len(tokens)}]).",
-                        param="data",
-                    )
-            if not tokens:
-                raise InvalidRequestError(f"{where} has no input tokens.", param="data")
-            check_vocabulary(f"{where}: model_input", tokens, vocabulary)
-            check_vocabulary(f"{where}: target_tokens", targets, vocabulary)
-            if len(tokens) > self.engine.context_length:
-                raise InvalidRequestError(
-                    f"{where} has {len(tokens)} tokens; the model's context is "
-                    f"{self.engine.context_length}.",
-                    param="data",
-                )
-            rows.append(TargetRow(list(tokens), [int(target) for target in targets]))
-            inputs.append(
-                {
-                    name: torch.from_numpy(np.array(tensor.values, dtype=np.float32))
-                    for name, tensor in datum.inputs.items()
-                    if name != "target_tokens"
-                }
-            )
-        return rows, inputs
 
     # --------------------------------------------------------------------------------- optim_step
 
@@ -401,7 +363,7 @@ class TinkerTraining:
         trainer = run.registered.trainer
 
         def step() -> float:
-            grad_norm = trainer.apply_gradients(settings)
+            grad_norm = trainer.optim_step(settings)
             fault_point("tinker_after_optim_step")  # the crash test kills the server here
             return grad_norm
 
@@ -435,28 +397,6 @@ def _store_place(metadata: dict[str, Any], model_id: str) -> tuple[str, str]:
         return check_name(str(project), "art_project"), check_name(str(name), "art_name")
     except ValueError as error:
         raise InvalidRequestError(str(error), param="user_metadata") from error
-
-
-def _row_loss(
-    loss: TinkerLoss,
-    inputs: list[dict[str, torch.Tensor]],
-    config: dict[str, float | str],
-    index: int,
-    logprobs: torch.Tensor,
-) -> torch.Tensor:
-    """Row `index`'s elementwise loss, its inputs moved beside its logprobs."""
-    tensors = {name: value.to(logprobs.device) for name, value in inputs[index].items()}
-    return loss.elementwise(logprobs, tensors, config)
-
-
-def check_vocabulary(where: str, tokens: list[int], vocabulary: int, param: str = "data") -> None:
-    """A 400 naming the token ids outside [0, vocabulary), if any."""
-    outside = sorted({token for token in tokens if not 0 <= token < vocabulary})
-    if outside:
-        raise InvalidRequestError(
-            f"{where} holds token ids {outside[:5]} outside the vocabulary [0, {vocabulary}).",
-            param=param,
-        )
 
 
 async def _nothing() -> Answer:

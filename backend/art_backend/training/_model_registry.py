@@ -30,11 +30,8 @@ from art_backend.store._checkpoints import ModelStore
 from art_backend.store._review_decisions import remove_all_pending
 from art_backend.training._distributed import TrainingTeam
 from art_backend.training._replay_record import record_model
-from art_backend.training._trainer import (
-    TRAINER_STATE,
-    LoraTrainer,
-    read_trainer_state,
-)
+from art_backend.training._trainer import LoraTrainer
+from art_backend.training._trainer_state import TRAINER_STATE, read_trainer_state
 from art_core.wire import DeleteCheckpointsRequest, PromoteRequest, RegisterRequest
 
 logger = logging.getLogger("art_backend.training")

@@ -9,8 +9,12 @@ sees exactly the context and positions it has in its own row: logprobs and gradi
 padded forward's up to float rounding (the tests compare both). ART packs its training
 sequences the same way (its packed tensors carry group and parent ids).
 
-The prefix is shared only up to the first trained token of any of its rows, so a trained token
-is never merged with another row's (each keeps its own advantage). Rows in a micro-batch still
+A GRPO group's prefix is shared only up to the first trained token of any of its rows, so a
+trained token is never merged with another row's (each trains its own, with its own advantage).
+A Tinker request's datums (`prefix_groups`, `share_trained`) share their whole common prefix: a
+datum scores every position, and each row gathers its own label's logprob from the shared
+logits (`_logprobs.packed_logprobs_and_entropy`), so two rows' losses through one shared logit
+give the sum of their gradients through two equal ones. Rows in a micro-batch still
 align with `Rows` (see `_rows`); only the forward differs: `PackedBatch.source` says which kept
 logit predicts each trained token.
 """
@@ -28,8 +32,7 @@ from art_backend.training._rows import Rows
 @dataclass(frozen=True)
 class Segmented:
     """A packed forward's layout, [P, S] each: segment 0 is a packed row's prefix, j >= 1 its
-    j-th remainder, -1 padding. `PackedBatch` here, `_target_rows.TargetPack` for the Tinker
-    API's rows."""
+    j-th remainder, -1 padding."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -147,15 +150,21 @@ def first_trained_columns(rows: Rows) -> list[int]:
     return [int(trained[r].nonzero()[0]) if trained[r].any() else 1 for r in range(rows.num_rows)]
 
 
-def shared_prefix_units(rows: Rows, *, token_budget: int) -> list[tuple[int, list[int]]]:
+def shared_prefix_units(
+    rows: Rows, *, token_budget: int, share_trained: bool = False
+) -> list[tuple[int, list[int]]]:
     """Split rows into packing units: (shared prefix length, row indices), each within budget.
 
     Rows of one group share the longest prefix common to all of them, cut at the first trained
-    token of any; a unit's packed length (prefix + every remainder) stays within `token_budget`
-    unless one row alone exceeds it. A unit of one row is that row as it is.
+    token of any unless `share_trained`; a unit's packed length (prefix + every remainder) stays
+    within `token_budget` unless one row alone exceeds it. A unit of one row is that row as it is.
     """
     lengths = rows.lengths.tolist()
-    first_trained = first_trained_columns(rows)
+    first_trained = (
+        [int(rows.input_ids.shape[1])] * rows.num_rows
+        if share_trained
+        else first_trained_columns(rows)
+    )
     groups: dict[int, list[int]] = {}
     for index, group in enumerate(rows.group_ids.tolist()):
         groups.setdefault(group, []).append(index)
@@ -179,14 +188,16 @@ def shared_prefix_units(rows: Rows, *, token_budget: int) -> list[tuple[int, lis
     return units
 
 
-def packed_micro_batches(rows: Rows, *, token_budget: int) -> list[PackedBatch | Rows]:
+def packed_micro_batches(
+    rows: Rows, *, token_budget: int, share_trained: bool = False
+) -> list[PackedBatch | Rows]:
     """Micro-batches of packed units (longest first, P x S <= budget), as `micro_batches` does
     for rows. A micro-batch whose units share nothing stays plain `Rows` (the ordinary
     causal forward); one with a shared prefix becomes a `PackedBatch`."""
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
     lengths = rows.lengths.tolist()
-    units = shared_prefix_units(rows, token_budget=token_budget)
+    units = shared_prefix_units(rows, token_budget=token_budget, share_trained=share_trained)
 
     def size(unit: tuple[int, list[int]]) -> int:
         shared, members = unit
@@ -209,6 +220,35 @@ def packed_micro_batches(rows: Rows, *, token_budget: int) -> list[PackedBatch |
         else:
             result.append(_pack(selected, [(s, len(m)) for s, m in chosen]))
     return result
+
+
+def prefix_groups(sequences: list[list[int]]) -> list[int]:
+    """A group id per sequence, for rows that come without groups (a Tinker request's datums):
+    sequences that begin alike form a group, whose prefix `shared_prefix_units` then shares.
+
+    In lexicographic order (a prompt's samples become neighbours), a sequence joins the group
+    before it when they share a first token and joining packs fewer tokens than keeping it
+    apart (a shorter common prefix costs every member its difference).
+    """
+    order = sorted(range(len(sequences)), key=lambda i: sequences[i])
+    groups = [0] * len(sequences)
+    group, shared = -1, 0
+    members: list[int] = []
+    for index in order:
+        tokens = sequences[index]
+        if members:
+            first = sequences[members[0]]
+            limit = min(shared, len(tokens))
+            common = next((p for p in range(limit) if first[p] != tokens[p]), limit)
+            apart = shared + sum(len(sequences[m]) - shared for m in members) + len(tokens)
+            joined = common + sum(len(sequences[m]) - common for m in [*members, index])
+            if common > 0 and joined < apart:
+                groups[index], shared = group, common
+                members.append(index)
+                continue
+        group, shared, members = group + 1, len(tokens), [index]
+        groups[index] = group
+    return groups
 
 
 def _common_prefix(rows: Rows, members: list[int], lengths: list[int]) -> int:
@@ -271,27 +311,3 @@ def _pack(rows: Rows, units: list[tuple[int, int]]) -> PackedBatch:
         first_kept=first_kept,
         source=source,
     )
-
-
-def packed_logprobs_and_entropy(
-    logits: torch.Tensor, packed: PackedBatch
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprobs of the rows' tokens and the entropy of their predictions, aligned with
-    `packed.rows` (0 where untrained), from the packed forward's kept logits [P, W, V]."""
-    rows, width = packed.input_ids.shape
-    if logits.shape[:2] != (rows, width - packed.first_kept):
-        raise ValueError(
-            f"logits cover {tuple(logits.shape[:2])} positions; expected "
-            f"{(rows, width - packed.first_kept)} (the packed rows from first_kept on)"
-        )
-    flat = logits.reshape(-1, logits.shape[-1]).float()
-    log_norm = torch.logsumexp(flat, dim=-1)
-    source = packed.source
-    labels = packed.rows.input_ids.to(flat.device)
-    index = source.to(flat.device)
-    chosen = flat[index, labels] - log_norm[index]
-    with torch.no_grad():
-        entropy_flat = log_norm - (torch.softmax(flat, dim=-1) * flat).sum(-1)
-        entropy = entropy_flat[index]
-    trained = packed.rows.trained_mask.to(flat.device)
-    return torch.where(trained, chosen, 0.0), torch.where(trained, entropy, 0.0)

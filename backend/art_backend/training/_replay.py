@@ -37,7 +37,8 @@ from art_backend.training._replay_files import (
     read_saved_step,
 )
 from art_backend.training._replay_record import NUMERIC_PACKAGES, package_versions, tensors_sha256
-from art_backend.training._trainer import ADAPTER_WEIGHTS, TRAINER_STATE, LoraTrainer
+from art_backend.training._trainer import LoraTrainer
+from art_backend.training._trainer_state import ADAPTER_WEIGHTS, TRAINER_STATE
 
 # Where bit-exact is not expected: max |delta| allowed, as a fraction of the step's learning
 # rate (an AdamW update moves a weight by about the rate).

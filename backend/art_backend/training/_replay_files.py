@@ -44,7 +44,7 @@ from art_backend.training._grpo import LossConfig
 from art_backend.training._optimizer import OptimizerSettings
 from art_backend.training._replay_record import saved_rows
 from art_backend.training._rows import Rows
-from art_backend.training._trainer import ADAPTER_WEIGHTS, read_trainer_state
+from art_backend.training._trainer_state import ADAPTER_WEIGHTS, read_trainer_state
 
 RESTORE_MANIFEST = "restore it from a backup of the model folder"
 RESTORE = f"{RESTORE_MANIFEST}, or replay another step"

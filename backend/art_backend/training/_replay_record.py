@@ -40,13 +40,10 @@ from art_backend.store._manifest import (
     write_step_record,
 )
 from art_backend.training._grpo import LossConfig
+from art_backend.training._optimizer import OptimizerSettings
 from art_backend.training._rows import Rows
-from art_backend.training._trainer import (
-    ADAPTER_WEIGHTS,
-    TRAINER_STATE,
-    LoraTrainer,
-    OptimizerSettings,
-)
+from art_backend.training._trainer import LoraTrainer
+from art_backend.training._trainer_state import ADAPTER_WEIGHTS, TRAINER_STATE
 
 PACKAGES = ("torch", "transformers", "peft", "accelerate", "safetensors", "tokenizers", "numpy")
 # Packages whose version changes the numbers of a step (the others only move files around).
@@ -76,9 +73,15 @@ def adapter_sha256(path: Path) -> str:
 
 
 def rows_sha256(rows: Rows) -> str:
-    """The hash of the exact rows a step trained on (every tensor and the trajectory ids)."""
+    """The hash of the exact rows a step trained on (every tensor and the trajectory ids); a
+    Tinker datum's own targets and loss inputs count when a row has them (a GRPO row has not,
+    so its hash is what it was before rows could carry them)."""
     tensors = {f.name: getattr(rows, f.name) for f in dataclasses.fields(rows)}
     ids = json.dumps(tensors.pop("trajectory_ids")).encode()
+    if tensors.pop("target_ids") is not None:
+        tensors["target_ids"] = rows.target_ids
+    for name, values in tensors.pop("token_inputs").items():
+        tensors[f"token_inputs.{name}"] = values
     return hashlib.sha256(tensors_sha256(tensors).encode() + ids).hexdigest()
 
 

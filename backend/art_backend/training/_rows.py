@@ -2,7 +2,7 @@
 
 Pure functions, no model: recorded turns -> `Sequence`s (`build_sequences`) -> padded `Rows`
 with drop counts (`pack_rows`) -> micro-batches under a token budget (`micro_batches`, its
-grouping `longest_first_groups` shared with `_target_rows`).
+grouping `longest_first_groups`).
 
 Alignment convention (the trainer must use exactly this)
 --------------------------------------------------------
@@ -11,10 +11,11 @@ Every per-token tensor is aligned with `input_ids`: position p describes token i
 - trained_mask[p] is 1 when input_ids[p] was sampled by the model, 0 for context and padding.
 - old_logprobs[p] is the sampler's log pi_old(input_ids[p] | input_ids[:p]); 0 where untrained.
 - The new logprob at position p therefore comes from the logits at position p - 1:
-      new_logprobs[:, p] = log_softmax(logits[:, p - 1])[input_ids[:, p]]
-  `token_logprobs(logits, input_ids)` does this shift and returns a tensor aligned the same way
-  (column 0 is 0). Position 0 is never trained: every turn has a non-empty prompt. The trainer
-  calls the same function on logits of the trained window only (`first_column=`).
+      new_logprobs[:, p] = log_softmax(logits[:, p - 1])[labels[:, p]]
+  where `labels` is input_ids (a Tinker datum's rows name their own, `Rows.target_ids`).
+  `_logprobs.token_logprobs(logits, labels)` does this shift and returns a tensor aligned the
+  same way (column 0 is 0). Position 0 is never trained: every turn has a non-empty prompt. The
+  trainer calls the same function on logits of the trained window only (`first_column=`).
 
 Then `_grpo.policy_loss(new_logprobs, rows.old_logprobs, rows.advantages, rows.trained_mask, ...)`
 takes the tensors as they are. With micro-batches, compute the step's denominator once over all
@@ -25,7 +26,7 @@ and pass it as `policy_loss(..., denominator=...)` for each micro-batch.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -76,15 +77,23 @@ class Sequence:
 
 @dataclass(frozen=True)
 class Rows:
-    """Right-padded sequences: [rows, T] token tensors plus one advantage and group id per row."""
+    """The trainer's one row type: right-padded sequences, [rows, T] token tensors aligned with
+    input_ids (module docstring), plus one advantage and group id per row.
+
+    A GRPO or SFT row scores its next input tokens (`labels` is `input_ids`); a Tinker datum
+    names its own (`target_ids`) and carries its loss inputs per token (`token_inputs`:
+    "weights", "advantages", ... aligned the same way, 0 where nothing is scored).
+    """
 
     input_ids: torch.Tensor  # long [R, T], padding 0
     attention_mask: torch.Tensor  # long [R, T], 1 on real tokens
-    trained_mask: torch.Tensor  # bool [R, T]
+    trained_mask: torch.Tensor  # bool [R, T]: the positions the loss scores
     old_logprobs: torch.Tensor  # float32 [R, T]
     advantages: torch.Tensor  # float32 [R]
     group_ids: torch.Tensor  # long [R]
     trajectory_ids: list[str]
+    target_ids: torch.Tensor | None = None  # long [R, T]; None: the input tokens themselves
+    token_inputs: dict[str, torch.Tensor] = field(default_factory=dict)  # float32 [R, T] each
 
     @property
     def num_rows(self) -> int:
@@ -100,6 +109,11 @@ class Rows:
         """Trained tokens in all rows: the token_mean denominator of the step."""
         return int(self.trained_mask.sum())
 
+    @property
+    def labels(self) -> torch.Tensor:
+        """The token scored at each position: `target_ids`, or the input tokens."""
+        return self.input_ids if self.target_ids is None else self.target_ids
+
     def select(self, indices: list[int]) -> Rows:
         """These rows, in this order, with columns trimmed to their longest row."""
         index = torch.tensor(indices, dtype=torch.long)
@@ -112,6 +126,8 @@ class Rows:
             advantages=self.advantages[index],
             group_ids=self.group_ids[index],
             trajectory_ids=[self.trajectory_ids[i] for i in indices],
+            target_ids=None if self.target_ids is None else self.target_ids[index, :width],
+            token_inputs={name: t[index, :width] for name, t in self.token_inputs.items()},
         )
 
 
@@ -325,7 +341,7 @@ def longest_first_groups(lengths: list[int], token_budget: int) -> list[list[int
     """Row indices, longest first, in groups of (rows x longest) <= token_budget tokens.
 
     Deterministic: ties in length keep the original order. A row longer than the budget is a
-    group of its own. `micro_batches` and `_target_rows.target_batches` group with it.
+    group of its own.
     """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     groups: list[list[int]] = []
@@ -336,45 +352,6 @@ def longest_first_groups(lengths: list[int], token_budget: int) -> list[list[int
         else:
             groups.append([index])
     return groups
-
-
-def token_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, *, first_column: int = 1
-) -> torch.Tensor:
-    """log p(input_ids[:, p] | input_ids[:, :p]) for p >= first_column, aligned with input_ids.
-
-    `logits` [R, W, V] are the model's outputs at positions first_column - 1 .. T - 1, so
-    W = T - first_column + 1: a full forward is W = T with the default first_column = 1; the
-    trainer asks the model for the last W positions only (`logits_to_keep`), since prompt
-    positions need no logits. Columns before first_column are 0 (never trained). Computed in
-    float32: bf16 logprobs are too coarse to compare with the sampler's.
-    """
-    return token_logprobs_and_entropy(logits, input_ids, first_column=first_column)[0]
-
-
-def token_logprobs_and_entropy(
-    logits: torch.Tensor, input_ids: torch.Tensor, *, first_column: int = 1
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`token_logprobs`, and the entropy of each predicted distribution (no gradient), both
-    aligned with input_ids (columns before first_column are 0)."""
-    if first_column < 1:
-        raise ValueError("first_column must be >= 1: position 0 has no prediction")
-    if logits.shape[1] != input_ids.shape[1] - first_column + 1:
-        raise ValueError(
-            f"logits cover {logits.shape[1]} positions; expected "
-            f"{input_ids.shape[1] - first_column + 1} for first_column={first_column}"
-        )
-    predicting = logits[:, :-1].float()
-    labels = input_ids[:, first_column:]
-    log_norm = torch.logsumexp(predicting, dim=-1)
-    chosen = predicting.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - log_norm
-    with torch.no_grad():
-        entropy = log_norm - (torch.softmax(predicting, dim=-1) * predicting).sum(-1)
-    pad = (first_column, 0)
-    return (
-        torch.nn.functional.pad(chosen, pad, value=0.0),
-        torch.nn.functional.pad(entropy, pad, value=0.0),
-    )
 
 
 def sft_sequence(

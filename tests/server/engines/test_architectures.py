@@ -7,7 +7,8 @@ times, prompts run past the sliding window, a group's prompt is prefilled once, 
 request's greedy tokens equal transformers' `generate()` on that request alone. Then a GRPO step
 on the engine's own samples trains with a ratio of 1 (the trainer's logprobs equal the
 engine's), through shared-prefix packing where the family allows it, and the Tinker API's
-scoring of the same samples (`score_targets`, packed and padded) gives the engine's logprobs.
+scoring of the same samples (`forward_backward` of its datums, packed and padded) gives the engine's
+logprobs.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from art_backend._errors import UnsupportedModelError
 from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams
 from art_backend.engines._kv_cache import check_servable
 from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
+from art_backend.tinker._datums import datum_rows
+from art_backend.tinker._proto import ForwardBackwardWire, WireDatum, WireTensor
+from art_backend.training._losses import LOSSES, DatumLoss
 from art_backend.training._rows import Sequence, pack_rows
-from art_backend.training._target_rows import TargetRow
 from tests.support.adapters import load_model
 from tests.support.tiny_families import (
     FAMILIES,
@@ -165,12 +168,9 @@ async def test_a_grpo_step_on_the_engines_samples_has_a_ratio_of_one(
             choices = await finished(engine.submit(request), n=4)
             for index, choice in choices.items():
                 sequences.append(sampled_sequence(ids, choice, group, advantage=index - 1.5))
-        # The Tinker API's scoring of the same samples (`score_targets`), packed and padded.
-        datums = [TargetRow(s.input_ids[:-1].tolist(), s.input_ids[1:].tolist()) for s in sequences]
-        scores = [
-            trainer.score_targets(datums, lambda _, lp: -lp, backward=False)[0]
-            for trainer in (packed, padded)
-        ]
+        # The Tinker API's scoring of the same samples (`forward_backward` of its datums),
+        # packed and padded.
+        scores = [tinker_scores(trainer, sequences, engine) for trainer in (packed, padded)]
         rows, dropped = pack_rows(sequences, max_length=4096, mask_truncated=False)
         assert not any(dropped.values())
         settings = OptimizerSettings(learning_rate=1e-3, micro_batch_tokens=4096)
@@ -194,6 +194,24 @@ async def test_a_grpo_step_on_the_engines_samples_has_a_ratio_of_one(
         sampled = sequence.trained_mask[1:]
         expected = sequence.old_logprobs[1:][sampled]
         assert torch.allclose(from_pack[sampled], expected, atol=1e-3)
+
+
+def tinker_scores(trainer: LoraTrainer, sequences: list[Sequence], engine) -> list[torch.Tensor]:
+    """Each sequence's logprobs as a Tinker datum (inputs [:-1], targets [1:]), scored forward
+    only through the trainer's one `forward_backward`."""
+    data = [
+        WireDatum(
+            tokens=s.input_ids[:-1].tolist(),
+            inputs={"target_tokens": WireTensor(s.input_ids[1:].numpy())},
+        )
+        for s in sequences
+    ]
+    wire = ForwardBackwardWire("run", 1, "cross_entropy", {}, True, data)
+    loss = LOSSES["cross_entropy"]
+    rows = datum_rows(wire, loss, vocabulary=engine.vocab_size, context=engine.context_length)
+    scoring = DatumLoss(loss, {})
+    trainer.forward_backward(rows, scoring, OptimizerSettings(), backward=False, share_trained=True)
+    return [scoring.logprobs[number] for number in range(len(sequences))]
 
 
 def sampled_sequence(

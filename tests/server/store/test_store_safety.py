@@ -192,7 +192,7 @@ def test_a_trainer_state_written_with_the_old_scheduler_entry_still_reads(
 ):
     import torch
 
-    from art_backend.training._trainer import read_trainer_state
+    from art_backend.training._trainer_state import read_trainer_state
 
     state = torch.load(source / "checkpoints/0000/trainer_state.pt", weights_only=True)
     # What a LambdaLR's state_dict held before the no-op scheduler went.

@@ -413,6 +413,33 @@ def test_bad_input_is_the_sdks_error_with_our_message(
         sampler.sample(prompt, 1, params, include_prompt_logprobs=True).result()
 
 
+@pytest.mark.parametrize(
+    ("loss", "key", "value"),
+    [
+        ("cross_entropy", "weights", math.nan),
+        ("importance_sampling", "advantages", math.inf),
+        ("importance_sampling", "logprobs", math.inf),  # once a loss of 0 that trained nothing
+    ],
+)
+def test_a_datum_that_is_not_finite_is_refused_and_the_run_still_trains_and_saves(
+    service: tinker.ServiceClient, loss: str, key: str, value: float
+):
+    """Nothing non-finite reaches a gradient or a saved file: the datum is a 400 naming it and
+    its key, good data accumulated before it is kept, and the run's sampler weights save."""
+    training = service.create_lora_training_client(base_model="tiny", rank=4).result()
+    good = datums() if loss == "cross_entropy" else policy_datums([[-1.0] * 20, [-1.0] * 19])
+    assert training.forward_backward(good, loss).result().metrics["loss:sum"] != 0
+    inputs = {name: tensor.tolist() for name, tensor in good[1].loss_fn_inputs.items()}
+    inputs[key][3] = value
+    bad = types.Datum(model_input=good[1].model_input, loss_fn_inputs=inputs)
+    with pytest.raises(tinker.BadRequestError, match=rf"data\[1\]: loss_fn_inputs\['{key}'\]"):
+        training.forward_backward([good[0], bad], loss).result()
+    metrics = training.optim_step(ADAM).result().metrics
+    assert math.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+    saved = training.save_weights_for_sampler(name=f"after-{key}").result()
+    assert saved.path.endswith(f"/sampler_weights/after-{key}")
+
+
 def test_an_operation_sent_again_gets_its_first_answer(
     service: tinker.ServiceClient, tinker_server: RunningServer
 ):

@@ -7,14 +7,14 @@ import types
 import pytest
 import torch
 
+from art_backend.training._logprobs import packed_logprobs_and_entropy, token_logprobs_and_entropy
 from art_backend.training._packing import (
     PackedBatch,
-    packed_logprobs_and_entropy,
     packed_micro_batches,
     packing_supported,
     shared_prefix_units,
 )
-from art_backend.training._rows import Rows, Sequence, pack_rows, token_logprobs_and_entropy
+from art_backend.training._rows import Rows, Sequence, pack_rows
 from tests.support.tiny_model import build_tiny_model
 from tests.support.trainers import twin_trainers
 

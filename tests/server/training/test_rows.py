@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from art_backend.training._grpo import loss_denominator, loss_preset, policy_loss
+from art_backend.training._logprobs import token_logprobs, token_logprobs_and_entropy
 from art_backend.training._rows import (
     DROP_REASONS,
     Rows,
@@ -17,8 +18,6 @@ from art_backend.training._rows import (
     build_sequences,
     micro_batches,
     pack_rows,
-    token_logprobs,
-    token_logprobs_and_entropy,
     turns_from_record,
 )
 

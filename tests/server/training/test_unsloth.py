@@ -184,7 +184,7 @@ def step_rows(tokenizer: Any) -> list[tuple[list[int], list[int]]]:
 @torch.no_grad()
 def completion_logprobs(model: Any, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
     """log p of each completion token given what precedes it, one forward per pair."""
-    from art_backend.training._rows import token_logprobs
+    from art_backend.training._logprobs import token_logprobs
 
     device = next(model.parameters()).device
     result = []
