@@ -310,7 +310,12 @@ def load_checkpoints(engine, art_path: Path, base_names: list[str]) -> int:
     """Serve the newest checkpoints under `art_path` whose base model is this one; returns how
     many models were skipped (each logged). A model's latest checkpoint that still fails to load
     stops the start with an error naming it and the cause; an older one (half-deleted by a
-    crash, say) is skipped with a warning naming it."""
+    crash, say) is skipped with a warning naming it. First, the temporary checkpoint folders
+    of killed servers go (`store._crash_leftovers`)."""
+    from art_backend.store._crash_leftovers import remove_crash_leftovers
+
+    for leftover in remove_crash_leftovers(art_path):
+        logger.warning("removed %s, an incomplete checkpoint a killed server left", leftover)
     found, skipped = discover_checkpoints(art_path, base_names)
     # Steps come oldest first within a model: the last path seen for a name is its latest.
     latest = {adapter_name.rpartition("@")[0]: path for adapter_name, path in found}

@@ -21,15 +21,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from art_backend._errors import InvalidRequestError
+from art_core.wire import SEED_RANGE
+
+# The bounds every route's sampling settings meet, whatever protocol brought them (OpenAI's,
+# Anthropic's, the Tinker API's). Temperature: OpenAI's 0..2 (vLLM sets no upper bound; past 2
+# a small model's distribution is close to uniform noise, and the Tinker cookbook samples at
+# 1.0 or below). Stop strings in all: matching costs nothing per token however many there are
+# (`_text.StopMatcher`), but its automaton is built from every character of them, on the
+# engine's thread (20,000 strings of 100 characters held every chat 9.75 s).
+TEMPERATURE_RANGE = (0.0, 2.0)
+MAX_STOP_CHARACTERS = 16_384
+PENALTY_RANGE = (-2.0, 2.0)  # presence and frequency penalties: OpenAI's and vLLM's
+LOGIT_BIAS_RANGE = (-100.0, 100.0)  # OpenAI's
+
 
 @dataclass
 class SamplingParams:
-    """Per-choice sampling settings, already validated by the HTTP layer."""
+    """Per-choice sampling settings; they check themselves where they are built (vLLM's
+    `SamplingParams._verify_args`), so no route can forget a bound: a value outside the bounds
+    above is an `InvalidRequestError` naming the field. The routes' schemas check first, with
+    their own messages; this is the net under all of them."""
 
     max_new_tokens: int
     temperature: float = 1.0
@@ -47,9 +65,61 @@ class SamplingParams:
     top_logprobs: int = 0
     grammar: str | None = None
 
+    def __post_init__(self) -> None:
+        _within("temperature", self.temperature, *TEMPERATURE_RANGE)
+        _within("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _within("min_p", self.min_p, 0.0, 1.0)
+        _within("presence_penalty", self.presence_penalty, *PENALTY_RANGE)
+        _within("frequency_penalty", self.frequency_penalty, *PENALTY_RANGE)
+        _within("repetition_penalty", self.repetition_penalty, 0.0, math.inf, low_open=True)
+        _at_least("max_new_tokens", self.max_new_tokens, 1)
+        _at_least("top_k", self.top_k, 0)
+        _at_least("top_logprobs", self.top_logprobs, 0)
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise InvalidRequestError(
+                f"seed {self.seed} is outside [-2**63, 2**63 - 1]; give a 64-bit seed.",
+                param="seed",
+            )
+        characters = sum(len(stop) for stop in self.stop)
+        if characters > MAX_STOP_CHARACTERS:
+            raise InvalidRequestError(
+                f"The stop strings hold {characters:,} characters in all; at most "
+                f"{MAX_STOP_CHARACTERS:,} are served. Stop on a shorter marker.",
+                param="stop",
+            )
+        for token, bias in self.logit_bias.items():
+            _within(f"logit_bias[{token}]", bias, *LOGIT_BIAS_RANGE, param="logit_bias")
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _within(
+    name: str,
+    value: float,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = False,
+    param: str | None = None,
+) -> None:
+    """A finite `value` in [low, high] (or (low, high] when `low_open`), else a 400 naming it."""
+    above_low = value > low if low_open else value >= low
+    if not (math.isfinite(value) and above_low and value <= high):
+        opening = "(" if low_open else "["
+        closing = ")" if math.isinf(high) else "]"
+        raise InvalidRequestError(
+            f"{name} is {value}; it must be a finite number in {opening}{low:g}, {high:g}"
+            f"{closing}.",
+            param=param or name,
+        )
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    """An integer `value` of at least `low`, else a 400 naming it."""
+    if value < low:
+        raise InvalidRequestError(f"{name} is {value}; it must be at least {low}.", param=name)
 
 
 @dataclass

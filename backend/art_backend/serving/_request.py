@@ -15,6 +15,7 @@ from typing import Annotated, Any, Self, TypeVar
 from pydantic import AfterValidator, BaseModel, PrivateAttr, ValidationInfo, field_validator
 
 from art_backend._limits import parse_json_object
+from art_backend.engines._engine import MAX_STOP_CHARACTERS
 
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,18}")  # ASCII digits only: `str.isdigit` takes "²"
@@ -38,9 +39,6 @@ def check_parameters_schema(parameters: dict[str, Any] | None) -> dict[str, Any]
     return parameters
 
 
-# Stop strings in all, per request: matching costs nothing per token however many there are
-# (engines/_text.StopMatcher), but the automaton is built from every character of them.
-MAX_STOP_CHARACTERS = 16_384
 MAX_MESSAGES_STOP_SEQUENCES = 256  # Anthropic's API documents no bound; OpenAI's is 4
 
 
@@ -54,7 +52,8 @@ def check_stop_sequences(stop: str | list[str] | None) -> str | list[str] | None
 
 
 def check_stop_characters(stop: str | list[str] | None) -> str | list[str] | None:
-    """Stop strings of at most MAX_STOP_CHARACTERS characters in all."""
+    """Stop strings of at most MAX_STOP_CHARACTERS characters in all (the engine's bound,
+    `SamplingParams`'s own, checked here first for the protocols' message)."""
     stops = [stop] if isinstance(stop, str) else stop or []
     if sum(len(s) for s in stops) > MAX_STOP_CHARACTERS:
         raise ValueError(

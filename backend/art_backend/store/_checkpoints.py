@@ -22,7 +22,10 @@ Crash safety: a checkpoint is written into `checkpoints/.tmp-<step>-<pid>/`, flu
 renamed into place, so a folder named `<step:04d>` is always complete. A checkpoint is deleted the
 other way round: renamed to `checkpoints/.tmp-deleting-<step>-<pid>/`, then removed, so a crash
 mid-delete leaves a temporary folder, never a half-deleted step; every `.tmp-` folder is removed
-at the next registration (`remove_stale_temporaries`). History rows are appended with one write
+at the next registration (`remove_stale_temporaries`), and at the server's start those of every
+model whose writer (the `<pid>` in the name) is no longer running (`_crash_leftovers`): a model
+killed in its first checkpoint (a Tinker `create_model`) is never registered again, and a live
+writer is another server on the same folder, mid-write. History rows are appended with one write
 each; a torn last line (a crash mid-write) is ignored on read and repaired, and a train row
 missing after a crash between the rename and the append is rebuilt from the checkpoint's own
 `step.json` (and its trajectories from the checkpoint's copy, unless they were logged already).

@@ -323,7 +323,15 @@ def _add_ordered_operation(
     order (`once`: a retry with the same body gets the first future)."""
 
     async def operation(request: Request) -> Any:
-        body = await parsed(request, schema)
+        try:
+            body = await parsed(request, schema)
+        except ValidationError:  # a refused operation still takes its turn (`once`)
+            raw = json.loads(await request.body() or b"{}")
+            fields = raw if isinstance(raw, dict) else {}
+            model_id, seq_id = fields.get("model_id"), fields.get("seq_id")
+            if isinstance(model_id, str) and type(seq_id) is int:
+                tinker.skip_turn(model_id, seq_id)
+            raise
         return await once(
             tinker, request, body.model_id, body.seq_id, functools.partial(start, body)
         )

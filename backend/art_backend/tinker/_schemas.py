@@ -4,17 +4,57 @@ Field names and defaults are the SDK's. Fields a newer SDK adds are ignored rath
 (`extra="ignore"`), so a minor SDK upgrade keeps working; options this server does not serve yet
 are refused by name where they are read (`_service`, `_sampling`). `forward_backward` is not
 here: the SDK sends it as protobuf (`_proto`).
+
+Types are strict, as on the OpenAI routes: an integer field takes a JSON integer (not `"4"`, not
+`true`), a flag takes `true` or `false`, and a float is finite (`Infinity` and `NaN`, which
+Python's JSON reader takes, are refused: an infinite learning rate turned every weight NaN).
+The sampling bounds are the engine's own (`engines._engine`: temperature, stop characters) and
+the seed's (`art_core.wire.SEED_RANGE`), one definition each, checked here first so that the
+400 names the field as the SDK sent it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StrictBool,
+    StrictInt,
+)
+
+from art_backend.engines._engine import MAX_STOP_CHARACTERS, TEMPERATURE_RANGE
+from art_core.wire import SEED_RANGE
+
+MAX_LOGPROBS_K = 20  # the top-k logprob fields (not served yet): OpenAI's top_logprobs bound
 
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+
+def _stop_characters(
+    stop: str | list[str] | list[int] | None,
+) -> str | list[str] | list[int] | None:
+    """Stop strings of at most MAX_STOP_CHARACTERS characters in all, as on every route."""
+    strings = [stop] if isinstance(stop, str) else [s for s in stop or [] if isinstance(s, str)]
+    if sum(len(s) for s in strings) > MAX_STOP_CHARACTERS:
+        raise ValueError(
+            f"stop strings hold at most {MAX_STOP_CHARACTERS:,} characters in all; stop on a "
+            "shorter marker"
+        )
+    return stop
+
+
+Seed = Annotated[StrictInt, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
+StopSequences = Annotated[
+    str | list[str] | list[StrictInt] | None, AfterValidator(_stop_characters)
+]
 
 
 class ClientConfigRequest(_Wire):
@@ -34,11 +74,11 @@ class SessionHeartbeatRequest(_Wire):
 
 
 class LoraConfig(_Wire):
-    rank: int = Field(ge=1, le=1024)
-    seed: int | None = None
-    train_unembed: bool = True
-    train_mlp: bool = True
-    train_attn: bool = True
+    rank: StrictInt = Field(ge=1, le=1024)  # and at most the model's width (`create_model`)
+    seed: Seed | None = None
+    train_unembed: StrictBool = True
+    train_mlp: StrictBool = True
+    train_attn: StrictBool = True
 
 
 class OptimizerConfig(_Wire):
@@ -47,7 +87,7 @@ class OptimizerConfig(_Wire):
 
 class CreateModelRequest(_Wire):
     session_id: str
-    model_seq_id: int = 0
+    model_seq_id: StrictInt = 0
     base_model: str
     user_metadata: dict[str, Any] | None = None
     lora_config: LoraConfig | None = None
@@ -61,12 +101,12 @@ class GetInfoRequest(_Wire):
 class AdamParams(_Wire):
     """AdamW's settings for one step; the SDK's defaults (note beta2 0.95, eps 1e-12)."""
 
-    learning_rate: float = Field(1e-4, ge=0)
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.95, ge=0, lt=1)
-    eps: float = Field(1e-12, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip_norm: float = Field(0.0, ge=0)  # 0: no clipping
+    learning_rate: FiniteFloat = Field(1e-4, ge=0)
+    beta1: FiniteFloat = Field(0.9, ge=0, lt=1)
+    beta2: FiniteFloat = Field(0.95, ge=0, lt=1)
+    eps: FiniteFloat = Field(1e-12, gt=0)
+    weight_decay: FiniteFloat = Field(0.0, ge=0)
+    grad_clip_norm: FiniteFloat = Field(0.0, ge=0)  # 0: no clipping
 
 
 class OptimStepRequest(_Wire):
@@ -76,29 +116,29 @@ class OptimStepRequest(_Wire):
         None, validation_alias=AliasChoices("optimizer_params", "optim_params")
     )
     model_id: str
-    seq_id: int | None = None
+    seq_id: StrictInt | None = None
 
 
 class SaveWeightsForSamplerRequest(_Wire):
     model_id: str
     path: str | None = None
-    sampling_session_seq_id: int | None = None
+    sampling_session_seq_id: StrictInt | None = None
     kind: str = "snapshot"
-    seq_id: int | None = None
-    ttl_seconds: int | None = None
+    seq_id: StrictInt | None = None
+    ttl_seconds: StrictInt | None = None
     user_metadata: dict[str, str] | None = None
 
 
 class CreateSamplingSessionRequest(_Wire):
     session_id: str
-    sampling_session_seq_id: int = 0
+    sampling_session_seq_id: StrictInt = 0
     base_model: str | None = None
     model_path: str | None = None
 
 
 class ModelInputChunk(_Wire):
     type: str = "encoded_text"
-    tokens: list[int] | None = None
+    tokens: list[StrictInt] | None = None
 
 
 class ModelInput(_Wire):
@@ -106,43 +146,43 @@ class ModelInput(_Wire):
 
 
 class SamplingParams(_Wire):
-    max_tokens: int | None = Field(None, ge=1)
-    seed: int | None = None
-    stop: str | list[str] | list[int] | None = None
-    temperature: float = Field(1.0, ge=0)
-    top_k: int = -1
-    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: StrictInt | None = Field(None, ge=1)
+    seed: Seed | None = None
+    stop: StopSequences = None
+    temperature: FiniteFloat = Field(1.0, ge=TEMPERATURE_RANGE[0], le=TEMPERATURE_RANGE[1])
+    top_k: StrictInt = Field(-1, ge=-1)  # -1 (the SDK's) and 0: no top-k
+    top_p: FiniteFloat = Field(1.0, gt=0, le=1)
 
 
 class SampleRequest(_Wire):
-    num_samples: int = Field(1, ge=1, le=128)
+    num_samples: StrictInt = Field(1, ge=1, le=128)
     prompt: ModelInput
     sampling_params: SamplingParams
     base_model: str | None = None
     model_path: str | None = None
     sampling_session_id: str | None = None
-    seq_id: int | None = None
-    prompt_logprobs: bool | None = None
-    topk_prompt_logprobs: int = 0
-    topk_sample_logprobs: int = 0
+    seq_id: StrictInt | None = None
+    prompt_logprobs: StrictBool | None = None
+    topk_prompt_logprobs: StrictInt = Field(0, ge=0, le=MAX_LOGPROBS_K)
+    topk_sample_logprobs: StrictInt = Field(0, ge=0, le=MAX_LOGPROBS_K)
     target_prompt_logprobs: dict[str, Any] | None = None
-    prompt_alt_tokens_k: int = 0
-    prompt_logprobs_last_n: int | None = None
-    record_stability_info: bool | None = None
+    prompt_alt_tokens_k: StrictInt = Field(0, ge=0, le=MAX_LOGPROBS_K)
+    prompt_logprobs_last_n: StrictInt | None = Field(None, ge=1)
+    record_stability_info: StrictBool | None = None
     type: Literal["sample"] = "sample"
 
 
 class FutureRetrieveRequest(_Wire):
     request_id: str
-    allow_metadata_only: bool = False
+    allow_metadata_only: StrictBool = False
 
 
 class SaveWeightsRequest(_Wire):
     model_id: str
     path: str | None = None
-    seq_id: int | None = None
-    ttl_seconds: int | None = None
-    overwrite: bool = False
+    seq_id: StrictInt | None = None
+    ttl_seconds: StrictInt | None = None
+    overwrite: StrictBool = False
     user_metadata: dict[str, str] | None = None
 
 
@@ -151,12 +191,12 @@ class LoadWeightsRequest(_Wire):
     `create_training_client_from_state[_with_optimizer]`)."""
 
     model_id: str | None = None
-    seq_id: int | None = None
+    seq_id: StrictInt | None = None
     session_id: str | None = None
-    model_seq_id: int | None = None
+    model_seq_id: StrictInt | None = None
     base_model: str | None = None
     user_metadata: dict[str, Any] | None = None
     path: str
-    optimizer: bool = False
+    optimizer: StrictBool = False
     optimizer_config: OptimizerConfig | None = None
     weights_access_token: str | None = None

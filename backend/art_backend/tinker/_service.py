@@ -122,8 +122,9 @@ class TinkerTraining:
         self.index = RunIndex(training.registry.art_path)
 
     def run(self, model_id: str) -> TrainingRun:
-        """The training run `model_id` names, to train: 404 naming the runs of this server when
-        it is unknown, 400 when it was created before the server restarted."""
+        """The training run `model_id` names, to train: 404 when it is unknown (naming only the
+        id asked for: the other runs are other callers'), 400 when it was created before the
+        server restarted."""
         run = self.runs.get(model_id)
         if run is not None and not run.revived:
             return run
@@ -135,9 +136,8 @@ class TinkerTraining:
                 f"(path), the paths listed by rest_client.list_checkpoints({model_id!r}).",
                 param="model_id",
             )
-        known = ", ".join(sorted(self.runs)) or "none yet"
         raise NotFoundError(
-            f"No training run {model_id!r} on this server (runs: {known}). Create one with "
+            f"No training run {model_id!r} on this server. Create one with "
             "create_lora_training_client."
         )
 
@@ -183,6 +183,16 @@ class TinkerTraining:
             )
         lora = request.lora_config
         rank = lora.rank if lora is not None else 32
+        # A rank above the model's width adds memory, not expressiveness (where the trainer's
+        # model tells its width).
+        model = getattr(self.training.trainer_host, "model", None)
+        width = getattr(getattr(model, "config", None), "hidden_size", None)
+        if isinstance(width, int) and rank > width:
+            raise InvalidRequestError(
+                f"LoRA rank {rank} exceeds the width of base model {self.base_names[0]!r} "
+                f"(hidden size {width}); give a rank of at most {width}.",
+                param="lora_config.rank",
+            )
         modules = [
             *(ATTENTION_MODULES if lora is None or lora.train_attn else ()),
             *(MLP_MODULES if lora is None or lora.train_mlp else ()),

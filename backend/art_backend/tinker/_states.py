@@ -87,10 +87,9 @@ class TinkerStates:
         run = self.training.run(request.model_id or "") if request.session_id is None else None
         state = self.saved.get(request.path)
         if state is None:
-            known = ", ".join(sorted(self.saved)) or "none yet"
-            raise NotFoundError(
-                f"No saved state {request.path!r} on this server (saved: {known}). Save one "
-                "with save_state (its path: tinker://<model id>/weights/<name>)."
+            raise NotFoundError(  # naming only the path asked for: the others are others'
+                f"No saved state {request.path!r} on this server. Save one with save_state "
+                "(its path: tinker://<model id>/weights/<name>)."
             )
         if run is not None:
 

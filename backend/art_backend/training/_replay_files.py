@@ -25,6 +25,7 @@ import torch
 
 from art_backend._errors import (
     BackendError,
+    InvalidRequestError,
     ReplayInputMissingError,
     StoreFileDamagedError,
     StoreNotFoundError,
@@ -119,8 +120,8 @@ def read_saved_step(store: ModelStore, step: int, notes: list[str]) -> SavedStep
             "train steps, whose exact rows are saved. Pick a train step."
         )
     with damaged_unless_read(record_file, RESTORE):
-        loss = _numbers_checked(LossConfig(**record["loss"]), "loss")
-        optimizer = _numbers_checked(OptimizerSettings(**record["optimizer"]), "optimizer")
+        loss = _numbers_checked(LossConfig, record["loss"], "loss")
+        optimizer = _numbers_checked(OptimizerSettings, record["optimizer"], "optimizer")
         _require(record["beta"], float | int, "beta")
         _require(record["inputs"]["sha256"], str, "inputs.sha256")
         start = _require(record["start"], dict, "start")
@@ -182,15 +183,19 @@ def _manifest_and_summary(
     return manifest, summary
 
 
-def _numbers_checked(settings: Any, name: str) -> Any:
-    """`settings` (a dataclass), when each field declared a float or an int holds a number."""
-    for field in dataclasses.fields(settings):
-        value = getattr(settings, field.name)
+def _numbers_checked(kind: Any, values: dict[str, Any], name: str) -> Any:
+    """`kind(**values)` (a dataclass), when each field declared a float or an int holds a
+    number; settings that refuse their own values (`OptimizerSettings`) say why, as here."""
+    for field in dataclasses.fields(kind):
+        value = values.get(field.name, 0)
         if field.type in ("float", "int") and (
             isinstance(value, bool) or not isinstance(value, int | float)
         ):
             raise TypeError(f"{name}.{field.name} is {value!r}, not a number")
-    return settings
+    try:
+        return kind(**values)
+    except InvalidRequestError as error:  # not the request's fault: the file's
+        raise ValueError(f"{name}.{error.message}") from None
 
 
 def _require(value: Any, kind: Any, name: str) -> Any:
