@@ -43,7 +43,7 @@ from art_backend.training._losses import (
     TinkerLoss,
     resolved_config,
 )
-from art_backend.training._model_registry import RegisteredModel
+from art_backend.training._model_registry import RegisteredModel, check_rank_fits
 from art_backend.training._optimizer import OptimizerSettings
 from art_backend.training._training_service import TrainingService
 from art_core.names import check_name
@@ -183,16 +183,7 @@ class TinkerTraining:
             )
         lora = request.lora_config
         rank = lora.rank if lora is not None else 32
-        # A rank above the model's width adds memory, not expressiveness (where the trainer's
-        # model tells its width).
-        model = getattr(self.training.trainer_host, "model", None)
-        width = getattr(getattr(model, "config", None), "hidden_size", None)
-        if isinstance(width, int) and rank > width:
-            raise InvalidRequestError(
-                f"LoRA rank {rank} exceeds the width of base model {self.base_names[0]!r} "
-                f"(hidden size {width}); give a rank of at most {width}.",
-                param="lora_config.rank",
-            )
+        check_rank_fits(self.training.trainer_host, rank, param="lora_config.rank")
         modules = [
             *(ATTENTION_MODULES if lora is None or lora.train_attn else ()),
             *(MLP_MODULES if lora is None or lora.train_mlp else ()),

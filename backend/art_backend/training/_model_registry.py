@@ -109,6 +109,7 @@ class ModelRegistry:
             )
         _check_target_modules(self.trainer_host.adaptable_modules, request.lora.target_modules)
         _check_rank(getattr(self.engine, "max_lora_rank", None), request.lora.r)
+        check_rank_fits(self.trainer_host, request.lora.r, param="lora.r")
         key = (request.project, request.name)
         async with self._step_lock:
             self._check_name_free(request)
@@ -425,6 +426,19 @@ def _check_target_modules(module_names: list[str], targets: list[str]) -> None:
             f"lora.target_modules names {unmatched}, which match no module of the base model; "
             f"its adaptable modules are {', '.join(known)}.",
             param="lora.target_modules",
+        )
+
+
+def check_rank_fits(trainer_host: Any, rank: int, *, param: str) -> None:
+    """400 when a LoRA rank exceeds the base model's width (its hidden size): such a rank adds
+    memory, never expressiveness. Every route that creates an adapter asks here."""
+    model = getattr(trainer_host, "model", None)
+    width = getattr(getattr(model, "config", None), "hidden_size", None)
+    if isinstance(width, int) and rank > width:
+        raise InvalidRequestError(
+            f"LoRA rank {rank} exceeds the width of the base model (hidden size {width}); give "
+            f"a rank of at most {width}.",
+            param=param,
         )
 
 

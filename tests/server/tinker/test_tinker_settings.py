@@ -143,7 +143,7 @@ def test_a_lora_rank_past_the_models_width_is_refused_naming_both(
     answer = post(server, "create_model", body)
     assert answer.status_code == 400
     assert (
-        f"LoRA rank 1024 exceeds the width of base model 'tiny' (hidden size {width})"
+        f"LoRA rank 1024 exceeds the width of the base model (hidden size {width})"
         in (answer.json()["detail"])
     )
 

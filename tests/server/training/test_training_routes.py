@@ -141,6 +141,7 @@ def sampled_trajectory(server: RunningServer, trajectory_id: str, reward: float)
         ({"lora": {"alpha": 1e-35, "r": 8}}, "lora", "too small to scale the adapter"),
         ({"lora": {"target_modules": []}}, "lora.target_modules", "at least 1 item"),
         ({"lora": {"target_modules": [""]}}, "lora.target_modules[0]", "at least 1 character"),
+        ({"lora": {"r": 1024}}, "lora.r", "exceeds the width of the base model (hidden size"),
     ],
     ids=[
         "target-modules-naming-nothing",
@@ -150,6 +151,7 @@ def sampled_trajectory(server: RunningServer, trajectory_id: str, reward: float)
         "alpha-over-r-underflows",
         "no-target-modules",
         "empty-target-module",
+        "rank-past-the-width",
     ],
 )
 def test_bad_registration_is_a_400_that_saves_nothing(server: RunningServer, fields, param, words):
