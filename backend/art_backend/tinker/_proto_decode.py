@@ -390,7 +390,7 @@ class _Reader:
 
 def _refused(where: str, problem: str) -> MalformedProtobufError:
     """A 400 naming the field by its path (`data[3].loss_fn_inputs["weights"].shape`)."""
-    subject = f"`{where}`" if where else "The request"
+    subject = f"`{where}`" if where else "the request"
     return MalformedProtobufError(
         f"forward_backward's body: {subject} {problem}.", param=where or "body"
     )
