@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from art_backend._auth import ApiKeyMiddleware
+from art_backend._auth import TINKER_PREFIX, ApiKeyMiddleware
 from art_backend._errors import BackendError, reported_error
 from art_backend._host_guard import HostGuardMiddleware
 from art_backend._limits import (
@@ -198,8 +198,16 @@ def _replica_lines(states: list[dict[str, Any]], counters: Any) -> list[str]:
 
 
 def _error(
-    status: int, error_type: str, message: str, *, param: str | None = None, code: Any = None
+    request: Request,
+    status: int,
+    error_type: str,
+    message: str,
+    *,
+    param: str | None = None,
+    code: Any = None,
 ) -> JSONResponse:
+    if request.url.path.startswith(TINKER_PREFIX):  # the Tinker SDK reads `{"detail": message}`
+        return JSONResponse({"detail": message}, status_code=status)
     body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
     return JSONResponse(body, status_code=status)
 
@@ -252,14 +260,19 @@ def _register_error_handlers(app: FastAPI) -> None:
     from pydantic import ValidationError
 
     @app.exception_handler(BackendError)
-    async def backend_error(_: Request, error: BackendError):
+    async def backend_error(request: Request, error: BackendError):
         if error.status_code >= 500:
             logger.error("request failed: %s", error.message)
         return _error(
-            error.status_code, error.error_type, error.message, param=error.param, code=error.code
+            request,
+            error.status_code,
+            error.error_type,
+            error.message,
+            param=error.param,
+            code=error.code,
         )
 
-    async def validation_error(_: Request, error: Any):
+    async def validation_error(request: Request, error: Any):
         first, param = reported_error(error.errors())
         no_body = first.get("type") in ("missing", "model_attributes_type", "dict_type")
         if tuple(first.get("loc", ())) == ("body",) and no_body:  # no body, or not an object
@@ -267,13 +280,15 @@ def _register_error_handlers(app: FastAPI) -> None:
                 "The request body must be a JSON object, sent with Content-Type: "
                 f"application/json ({first.get('msg', 'missing')})."
             )
-            return _error(400, "invalid_request_error", message, code="invalid_value")
+            return _error(request, 400, "invalid_request_error", message, code="invalid_value")
         if first.get("type") == "extra_forbidden":
             message = f"Unrecognized request argument supplied: {param}"
         else:
             reason = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
             message = f"Invalid value for `{param}`: {reason}" if param else reason
-        return _error(400, "invalid_request_error", message, param=param, code="invalid_value")
+        return _error(
+            request, 400, "invalid_request_error", message, param=param, code="invalid_value"
+        )
 
     app.exception_handler(RequestValidationError)(validation_error)
     app.exception_handler(ValidationError)(validation_error)
@@ -281,22 +296,27 @@ def _register_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException):
         kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+        message = str(error.detail)
         if error.status_code == 404 and error.detail == "Not Found":  # no route at this path
             message = _no_route_message(request.method, request.url.path)
-            body: dict[str, Any] = {
-                "error": {"message": message, "type": kind, "param": None, "code": None}
-            }
             if "/messages" in request.url.path:  # Anthropic's clients read `"type": "error"`
-                body = {"type": "error", **body}
-            return JSONResponse(body, status_code=404)
-        response = _error(error.status_code, kind, str(error.detail))
+                error_body = {"message": message, "type": kind, "param": None, "code": None}
+                return JSONResponse({"type": "error", "error": error_body}, status_code=404)
+            return _error(request, 404, kind, message)
+        allowed = _allowed_methods(request) if error.status_code == 405 else []
+        if allowed:  # Routing names the first route's methods on the path; these are all.
+            message = (
+                f"{request.method} is not a method of {request.url.path}; it takes "
+                f"{', '.join(allowed)}."
+            )
+        response = _error(request, error.status_code, kind, message)
         response.headers.update(error.headers or {})
-        if error.status_code == 405:
-            # Routing names the methods of the first route on the path; `Allow` must list all.
-            response.headers["Allow"] = ", ".join(_allowed_methods(request))
+        if allowed:
+            response.headers["Allow"] = ", ".join(allowed)
         return response
 
     @app.exception_handler(Exception)
-    async def unexpected_error(_: Request, error: Exception):
+    async def unexpected_error(request: Request, error: Exception):
         logger.exception("unexpected error")
-        return _error(500, "server_error", f"Internal error: {type(error).__name__}: {error}")
+        message = f"Internal error: {type(error).__name__}: {error}"
+        return _error(request, 500, "server_error", message)

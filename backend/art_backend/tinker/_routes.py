@@ -13,34 +13,41 @@ the losses of `_losses.LOSSES`, save sampler weights and sample):
 
 Every other /api/v1 route is refused with 404, naming it and what is served. Errors take the
 SDK's shape, `{"detail": message}` (the SDK raises `BadRequestError`, `NotFoundError`, ... with
-it); a failed operation answers through its future (`_futures`). The API key is the server's
-`--api-key`, sent by the SDK as `X-API-Key` (its TINKER_API_KEY; the SDK wants it to start with
-`tml-`).
+it): the app's error handlers answer every /api/v1 error so (`_app`), and the body-size
+middleware its 413; a failed operation answers through its future (`_futures`). The API key is
+the server's `--api-key`, sent by the SDK as `X-API-Key` (its TINKER_API_KEY; the SDK wants it
+to start with `tml-`).
+
+Bodies take the door every other route takes: JSON through `_limits.parse_json_object`, then
+the route's schema (`parsed`), protobuf through the bounded decoder (`_proto_decode`), each off
+the event loop when large (`_limits.parse_off_loop`). A refused operation of a training run
+still takes its `seq_id` turn, wherever it is refused (`parsed`, the decoder, `once`), so the
+run's later operations are not held.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from art_backend._auth import TINKER_PREFIX
 from art_backend._errors import (
-    BackendError,
     InvalidRequestError,
+    MalformedProtobufError,
     NotFoundError,
     RouteNotServedError,
 )
+from art_backend._limits import parse_json_object, parse_off_loop
 from art_backend.engines._engine import Engine
 from art_backend.tinker._checkpoints import TinkerCheckpoints
 from art_backend.tinker._futures import Answer
-from art_backend.tinker._proto import decode_forward_backward
+from art_backend.tinker._proto_decode import decode_forward_backward, request_turn
 from art_backend.tinker._sampling import TinkerSampling
 from art_backend.tinker._schemas import (
     CreateModelRequest,
@@ -69,33 +76,47 @@ SERVED = (
     "training_runs/{id}, training_runs/{id}/checkpoints"
 )
 Parsed = TypeVar("Parsed", bound=BaseModel)
-Endpoint = Callable[..., Awaitable[Any]]
+# A protobuf body is decoded in Python (about a microsecond a field, where `json.loads` is C):
+# past this size, on a worker thread, so 16 KiB of the smallest fields costs the loop ~6 ms.
+DECODE_ON_LOOP_MAX_BYTES = 16 * 1024
 
 
-def in_sdk_shape(endpoint: Endpoint) -> Endpoint:
-    """Answer the endpoint's errors as the SDK reads them: `{"detail": message}`."""
+async def parsed(
+    request: Request, schema: type[Parsed], tinker: TinkerTraining | None = None
+) -> Parsed:
+    """The request's JSON body through the server's one door (`parse_json_object`: its size,
+    value, depth, integer and surrogate bounds; off the event loop when large), then as
+    `schema`. With `tinker`, a body the schema refuses that still names a run and a seq_id
+    takes that operation's turn (`skip_turn`), so the run's later operations are not held."""
+    payload, outcome = await parse_off_loop(
+        await request.body() or b"{}", functools.partial(_validated, schema=schema)
+    )
+    if isinstance(outcome, ValidationError):
+        if tinker is not None:
+            tinker.skip_turn(*_turn_named(payload))
+        raise outcome
+    return outcome
 
-    @functools.wraps(endpoint)
-    async def answered(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return await endpoint(*args, **kwargs)
-        except BackendError as error:
-            return JSONResponse({"detail": error.message}, status_code=error.status_code)
-        except ValidationError as error:
-            first = error.errors()[0]
-            where = ".".join(str(part) for part in first.get("loc", ()))
-            return JSONResponse({"detail": f"{where}: {first.get('msg')}"}, status_code=400)
 
-    return answered
-
-
-async def parsed(request: Request, schema: type[Parsed]) -> Parsed:
-    """The request's JSON body as `schema` (a 400 when it is not JSON)."""
+def _validated(
+    body: bytes, schema: type[Parsed]
+) -> tuple[dict[str, Any], Parsed | ValidationError]:
+    """The body parsed, and as `schema` or why not: both on one thread, off the loop when the
+    body is large (parsing and validating `MAX_JSON_VALUES` values takes about 0.2 s)."""
+    payload = parse_json_object(body)
     try:
-        body = json.loads(await request.body() or b"{}")
-    except ValueError as error:
-        raise InvalidRequestError(f"The body is not JSON: {error}") from error
-    return schema.model_validate(body)
+        return payload, schema.model_validate(payload)
+    except ValidationError as error:
+        return payload, error
+
+
+def _turn_named(payload: dict[str, Any]) -> tuple[str | None, int | None]:
+    """The run and seq_id a refused body names, where they have the right types."""
+    model_id, seq_id = payload.get("model_id"), payload.get("seq_id")
+    return (
+        model_id if isinstance(model_id, str) else None,
+        seq_id if isinstance(seq_id, int) and not isinstance(seq_id, bool) else None,
+    )
 
 
 def future(request_id: str, model_id: str | None = None) -> dict[str, Any]:
@@ -118,7 +139,7 @@ async def once(
     if request_id is None:
         try:
             request_id = start()
-        except BackendError:
+        except Exception:  # refused (a BackendError, a settings check): the turn is taken
             tinker.skip_turn(model_id, seq_id)
             raise
         tinker.remember(model_id, seq_id, body, request_id)
@@ -142,7 +163,6 @@ def attach_tinker_routes(
     _attach_listing_routes(router, TinkerCheckpoints(tinker, states))
 
     @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
-    @in_sdk_shape
     async def not_served(rest: str) -> Any:
         raise RouteNotServedError(
             f"The Tinker API's {TINKER_PREFIX}{rest} is not served by this server yet. It serves: "
@@ -186,14 +206,12 @@ def _attach_session_routes(router: APIRouter, tinker: TinkerTraining) -> None:
         return {"status": "accepted"}
 
     @router.post("/create_session")
-    @in_sdk_shape
     async def create_session(request: Request) -> Any:
         await parsed(request, CreateSessionRequest)
         session_id = f"session-{uuid.uuid4().hex[:16]}"
         return {"type": "create_session", "session_id": session_id}
 
     @router.post("/session_heartbeat")
-    @in_sdk_shape
     async def session_heartbeat(request: Request) -> Any:
         await parsed(request, SessionHeartbeatRequest)
         return {"type": "session_heartbeat"}
@@ -207,23 +225,30 @@ def _attach_training_routes(
     router: APIRouter, tinker: TinkerTraining, sampling: TinkerSampling
 ) -> None:
     @router.post("/create_model")
-    @in_sdk_shape
     async def create_model(request: Request) -> Any:
         return future(tinker.create_model(await parsed(request, CreateModelRequest)))
 
     @router.post("/get_info")
-    @in_sdk_shape
     async def get_info(request: Request) -> Any:
         return tinker.info((await parsed(request, GetInfoRequest)).model_id)
 
     @router.post("/forward_backward")
-    @in_sdk_shape
     async def forward_backward(request: Request) -> Any:
         if request.headers.get("content-encoding"):
             raise InvalidRequestError("Send forward_backward uncompressed (no Content-Encoding).")
         if PROTOBUF not in request.headers.get("content-type", ""):
             raise InvalidRequestError(f"forward_backward takes a protobuf body ({PROTOBUF}).")
-        wire = decode_forward_backward(await request.body())
+        body = await request.body()
+        try:
+            wire = await parse_off_loop(
+                body, decode_forward_backward, on_loop_max_bytes=DECODE_ON_LOOP_MAX_BYTES
+            )
+        except MalformedProtobufError:
+            turn = await parse_off_loop(
+                body, request_turn, on_loop_max_bytes=DECODE_ON_LOOP_MAX_BYTES
+            )
+            tinker.skip_turn(*turn)
+            raise
         start = functools.partial(tinker.forward_backward, wire)
         return await once(tinker, request, wire.model_id, wire.seq_id or None, start)
 
@@ -237,7 +262,6 @@ def _attach_training_routes(
     )
 
     @router.post("/retrieve_future")
-    @in_sdk_shape
     async def retrieve_future(request: Request) -> Any:
         body = await parsed(request, FutureRetrieveRequest)
         try:
@@ -261,9 +285,8 @@ def _attach_state_routes(router: APIRouter, states: TinkerStates) -> None:
     _add_ordered_operation(router, tinker, "/save_weights", SaveWeightsRequest, states.save)
 
     @router.post("/load_weights")
-    @in_sdk_shape
     async def load_weights(request: Request) -> Any:
-        body = await parsed(request, LoadWeightsRequest)
+        body = await parsed(request, LoadWeightsRequest, tinker)
         if body.session_id is not None:  # a new training run
             request_id, model_id = states.load(body)
             return future(request_id, model_id)
@@ -278,36 +301,30 @@ def _attach_sampling_routes(
     router: APIRouter, tinker: TinkerTraining, sampling: TinkerSampling
 ) -> None:
     @router.post("/create_sampling_session")
-    @in_sdk_shape
     async def create_sampling_session(request: Request) -> Any:
         return await sampling.create_session(await parsed(request, CreateSamplingSessionRequest))
 
     @router.get("/samplers/{sampler_id}")
-    @in_sdk_shape
     async def describe_sampler(sampler_id: str) -> Any:
         return sampling.describe(sampler_id)
 
     @router.post("/asample")
-    @in_sdk_shape
     async def asample(request: Request) -> Any:
         return await sampling.sample(await parsed(request, SampleRequest))
 
 
 def _attach_listing_routes(router: APIRouter, listings: TinkerCheckpoints) -> None:
     @router.get("/training_runs")
-    @in_sdk_shape
     async def training_runs(limit: int = 20, offset: int = 0) -> Any:
         if limit < 1 or offset < 0:
             raise InvalidRequestError("limit must be at least 1 and offset at least 0.")
         return listings.training_runs(limit, offset)
 
     @router.get("/training_runs/{model_id}")
-    @in_sdk_shape
     async def training_run(model_id: str) -> Any:
         return listings.training_run(model_id)
 
     @router.get("/training_runs/{model_id}/checkpoints")
-    @in_sdk_shape
     async def checkpoints(model_id: str) -> Any:
         return {"checkpoints": listings.checkpoints(model_id)}
 
@@ -323,18 +340,10 @@ def _add_ordered_operation(
     order (`once`: a retry with the same body gets the first future)."""
 
     async def operation(request: Request) -> Any:
-        try:
-            body = await parsed(request, schema)
-        except ValidationError:  # a refused operation still takes its turn (`once`)
-            raw = json.loads(await request.body() or b"{}")
-            fields = raw if isinstance(raw, dict) else {}
-            model_id, seq_id = fields.get("model_id"), fields.get("seq_id")
-            if isinstance(model_id, str) and type(seq_id) is int:
-                tinker.skip_turn(model_id, seq_id)
-            raise
+        body = await parsed(request, schema, tinker)
         return await once(
             tinker, request, body.model_id, body.seq_id, functools.partial(start, body)
         )
 
     operation.__name__ = path.strip("/")
-    router.post(path)(in_sdk_shape(operation))
+    router.post(path)(operation)
