@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from art_backend._auth import TINKER_PREFIX, ApiKeyMiddleware
-from art_backend._errors import BackendError, reported_error
+from art_backend._auth import ApiKeyMiddleware
+from art_backend._errors import BackendError, error_body, reported_error
 from art_backend._host_guard import HostGuardMiddleware
 from art_backend._limits import (
     DEFAULT_MAX_BODY_MB,
@@ -206,9 +206,7 @@ def _error(
     param: str | None = None,
     code: Any = None,
 ) -> JSONResponse:
-    if request.url.path.startswith(TINKER_PREFIX):  # the Tinker SDK reads `{"detail": message}`
-        return JSONResponse({"detail": message}, status_code=status)
-    body = {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    body = error_body(request.url.path, message, error_type=error_type, param=param, code=code)
     return JSONResponse(body, status_code=status)
 
 

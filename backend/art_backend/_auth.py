@@ -26,7 +26,6 @@ import hashlib
 import hmac
 import html
 import os
-from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -34,10 +33,10 @@ from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from art_backend._errors import TINKER_PREFIX, error_body
 from art_backend._log_redaction import carries_secret
 
 REVIEW_PREFIX = "/review"
-TINKER_PREFIX = "/api/v1/"  # the Tinker API's routes (art_backend.tinker's router uses it)
 SESSION_COOKIE = "art_review_session"
 MAX_LOGIN_BODY = 16 * 1024
 
@@ -85,24 +84,19 @@ class ApiKeyMiddleware:
                 await self.app(scope, receive, send)
                 return
         else:
-            error = {
-                "message": "Missing or invalid API key: send `Authorization: Bearer <key>` (or "
+            message = (
+                "Missing or invalid API key: give the Tinker SDK the key the server was started "
+                "with (TINKER_API_KEY = art-server's --api-key or ART_API_KEY)."
+                if path.startswith(TINKER_PREFIX)
+                else "Missing or invalid API key: send `Authorization: Bearer <key>` (or "
                 "`x-api-key: <key>`, as Anthropic's clients do) with the key the server was "
-                "started with (--api-key or ART_API_KEY).",
-                "type": "authentication_error",
-                "param": None,
-                "code": "invalid_api_key",
-            }
-            # Anthropic's clients read `{"type": "error", "error": ...}`; OpenAI's ignore `type`;
-            # the Tinker SDK reads `{"detail": ...}` (it sends the key as `X-API-Key`).
-            body: dict[str, Any] = (
-                {"type": "error", "error": error} if _anthropic_path(path) else {"error": error}
+                "started with (--api-key or ART_API_KEY)."
             )
-            if path.startswith(TINKER_PREFIX):
-                body = {
-                    "detail": "Missing or invalid API key: give the Tinker SDK the key the server "
-                    "was started with (TINKER_API_KEY = art-server's --api-key or ART_API_KEY)."
-                }
+            body = error_body(
+                path, message, error_type="authentication_error", code="invalid_api_key"
+            )
+            if _anthropic_path(path):  # Anthropic's clients read `{"type": "error", ...}`
+                body = {"type": "error", **body}
             response = JSONResponse(body, status_code=401)
         await response(scope, receive, send)
 

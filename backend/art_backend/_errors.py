@@ -47,6 +47,19 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
+TINKER_PREFIX = "/api/v1/"  # the Tinker API's routes: its SDK reads errors as `{"detail": ...}`
+
+
+def error_body(
+    path: str, message: str, *, error_type: str, param: str | None = None, code: Any = None
+) -> dict[str, Any]:
+    """The one error shape of `path`'s protocol: the Tinker SDK's `{"detail": message}` under
+    /api/v1/, OpenAI's `{"error": {message, type, param, code}}` elsewhere (Anthropic's
+    clients read the same object, wrapped as `{"type": "error", "error": ...}`)."""
+    if path.startswith(TINKER_PREFIX):
+        return {"detail": message}
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
 
 class BackendError(Exception):
     """Base class: every error the backend raises on purpose.

@@ -42,8 +42,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from art_backend import _json_child as json_child
-from art_backend._auth import TINKER_PREFIX
-from art_backend._errors import InvalidGrammarError, InvalidRequestError, RequestBodyTooLarge
+from art_backend._errors import (
+    InvalidGrammarError,
+    InvalidRequestError,
+    RequestBodyTooLarge,
+    error_body,
+)
 from art_backend._unicode import LONE_SURROGATE
 
 MIB = 1024 * 1024
@@ -131,15 +135,8 @@ def _too_large_message(max_bytes: int) -> str:
 
 
 def _too_large_response(max_bytes: int, path: str) -> JSONResponse:
-    if path.startswith(TINKER_PREFIX):  # the Tinker SDK reads `{"detail": message}`
-        return JSONResponse({"detail": _too_large_message(max_bytes)}, status_code=413)
-    error = {
-        "message": _too_large_message(max_bytes),
-        "type": "invalid_request_error",
-        "param": None,
-        "code": None,
-    }
-    return JSONResponse({"error": error}, status_code=413)
+    body = error_body(path, _too_large_message(max_bytes), error_type="invalid_request_error")
+    return JSONResponse(body, status_code=413)
 
 
 # ------------------------------------------------------------------------------- JSON depth

@@ -27,7 +27,9 @@ run's later operations are not held.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import hashlib
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -36,8 +38,9 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from art_backend._auth import TINKER_PREFIX
 from art_backend._errors import (
+    TINKER_PREFIX,
+    BackendError,
     InvalidRequestError,
     MalformedProtobufError,
     NotFoundError,
@@ -119,6 +122,10 @@ def _turn_named(payload: dict[str, Any]) -> tuple[str | None, int | None]:
     )
 
 
+def _sha256(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
 def future(request_id: str, model_id: str | None = None) -> dict[str, Any]:
     """The SDK's UntypedAPIFuture: what it polls with retrieve_future."""
     return {"request_id": request_id, "model_id": model_id}
@@ -134,15 +141,16 @@ async def once(
     """The future of a training run's operation: started once per seq_id (an SDK retry gets the
     first one's request id). A refused operation still takes its turn (`skip_turn`), so the
     run's later operations are not held."""
-    body = await request.body()
-    request_id = tinker.repeated(model_id, seq_id, body)
+    # A retry is known by its body's hash: a large body is hashed off the event loop.
+    digest = await parse_off_loop(await request.body(), _sha256)
+    request_id = tinker.repeated(model_id, seq_id, digest)
     if request_id is None:
         try:
             request_id = start()
         except Exception:  # refused (a BackendError, a settings check): the turn is taken
             tinker.skip_turn(model_id, seq_id)
             raise
-        tinker.remember(model_id, seq_id, body, request_id)
+        tinker.remember(model_id, seq_id, digest, request_id)
     return future(request_id, model_id)
 
 
@@ -249,8 +257,19 @@ def _attach_training_routes(
             )
             tinker.skip_turn(*turn)
             raise
-        start = functools.partial(tinker.forward_backward, wire)
-        return await once(tinker, request, wire.model_id, wire.seq_id or None, start)
+        seq_id = wire.seq_id or None
+        try:  # the datums' checks and layout: off the loop for a large request
+            prepare = functools.partial(tinker.prepare_forward_backward, wire)
+            prepared = (
+                await asyncio.to_thread(prepare)
+                if len(body) > DECODE_ON_LOOP_MAX_BYTES
+                else prepare()
+            )
+        except BackendError:
+            tinker.skip_turn(wire.model_id, seq_id)
+            raise
+        start = functools.partial(tinker.forward_backward, prepared)
+        return await once(tinker, request, wire.model_id, seq_id, start)
 
     _add_ordered_operation(router, tinker, "/optim_step", OptimStepRequest, tinker.optim_step)
     _add_ordered_operation(

@@ -20,7 +20,6 @@ checkpoint lists), and their saved states (`_states`) start new runs.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import math
 import uuid
@@ -45,6 +44,7 @@ from art_backend.training._losses import (
 )
 from art_backend.training._model_registry import RegisteredModel, check_rank_fits
 from art_backend.training._optimizer import OptimizerSettings
+from art_backend.training._rows import Rows
 from art_backend.training._training_service import TrainingService
 from art_core.names import check_name
 from art_core.types import LoRAConfig
@@ -108,6 +108,17 @@ class TrainingRun:
     def samplers(self) -> dict[str, int]:
         """Sampler name -> step."""
         return self.record.samplers
+
+
+@dataclass(frozen=True)
+class PreparedForwardBackward:
+    """A forward_backward request checked, with its datums as the trainer's rows."""
+
+    wire: ForwardBackwardWire
+    run: TrainingRun
+    loss: TinkerLoss
+    config: dict[str, float | str]
+    rows: Rows
 
 
 class TinkerTraining:
@@ -252,14 +263,14 @@ class TinkerTraining:
         """Start `work` in the run's seq_id order; its request id."""
         return self.futures.start(run.order.run(seq_id, work))
 
-    def repeated(self, model_id: str | None, seq_id: int | None, body: bytes) -> str | None:
+    def repeated(self, model_id: str | None, seq_id: int | None, digest: str) -> str | None:
         """The request id of the operation this seq_id started before (the SDK retried it),
         or None; a 400 when the seq_id comes back with another body."""
         run = self.runs.get(model_id or "")
         if run is None or seq_id is None or seq_id not in run.requests:
             return None
-        request_id, digest = run.requests[seq_id]
-        if digest != hashlib.sha256(body).hexdigest():
+        request_id, first_digest = run.requests[seq_id]
+        if digest != first_digest:
             raise InvalidRequestError(
                 f"Operation {seq_id} of training run {run.model_id} was sent before with "
                 "another body; an operation's number names one operation.",
@@ -268,12 +279,12 @@ class TinkerTraining:
         return request_id
 
     def remember(
-        self, model_id: str | None, seq_id: int | None, body: bytes, request_id: str
+        self, model_id: str | None, seq_id: int | None, digest: str, request_id: str
     ) -> None:
         """Keep the operation a seq_id started, for `repeated`."""
         run = self.runs.get(model_id or "")
         if run is not None and seq_id is not None:
-            run.requests[seq_id] = (request_id, hashlib.sha256(body).hexdigest())
+            run.requests[seq_id] = (request_id, digest)
 
     def skip_turn(self, model_id: str | None, seq_id: int | None) -> None:
         """A refused operation still takes its turn, so the ones after it are not held (a run
@@ -284,12 +295,25 @@ class TinkerTraining:
 
     # --------------------------------------------------------------------------- forward_backward
 
-    def forward_backward(self, wire: ForwardBackwardWire) -> str:
-        """Check the datums and the loss, then score them (and keep the gradient) in order."""
+    def prepare_forward_backward(self, wire: ForwardBackwardWire) -> PreparedForwardBackward:
+        """Check the run, the loss and every datum, and lay the datums out as the trainer's rows:
+        the request's expensive part, which touches nothing shared (a route runs it on a worker
+        thread for a large request)."""
         run = self.run(wire.model_id)
         loss, config = self._loss(wire)
         context, vocabulary = self.engine.context_length, self.engine.vocab_size
         rows = datum_rows(wire, loss, vocabulary=vocabulary, context=context)
+        return PreparedForwardBackward(wire, run, loss, config, rows)
+
+    def forward_backward(self, prepared: PreparedForwardBackward) -> str:
+        """Score the prepared datums (and keep the gradient) in the run's order."""
+        wire, run, loss, config, rows = (
+            prepared.wire,
+            prepared.run,
+            prepared.loss,
+            prepared.config,
+            prepared.rows,
+        )
         trainer = run.registered.trainer
         backward = not wire.forward_only
 

@@ -104,7 +104,9 @@ def test_an_infinite_adam_setting_is_refused_and_the_run_trains_on(
         body = {"model_id": model_id, "seq_id": seq_id, "adam_params": {field: math.inf}}
         answer = post(server, "optim_step", body)
         assert answer.status_code == 400
-        assert answer.json()["detail"] == f"adam_params.{field}: Input should be a finite number"
+        assert answer.json()["detail"] == (
+            f"Invalid value for `adam_params.{field}`: Input should be a finite number"
+        )
     # The refused steps took their turns: the run's next operation is not held behind them.
     body = {"model_id": model_id, "seq_id": 4, "adam_params": {"learning_rate": 1e-4}}
     started = post(server, "optim_step", body).json()["request_id"]
@@ -116,7 +118,7 @@ def test_a_seed_past_64_bits_is_refused_by_name(service: tinker.ServiceClient):
     params = types.SamplingParams(max_tokens=2, seed=2**70)
     prompt = types.ModelInput.from_ints([5, 6, 7])
     with pytest.raises(
-        tinker.BadRequestError, match=r"sampling_params\.seed: .*less than or equal"
+        tinker.BadRequestError, match=r"`sampling_params\.seed`: .*less than or equal"
     ):
         sampler.sample(prompt, 1, params).result()
 
@@ -131,7 +133,7 @@ def test_stop_strings_meet_the_bound_of_every_route(server: RunningServer):
     past = ["x" * 100] * 200  # 20,000 characters
     answer = post(server, "asample", {**body, "sampling_params": {"max_tokens": 1, "stop": past}})
     assert answer.status_code == 400
-    assert answer.json()["detail"].startswith("sampling_params.stop: ")
+    assert answer.json()["detail"].startswith("Invalid value for `sampling_params.stop`: ")
     assert f"{MAX_STOP_CHARACTERS:,} characters in all" in answer.json()["detail"]
 
 
@@ -165,7 +167,7 @@ def test_a_lora_rank_past_the_models_width_is_refused_naming_both(
                 "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5, True]}]},
                 "sampling_params": {"max_tokens": 1},
             },
-            "prompt.chunks.0.tokens.1",
+            "prompt.chunks[0].tokens[1]",
         ),
         (
             "asample",
@@ -179,7 +181,9 @@ def test_ints_and_flags_take_their_own_json_types_as_on_the_openai_routes(
 ):
     answer = post(server, route, {"session_id": "session-x", **body})
     assert answer.status_code == 400
-    assert answer.json()["detail"].startswith(f"{field}: Input should be a valid")
+    assert answer.json()["detail"].startswith(
+        f"Invalid value for `{field}`: Input should be a valid"
+    )
 
 
 def test_an_unknown_run_is_named_alone_in_its_404(
