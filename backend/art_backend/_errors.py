@@ -249,9 +249,14 @@ def _top(path: str | None) -> str | None:
     return path.split(".")[0].split("[")[0] if path else None
 
 
+REQUEST_PARTS = ("body", "query", "path", "header", "cookie")  # FastAPI's first location part
+
+
 def _real_parts(location: tuple[Any, ...]) -> list[Any]:
-    """The location without "body" and pydantic's union branch names (`str`, `list[...]`,
-    `function-after[...]`)."""
+    """The location without where FastAPI read it ("body", "query", "path", ...) and pydantic's
+    union branch names (`str`, `list[...]`, `function-after[...]`)."""
+    if location and location[0] in REQUEST_PARTS:
+        location = location[1:]
     return [
         part
         for part in location

@@ -33,6 +33,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from art_backend._errors import error_body
+
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOCAL_NAMES = frozenset({"localhost"})
 ANY_HOST = "*"
@@ -88,6 +90,7 @@ class HostGuardMiddleware:
         host = headers.get("host")
         if host is not None and not self._host_allowed(hostname(host)):
             response = _refusal(
+                scope["path"],
                 400,
                 "invalid_request_error",
                 "host_not_allowed",
@@ -99,7 +102,9 @@ class HostGuardMiddleware:
         elif scope["method"] in STATE_CHANGING and (
             problem := _cross_origin(headers, host, scope.get("scheme", "http"))
         ):
-            response = _refusal(403, "permission_error", "cross_origin_request", problem)
+            response = _refusal(
+                scope["path"], 403, "permission_error", "cross_origin_request", problem
+            )
         else:
             await self.app(scope, receive, send)
             return
@@ -167,6 +172,6 @@ def _is_ip_literal(name: str) -> bool:
     return True
 
 
-def _refusal(status: int, error_type: str, code: str, message: str) -> JSONResponse:
-    body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+def _refusal(path: str, status: int, error_type: str, code: str, message: str) -> JSONResponse:
+    body = error_body(path, message, error_type=error_type, code=code)
     return JSONResponse(body, status_code=status)

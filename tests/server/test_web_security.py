@@ -138,6 +138,10 @@ def test_dns_rebinding_is_refused_on_every_route(running: RunningServer):
         assert error["code"] == "host_not_allowed"
         assert "--allowed-hosts evil.example" in error["message"]
     assert not (Path(running.art_path) / "web" / "models" / "rebound").exists()
+    # The Tinker API's routes answer in its SDK's shape.
+    tinker = httpx.post(f"{running.url}/api/v1/create_session", json={}, headers=host)
+    assert tinker.status_code == 400
+    assert "--allowed-hosts evil.example" in tinker.json()["detail"]
 
 
 @pytest.mark.parametrize(
