@@ -168,11 +168,15 @@ class ModelStore:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
-        fault_point("before_checkpoint")
-        write_files(tmp)
-        _write_json_synced(tmp / STEP_FILE, {"step": step, **state})
-        for path in tmp.iterdir():
-            _fsync_path(path)
+        try:
+            fault_point("before_checkpoint")
+            write_files(tmp)
+            _write_json_synced(tmp / STEP_FILE, {"step": step, **state})
+            for path in tmp.iterdir():
+                _fsync_path(path)
+        except Exception:  # a failed write leaves nothing behind (a kill's leftover goes at start)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         fault_point("before_rename")
         final = self.checkpoint_dir(step)
         if final.exists():  # a re-run of a step that was rolled back: replace it whole

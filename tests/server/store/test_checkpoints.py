@@ -34,8 +34,12 @@ def test_failed_write_leaves_no_checkpoint_and_the_temporary_is_cleaned(tmp_path
     with pytest.raises(OSError):
         store.write_checkpoint(1, crash, {"kind": "train"})
     assert store.checkpoint_steps() == []
-    assert store.remove_stale_temporaries() == 1
+    assert list(store.checkpoints_dir.iterdir()) == []  # removed by the failed write itself
+    # A state JSON cannot hold (a NaN metric): refused, and nothing left behind either.
+    with pytest.raises(ValueError, match="JSON"):
+        store.write_checkpoint(1, lambda folder: None, {"metrics": {"loss": float("nan")}})
     assert list(store.checkpoints_dir.iterdir()) == []
+    assert store.remove_stale_temporaries() == 0
 
 
 def test_a_folder_without_step_json_is_not_a_checkpoint(tmp_path: Path):
