@@ -13,7 +13,10 @@ child process on 127.0.0.1 (nothing leaves the machine), and the openai SDK (asy
    (compiled, ~1 s), a body over the size limit, 6 million small JSON values, 9 MB of tool
    property names, and reads back five stored 3.8 MB records in one lookup; then the hostile
    shapes of issue 43: 28 MB of `\\",` escapes inside one string (to a chat and to a training
-   route), a 32 MB history read back (`GET .../history`) and a 50,000-key `client_metrics`.
+   route), a 32 MB history read back (`GET .../history`) and a 50,000-key `client_metrics`;
+   then issue 50's hostile Tinker bodies: 6 million small values and 28 MB of escapes to
+   create_session, and forward_backward protobufs with one 1.5M-token datum, a sparse tensor of
+   2.5 million rows, and 400,000 one-token datums (a future's outcome is reported too).
    Reported per case: its answer and time,
    and the others' latency and the worst /health latency while it ran, beside the same figures
    just before it. A frozen event loop shows as a /health latency as long as the request.
@@ -50,15 +53,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _machine import machine_info
 from _markdown import publish
+from _soak_requests import (
+    MIB,
+    MODEL,
+    REQUEST_TIMEOUT,
+    Request,
+    chat,
+    expensive_requests,
+    hostile_requests,
+    post,
+    settled,
+    tinker_requests,
+)
 from _tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "soak.json"
 START, END = "<!-- soak:start -->", "<!-- soak:end -->"
-MODEL = "tiny"
-MIB = 1024 * 1024
 MAX_CLIENTS, MAX_SECONDS = 64, 600  # bounds on the flags: a soak, not a load generator
-REQUEST_TIMEOUT = 120.0
 
 
 # ------------------------------------------------------------------------------------ server
@@ -324,97 +336,6 @@ async def disconnect_wave(server: Server, streams: int, eos_id: int) -> dict:
     }
 
 
-def expensive_requests() -> dict[str, dict[str, Any]]:
-    """The one-off requests of phase 3, as JSON bodies (built once: the 8 MB one is large)."""
-    count = 5_000  # MAX_SCHEMA_PROPERTIES: the largest schema the server compiles
-    prefix = secrets.token_hex(3)  # new to the server: compiled grammars are cached
-    properties = {f"{prefix}_{i}": {"type": "string"} for i in range(count)}
-    schema = {"type": "object", "properties": properties, "required": list(properties)}
-    # Long property names: a 9 MB tool once passed the character check and took 34.5 s.
-    named = {f"{prefix}{i}_" + "n" * 900: {"type": "string"} for i in range(10_000)}
-    return {
-        "8 MB message": chat(content="word " * (8 * MIB // 5)),
-        "5,000-property JSON schema": chat(
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": "big", "schema": schema},
-            }
-        ),
-        "33 MiB body": chat(metadata={"notes": "n" * (33 * MIB)}),
-        "6 million small values (16 MB)": chat(
-            tools=[function_tool({"type": "object", "enum": [[1, 2, 3]] * 1_500_000})]
-        ),
-        "9 MB of tool property names": chat(
-            tools=[function_tool({"type": "object", "properties": named})]
-        ),
-    }
-
-
-# 9.3 million escapes in one string: parsing it held every route 0.7-1.3 s (issue 43).
-ESCAPES = '\\",' * (28 * 1_000_000 // 3)
-TRAINED = ("soak", "hostile")  # the model the training-route cases name
-HISTORY_MB = 32
-ESCAPES_CHAT, ESCAPES_PROMOTE = (
-    f'28 MB of `\\",` escapes, {route}' for route in ("chat", "promote")
-)
-HISTORY_GET, CLIENT_METRICS = f"GET of a {HISTORY_MB} MB history", "50,000-key client_metrics"
-
-
-def hostile_requests(server: Server, art_path: Path) -> dict[str, tuple[str, str, bytes]]:
-    """Issue 43's hostile shapes as (method, path, body): built once the model they name is
-    registered and its history grown to HISTORY_MB (written into the store's file directly)."""
-    project, name = TRAINED
-    base = f"/v1/training/models/{project}/{name}"
-    response = httpx.post(
-        f"{server.url}/v1/training/models",
-        json={"project": project, "name": name, "base_model": MODEL},
-        timeout=REQUEST_TIMEOUT,
-    )
-    response.raise_for_status()
-    row = json.dumps({"type": "log", "step": 0, "split": "val", "metrics": {"pad": 0.0},
-                      "note": "n" * 4_000})  # fmt: skip
-    history = art_path / project / "models" / name / "history.jsonl"
-    with history.open("a") as rows:
-        rows.write((row + "\n") * (HISTORY_MB * MIB // (len(row) + 1)))
-    prefix = f'{{"model": "{MODEL}", "max_tokens": 4, "messages": [{{"role": "user", "content": "'
-    metrics = {f"client/metric_{index}": 1.0 for index in range(50_000)}
-    # A group that trains (two recorded turns): a server without the bound runs the step.
-    trajectories = []
-    for index in range(2):
-        answer = httpx.post(f"{server.url}/v1/chat/completions", json=chat(), timeout=60).json()
-        turns = [{"completion_id": answer["id"]}]
-        trajectories.append(
-            {"id": f"t{index}", "reward": float(index), "histories": [{"turns": turns}]}
-        )
-    train = {"groups": [{"trajectories": trajectories}], "client_metrics": metrics}
-    return {
-        ESCAPES_CHAT: ("POST", "/v1/chat/completions", (prefix + ESCAPES + '"}]}').encode()),
-        ESCAPES_PROMOTE: (
-            "POST", f"{base}/promote",
-            ('{"step": 0, "details": {"note": "' + ESCAPES + '"}}').encode(),
-        ),
-        HISTORY_GET: ("GET", f"{base}/history", b""),
-        CLIENT_METRICS: (
-            "POST", f"{base}/train",
-            json.dumps(train).encode(),
-        ),
-    }  # fmt: skip
-
-
-def chat(content: str = "hi", **fields: Any) -> dict[str, Any]:
-    """A chat request body of one user message, 4 tokens at most, with `fields` added."""
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": 4,
-        **fields,
-    }
-
-
-def function_tool(parameters: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
-
-
 async def stored_big_records(server: Server, count: int = 5) -> list[str]:
     """Ids of `count` completions whose stored records are about 3.8 MB each (a long `user`)."""
     ids = []
@@ -430,15 +351,12 @@ async def stored_big_records(server: Server, count: int = 5) -> list[str]:
 async def one_expensive_request(
     server: Server,
     label: str,
-    request: tuple[str, str, bytes],
+    request: Request,
     clients: int,
     max_tokens: int,
 ) -> dict:
     """K clients and a /health probe run; after a quiet baseline, one client sends `request`
-    (method, path, body; encoded before the clients start: json.dumps of 6 million values holds
-    this process, and so the probe's own event loop, for a second, which would read as the
-    server's latency)."""
-    method, path, content = request
+    (built before the clients start: `_soak_requests.post`)."""
     client, others, probe, stop = new_client(server), Tally(), Tally(), asyncio.Event()
     tasks = [
         asyncio.create_task(short_requests(client, others, stop, max_tokens))
@@ -451,10 +369,10 @@ async def one_expensive_request(
     started = time.perf_counter()
     response = await asyncio.to_thread(
         httpx.request,
-        method,
-        f"{server.url}{path}",
-        content=content or None,
-        headers={"content-type": "application/json"},
+        request.method,
+        f"{server.url}{request.path}",
+        content=request.body or None,
+        headers={"content-type": request.content_type},
         timeout=REQUEST_TIMEOUT,
     )
     ended = time.perf_counter()
@@ -462,12 +380,16 @@ async def one_expensive_request(
     stop.set()
     await asyncio.gather(*tasks)
     await client.close()
-    error = response.json().get("error") if response.status_code != 200 else None
+    tinker = request.path.startswith("/api/v1/")
+    answer = response.json() if tinker or response.status_code != 200 else {}
+    error = answer.get("error")
     return {
         "request": label,
-        "body_mb": round(len(content or response.content) / MIB, 1),
+        "body_mb": round(len(request.body or response.content) / MIB, 1),
         "status": response.status_code,
-        "param": error and error.get("param"),
+        "param": error.get("param") if isinstance(error, dict) else None,
+        "detail": str(answer.get("detail", ""))[:200] or None,  # the Tinker API's refusals
+        "future": await asyncio.to_thread(future_outcome, server, answer),
         "seconds": round(ended - started, 3),
         "others_during": latency_summary(others.latencies(started, ended)),
         "others_before": latency_summary(others.latencies_within(started - 5.0, started)),
@@ -479,6 +401,18 @@ async def one_expensive_request(
         "server_errors_5xx": others.server_errors + probe.server_errors,
         "connection_errors": others.connection_errors + probe.connection_errors,
     }
+
+
+def future_outcome(server: Server, answer: dict[str, Any]) -> str | None:
+    """How a Tinker operation's future ended ("done", its failure's category and message, or
+    "still running" after a minute); None for an answer that is no future."""
+    if "request_id" not in answer:
+        return None
+    with httpx.Client(base_url=f"{server.url}/api/v1", timeout=REQUEST_TIMEOUT) as http:
+        outcome = settled(http, answer["request_id"], wait=60.0)
+    if "error" in outcome:
+        return f"{outcome.get('category')}: {str(outcome['error'])[:200]}"
+    return "still running" if outcome["type"] == "still running" else "done"
 
 
 # ------------------------------------------------------------------------------------ report
@@ -523,6 +457,8 @@ def markdown(report: dict[str, Any]) -> str:
     for case in report["expensive"]:
         during, before = case["others_during"], case["others_before"]
         answer = f"{case['status']}" + (f" `{case['param']}`" if case["param"] else "")
+        if case.get("future"):  # a Tinker operation: how its future ended
+            answer += f", future {case['future'].split(':')[0]}"
         lines.append(
             f"| {case['request']} | {answer} | {case['seconds']} "
             f"| {during['p50_ms']} / {during['max_ms']} | {before['p50_ms']} / {before['max_ms']} "
@@ -562,17 +498,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(json.dumps(wave), flush=True)
             expensive = []
             phase3_clients = min(args.clients, 8)
-            requests: dict[str, tuple[str, str, bytes]] = {}
+            requests: dict[str, Request] = {}
             if not args.hostile_only:
-                for label, body in expensive_requests().items():
-                    requests[label] = ("POST", "/v1/chat/completions", json.dumps(body).encode())
+                requests.update(expensive_requests())
                 lookup = {"ids": await stored_big_records(server)}
-                requests["lookup of five 3.8 MB records"] = (
-                    "POST",
-                    "/v1/chat/completions/lookup",
-                    json.dumps(lookup).encode(),
+                requests["lookup of five 3.8 MB records"] = post(
+                    "/v1/chat/completions/lookup", lookup
                 )
-            requests.update(hostile_requests(server, Path(folder) / ".art"))
+            requests.update(hostile_requests(server.url, Path(folder) / ".art"))
+            requests.update(tinker_requests(server.url))
             for label, request in requests.items():
                 case = await one_expensive_request(
                     server, label, request, phase3_clients, args.max_tokens
@@ -608,7 +542,7 @@ def main() -> None:
     parser.add_argument(
         "--hostile-only",
         action="store_true",
-        help="of the expensive requests, only issue 43's hostile shapes (with --quick)",
+        help="of the expensive requests, only the hostile shapes of issues 43 and 50 (with --quick)",
     )
     args = parser.parse_args()
     if args.quick:
