@@ -52,6 +52,9 @@ TEXT_FIELDS = {1: "tokens"}
 ENTRY_FIELDS = {1: "key", 2: "value"}
 CONFIG_VALUE_FIELDS = {1: "number", 2: "text"}
 TENSOR_FIELDS = {1: "dense", 2: "sparse_csr", 3: "dtype", 4: "shape"}
+# A loss input is [tokens], or [rows, columns] sent as CSR; numpy refuses past 64 dimensions,
+# so a shape is bounded well before, with a message that says what a loss input is.
+MAX_DIMENSIONS = 8
 CSR_FIELDS = {1: "values", 2: "crow_indices", 3: "col_indices"}
 
 # ---------------------------------------------------------------------------------- bounds
@@ -318,6 +321,12 @@ class _Reader:
         if any(number >= 2**63 for number in dimensions):
             signed = [number - 2**64 if number >= 2**63 else number for number in dimensions]
             raise _refused(where, f"is {signed}: a dimension is negative")
+        if len(dimensions) > MAX_DIMENSIONS:
+            raise _refused(
+                where,
+                f"has {len(dimensions)} dimensions; a loss input has one value per token (a "
+                f"sparse one [rows, columns]): at most {MAX_DIMENSIONS}",
+            )
         return dimensions
 
     def count_values(self, shape: list[int], where: str) -> int:

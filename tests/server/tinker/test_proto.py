@@ -143,6 +143,10 @@ REFUSALS = {
         forward_backward_request("m", 1, [text_datum_input(b"\x01\0\0")]),
         "`data[0].model_input[0].encoded_text.tokens` has 3 bytes, not whole int32",
     ),
+    "a shape of 100 dimensions": (
+        request(dense_weights([1] * 100, b"\0" * 4)),
+        f"{WEIGHTS}.shape` has 100 dimensions; a loss input has one value per token",
+    ),
     "dense bytes that do not fit the shape": (
         request(dense_weights([3], b"\0" * 8)),
         f"{WEIGHTS}.dense` has 8 bytes; shape [3] of float32 takes 12",
