@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -92,3 +93,19 @@ def running_server(model: Path | str, art_path: Path, **kwargs) -> Iterator[Runn
     finally:
         uv_server.should_exit = True
         thread.join(10)
+
+
+@contextlib.contextmanager
+def running_tinker_server(model: Path | str, art_path: Path, **kwargs) -> Iterator[RunningServer]:
+    """`running_server` for tests that drive it with the `tinker` SDK: the SDK's telemetry off
+    meanwhile (it would post it to the server, which accepts and drops it)."""
+    previous = os.environ.get("TINKER_TELEMETRY")
+    os.environ["TINKER_TELEMETRY"] = "0"
+    try:
+        with running_server(model, art_path, **kwargs) as running:
+            yield running
+    finally:
+        if previous is None:
+            os.environ.pop("TINKER_TELEMETRY", None)
+        else:
+            os.environ["TINKER_TELEMETRY"] = previous

@@ -14,15 +14,32 @@ from __future__ import annotations
 
 import contextlib
 import json
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tests.support.protobuf import double as double_field
+from tests.support.protobuf import length_delimited, varint
+from tests.support.protobuf import number as varint_field
+
 VARINT, FIXED64, LENGTH_DELIMITED, FIXED32 = 0, 1, 2, 5
 FLOAT32, INT64, INT32 = 1, 2, 3  # Tensor.dtype
+# The Tinker API's JSON routes, retrieve_future last (it starts no operation).
+JSON_ROUTES = [
+    "create_session",
+    "session_heartbeat",
+    "create_model",
+    "get_info",
+    "optim_step",
+    "save_weights",
+    "load_weights",
+    "save_weights_for_sampler",
+    "create_sampling_session",
+    "asample",
+    "retrieve_future",
+]
 DEEP = "\0deep-nesting\0"  # a value `json_text` writes as DEEP_LEVELS nested arrays
 DEEP_LEVELS = 100_000
 
@@ -46,36 +63,9 @@ def json_text(body: Any) -> bytes:
 # --------------------------------------------------------------------------------- protobuf
 
 
-def varint(value: int) -> bytes:
-    """A protobuf varint; a negative value as int64 does (ten bytes, two's complement)."""
-    if value < 0:
-        value += 1 << 64
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def key(number: int, wire_type: int) -> bytes:
     """A field's key: its number and wire type."""
     return varint(number << 3 | wire_type)
-
-
-def length_delimited(number: int, payload: bytes) -> bytes:
-    """A string, bytes, packed or message field."""
-    return key(number, LENGTH_DELIMITED) + varint(len(payload)) + payload
-
-
-def varint_field(number: int, value: int) -> bytes:
-    """An int or bool field."""
-    return key(number, VARINT) + varint(value)
-
-
-def double_field(number: int, value: float) -> bytes:
-    """A double field (eight bytes, little-endian)."""
-    return key(number, FIXED64) + struct.pack("<d", value)
 
 
 def map_entry(number: int, name: str, value: bytes) -> bytes:

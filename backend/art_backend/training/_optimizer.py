@@ -54,10 +54,11 @@ class OptimizerSettings:
             )
 
     @classmethod
-    def from_config(cls, config: Any) -> OptimizerSettings:
-        """The optimizer part of a `TrainConfig` or `TrainSFTConfig` (both carry these fields)."""
+    def from_config(cls, config: Any, learning_rate: float | None = None) -> OptimizerSettings:
+        """The optimizer part of a `TrainConfig` or `TrainSFTConfig` (both carry these fields);
+        `learning_rate` is this step's when the config holds a schedule (SFT's list of rates)."""
         return cls(
-            learning_rate=config.learning_rate,
+            learning_rate=config.learning_rate if learning_rate is None else learning_rate,
             max_grad_norm=config.max_grad_norm,
             weight_decay=config.weight_decay,
             micro_batch_tokens=config.micro_batch_tokens,

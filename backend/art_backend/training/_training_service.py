@@ -373,8 +373,7 @@ class TrainingService:
             rows, drops = pack_rows(batch, max_length=max_length, mask_truncated=False)
             dropped += drops["over_length"]
             if rows.num_rows:
-                settings = OptimizerSettings.from_config(config)
-                settings = dataclasses.replace(settings, learning_rate=rate)
+                settings = OptimizerSettings.from_config(config, learning_rate=rate)
                 async with self._engine_paused():
                     result = await self._in_trainer_thread(
                         self._trainer_step, model.trainer, LoraTrainer.sft_step, rows, settings

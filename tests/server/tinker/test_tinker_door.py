@@ -6,7 +6,6 @@ and a refused operation still takes its `seq_id` turn, so the run goes on."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
 import time
@@ -31,24 +30,12 @@ from art_backend.tinker._proto_decode import (  # noqa: E402
     MAX_DATUMS,
 )
 from tests.support import protobuf  # noqa: E402
-from tests.support.servers import RunningServer, running_server  # noqa: E402
+from tests.support.servers import RunningServer, running_tinker_server  # noqa: E402
+from tests.support.tinker_bodies import JSON_ROUTES  # noqa: E402
 
 API_KEY = "tml-door-key"
 HEADERS = {"X-API-Key": API_KEY}
 PROTOBUF = {"content-type": "application/x-protobuf"}
-JSON_ROUTES = [
-    "create_session",
-    "session_heartbeat",
-    "create_model",
-    "get_info",
-    "optim_step",
-    "save_weights_for_sampler",
-    "retrieve_future",
-    "save_weights",
-    "load_weights",
-    "create_sampling_session",
-    "asample",
-]
 # Enough answers that a loop held for the whole request (a stall) could not have given them.
 HEALTH_ANSWERS_WHILE_WORKING = 10
 
@@ -57,14 +44,10 @@ HEALTH_ANSWERS_WHILE_WORKING = 10
 def tinker_server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
-    previous = os.environ.get("TINKER_TELEMETRY")
-    os.environ["TINKER_TELEMETRY"] = "0"
-    with running_server(tiny_model_dir, tmp_path_factory.mktemp("door"), api_key=API_KEY) as up:
+    with running_tinker_server(
+        tiny_model_dir, tmp_path_factory.mktemp("door"), api_key=API_KEY
+    ) as up:
         yield up
-    if previous is None:
-        os.environ.pop("TINKER_TELEMETRY", None)
-    else:
-        os.environ["TINKER_TELEMETRY"] = previous
 
 
 @pytest.fixture(scope="module")

@@ -76,19 +76,6 @@ def live(
 # ------------------------------------------------------------------------------ JSON bodies
 
 
-JSON_ROUTES = [
-    "create_session",
-    "session_heartbeat",
-    "create_model",
-    "get_info",
-    "optim_step",
-    "save_weights",
-    "load_weights",
-    "save_weights_for_sampler",
-    "create_sampling_session",
-    "asample",
-    "retrieve_future",
-]
 REMOVED = "removed"
 REPLACEMENTS: dict[str, Any] = {
     "a string": "fuzz",
@@ -163,12 +150,12 @@ FUZZ_SETTINGS = settings(
 
 def test_the_sdks_own_bodies_are_served(live: LiveRun):
     """The fuzz starts from bodies the server serves: each reaches the code behind its route."""
-    for route in JSON_ROUTES[:-1]:
+    for route in wire.JSON_ROUTES[:-1]:
         seq_id = live.take_seq_id() if route in ORDERED_ROUTES else 0
         live.call(route, wire.sdk_body(sdk_request(live, route, seq_id)))
 
 
-@pytest.mark.parametrize("route", JSON_ROUTES)
+@pytest.mark.parametrize("route", wire.JSON_ROUTES)
 def test_mutated_json_bodies_get_no_5xx_and_no_server_failures(live: LiveRun, route: str):
     live.begin()
     paths = field_paths(wire.sdk_body(sdk_request(live, route, 1)))

@@ -10,7 +10,6 @@ the SDK's own error type carrying our message. Skipped where the SDK is not inst
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from art_backend.training._grpo import loss_preset  # noqa: E402
 from art_backend.training._optimizer import OptimizerSettings  # noqa: E402
 from art_backend.training._rows import Sequence, pack_rows  # noqa: E402
 from art_backend.training._trainer import LoraTrainer  # noqa: E402
-from tests.support.servers import RunningServer, running_server  # noqa: E402
+from tests.support.servers import RunningServer, running_tinker_server  # noqa: E402
 
 API_KEY = "tml-test-key"  # the SDK refuses a key without its `tml-` prefix
 # AdamW with eps 1: an update then follows the gradient's size. With a tiny eps, Adam's first
@@ -49,15 +48,9 @@ EXAMPLES = [
 def tinker_server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
-    previous = os.environ.get("TINKER_TELEMETRY")
-    os.environ["TINKER_TELEMETRY"] = "0"  # the SDK would post its telemetry (accepted, dropped)
     path = tmp_path_factory.mktemp("art-tinker")
-    with running_server(tiny_model_dir, path, api_key=API_KEY) as running:
+    with running_tinker_server(tiny_model_dir, path, api_key=API_KEY) as running:
         yield running
-    if previous is None:
-        os.environ.pop("TINKER_TELEMETRY", None)
-    else:
-        os.environ["TINKER_TELEMETRY"] = previous
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from tinker import types  # noqa: E402
 from art_backend.engines._engine import MAX_STOP_CHARACTERS  # noqa: E402
 from tests.server.tinker.test_tinker_restart import API_KEY as KILLED_KEY  # noqa: E402
 from tests.server.tinker.test_tinker_restart import art_server, kill_at  # noqa: E402
-from tests.support.servers import RunningServer, running_server  # noqa: E402
+from tests.support.servers import RunningServer, running_tinker_server  # noqa: E402
 
 API_KEY = "tml-settings-key"
 PROMPT = {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]}
@@ -54,14 +53,8 @@ def killed_in_create_model(tiny_model_dir: Path, tmp_path_factory: pytest.TempPa
 @pytest.fixture(scope="module")
 def server(killed_in_create_model: Path, tiny_model_dir: Path) -> Iterator[RunningServer]:
     """The module's one server, started on the killed server's folder."""
-    previous = os.environ.get("TINKER_TELEMETRY")
-    os.environ["TINKER_TELEMETRY"] = "0"
-    with running_server(tiny_model_dir, killed_in_create_model, api_key=API_KEY) as running:
+    with running_tinker_server(tiny_model_dir, killed_in_create_model, api_key=API_KEY) as running:
         yield running
-    if previous is None:
-        os.environ.pop("TINKER_TELEMETRY", None)
-    else:
-        os.environ["TINKER_TELEMETRY"] = previous
 
 
 @pytest.fixture(scope="module")
