@@ -108,8 +108,9 @@ class ModelRegistry:
                 param="base_model",
             )
         _check_target_modules(self.trainer_host.adaptable_modules, request.lora.target_modules)
-        _check_rank(getattr(self.engine, "max_lora_rank", None), request.lora.r)
+        # The model's width first: a rank past it is never right, whatever the engine holds.
         check_rank_fits(self.trainer_host, request.lora.r, param="lora.r")
+        _check_rank(getattr(self.engine, "max_lora_rank", None), request.lora.r)
         key = (request.project, request.name)
         async with self._step_lock:
             self._check_name_free(request)
