@@ -8,6 +8,7 @@ from pathlib import Path
 import art_backend
 from art_backend import _errors
 from tests.support.error_tree import defined_exceptions, drawn_bases, drawn_tree
+from tests.support.python_source import parse_file
 
 BACKEND = Path(art_backend.__file__).parent
 
@@ -18,7 +19,7 @@ def exception_classes_elsewhere() -> dict[str, str]:
     for path in sorted(BACKEND.rglob("*.py")):
         if path.name == "_errors.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse_file(path)):
             if isinstance(node, ast.ClassDef) and any(
                 ast.unparse(base).endswith(("Error", "Exception", "TooLarge"))
                 for base in node.bases

@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.support.python_source import parse_file
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "layout.md"
 # The source roots, in the order a reader meets them (the client, the server, the integrations).
@@ -32,7 +34,7 @@ WIDTH = 100
 
 def first_sentence(path: Path) -> str:
     """The first sentence of a module's docstring (its first paragraph, if no sentence ends)."""
-    docstring = ast.get_docstring(ast.parse(path.read_text(), str(path))) or ""
+    docstring = ast.get_docstring(parse_file(path)) or ""
     paragraph = " ".join(docstring.strip().split("\n\n", 1)[0].split())
     match = re.match(r"(.+?[.!?])(\s|$)", paragraph)
     return (match.group(1) if match else paragraph).removesuffix(".")
