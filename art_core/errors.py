@@ -213,8 +213,9 @@ class PromotionGateError(ArtError):
 
 
 class IgnoredSettingWarning(UserWarning):
-    """An ART setting that only places or sizes the work (a GPU id, a memory fraction): ignored
-    here, where art-server places and sizes the engine itself (`art_core.dev`)."""
+    """An ART setting ignored here: one that only places or sizes the work (a GPU id, a memory
+    fraction), where art-server places and sizes the engine itself (`art_core.dev`), or a
+    LiteLLM parameter RULER's judge call cannot honour (`extra_litellm_params`)."""
 
 
 class BackendWarning(UserWarning):

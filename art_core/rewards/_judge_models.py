@@ -1,7 +1,14 @@
 """Which model judges or generates: an `art.Model` as given, a string `"<provider>/<model>"`
 resolved from the usual environment variables (`OPENAI_API_KEY`, `OPENROUTER_API_KEY`, ...;
-`<PROVIDER>_BASE_URL` overrides the URL), or the base model a backend serves; and the label its
-answers are cached under."""
+`<PROVIDER>_BASE_URL`, or LiteLLM's `<PROVIDER>_API_BASE`, overrides the URL), or the base model
+a backend serves; and the label its answers are cached under.
+
+A string is LiteLLM's model name as ART writes it: `openai/o3`, `anthropic/...`,
+`openrouter/...`, and for a server of one's own `hosted_vllm/<model>` (or any provider) with its
+URL given (`api_base` in ART's `extra_litellm_params`, or the environment), `ollama/<model>` on
+Ollama's OpenAI-compatible port. A hosted provider at its own URL needs its API key; a URL given
+by the caller needs none (a local art-server or vLLM may run without one).
+"""
 
 from __future__ import annotations
 
@@ -26,11 +33,30 @@ PROVIDER_URLS = {
     "deepseek": "https://api.deepseek.com/v1",
     "mistral": "https://api.mistral.ai/v1",
 }
+# Servers one runs oneself: a default URL where there is a usual one; no API key needed.
+LOCAL_PROVIDER_URLS: dict[str, str | None] = {
+    "ollama": "http://localhost:11434/v1",
+    "ollama_chat": "http://localhost:11434/v1",
+    "hosted_vllm": None,
+}
 
 
-def resolve_model(spec: Model | str, *, price: TokenPrice | None = None) -> Model:
-    """An `art.Model` as is, or `"<provider>/<model>"` resolved from environment variables."""
+def resolve_model(
+    spec: Model | str,
+    *,
+    price: TokenPrice | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+) -> Model:
+    """An `art.Model` as is, or `"<provider>/<model>"` resolved from environment variables;
+    `base_url` / `api_key` (LiteLLM's `api_base` / `api_key`) point a string at that endpoint."""
     if isinstance(spec, Model):
+        if base_url is not None or api_key is not None:
+            raise ModelConfigError(
+                f"{spec!r} already names its endpoint: an api_base or api_key for the judge "
+                "goes with a judge named by a string ('hosted_vllm/<model>'), or into "
+                "art.Model(base_url=..., api_key=...)."
+            )
         return spec
     if not isinstance(spec, str) or "/" not in spec:
         raise ModelConfigError(
@@ -38,18 +64,23 @@ def resolve_model(spec: Model | str, *, price: TokenPrice | None = None) -> Mode
             f"'openai/gpt-4.1-mini'; got {spec!r}."
         )
     provider, name = spec.split("/", 1)
+    known = provider.lower()
     variable = re.sub(r"[^A-Z0-9]", "_", provider.upper())
-    base_url = os.environ.get(f"{variable}_BASE_URL") or PROVIDER_URLS.get(provider.lower())
-    api_key = os.environ.get(f"{variable}_API_KEY")
-    if base_url is None:
+    given_url = (
+        base_url or os.environ.get(f"{variable}_BASE_URL") or os.environ.get(f"{variable}_API_BASE")
+    )
+    url = given_url or PROVIDER_URLS.get(known) or LOCAL_PROVIDER_URLS.get(known)
+    key = api_key or os.environ.get(f"{variable}_API_KEY")
+    if url is None:
         raise ModelConfigError(
             f"Unknown provider {provider!r} in {spec!r}: set {variable}_BASE_URL to its "
-            f"OpenAI-compatible URL (and {variable}_API_KEY if it needs one), or pass "
+            f"OpenAI-compatible URL (and {variable}_API_KEY if it needs one), pass "
+            f"extra_litellm_params={{'api_base': ...}} to RULER, or pass "
             f"art.Model(name=..., base_url=..., api_key=...). Known: {', '.join(PROVIDER_URLS)}."
         )
-    if not api_key and provider.lower() in PROVIDER_URLS:
+    if not key and not given_url and known in PROVIDER_URLS:
         raise ModelConfigError(f"{spec!r} needs an API key: set {variable}_API_KEY.")
-    return Model(name=name, base_url=base_url, api_key=api_key, price=price)
+    return Model(name=name, base_url=url, api_key=key, price=price)
 
 
 async def judge_or_base_model(judge: str | None, backend: Backend, base_model: str) -> Model | str:

@@ -1,14 +1,23 @@
 """RULER: an LLM judge scores the runs of one group relative to each other, as the reward.
 
-    group = await art.ruler_score_group(group, judge="openai/gpt-4.1-mini")
+    group = await art.ruler_score_group(group, "openai/o3", debug=True)       # ART's call
+    group = await art.ruler_score_group(group, judge="openai/gpt-4.1-mini")   # ours
     groups = await art.gather_trajectory_groups(..., after_each=functools.partial(
         art.ruler_score_group, judge=judge, swallow_exceptions=True))
 
 GRPO only needs rewards that rank the runs of a group, so a judge that sees them side by side is
 enough; no reward code. Each scored trajectory names the judge call it got its reward from:
 `metadata["judge_cache_key"]`, the cache key of that request (two with `reverse_order_check`),
-which the server records in the step's replay manifest. The prompt layout is in `_ruler_prompt.py`; the call, its one re-ask,
-retries, cost and cache in `_structured_completion.py`.
+which the server records in the step's replay manifest. The prompt layout is in
+`_ruler_prompt.py`; the call, its one re-ask, retries, cost and cache in
+`_structured_completion.py`; ART's `extra_litellm_params` in `_litellm_params.py`.
+
+Both take ART 0.5.23's positional order, `(message_lists, judge_model, extra_litellm_params,
+rubric, tools)` and `(group, judge_model, extra_litellm_params, rubric)`, and ours,
+`(message_lists, judge, rubric, tools)` and `(group, judge, rubric)`: the third argument tells
+them apart, a dict (or None) being ART's `extra_litellm_params` and a str our rubric.
+`judge_model=` and `judge=` are one argument; without either the judge is ART's default,
+`"openai/o3"`.
 """
 
 from __future__ import annotations
@@ -16,15 +25,17 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import pprint
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from art_core._unknown_fields import StrictModel, check_names
-from art_core.errors import JudgeContextError, JudgeError
+from art_core.errors import JudgeContextError, JudgeError, UnsupportedOptionError
 from art_core.model import Model
 from art_core.rewards._cache import ResponseCache, resolve_cache
-from art_core.rewards._judge_models import resolve_model
 from art_core.rewards._judge_usage import JudgeUsage
+from art_core.rewards._litellm_params import JudgeCall, judge_call
 from art_core.rewards._ruler_prompt import (
     DEFAULT_MESSAGE_CHAR_BUDGET,
     DEFAULT_RUBRIC,
@@ -41,14 +52,21 @@ __all__ = ["DEFAULT_RUBRIC", "RulerScore", "ruler", "ruler_score_group"]
 
 logger = logging.getLogger("art_core.ruler")
 
+# ART's judge when none is named (it needs OPENAI_API_KEY).
+DEFAULT_JUDGE = "openai/o3"
+
+Tools = list[dict[str, Any]]
+
 
 class RulerScore(StrictModel):
-    """One run's score in [0, 1] and the judge's explanation.
+    """One run's score in [0, 1] and the judge's explanation (ART's `TrajectoryScore`).
 
+    `trajectory_id`: "1", "2", ... in the order the runs were given, as ART numbers them.
     `position_gap`: with `reverse_order_check`, how much the score moved when the runs were
     shown in reverse order (0 when the judge is free of position bias).
     """
 
+    trajectory_id: str = ""
     score: float
     explanation: str
     position_gap: float | None = None
@@ -56,34 +74,46 @@ class RulerScore(StrictModel):
 
 async def ruler(
     message_lists: list[list[dict[str, Any]]],
-    judge: Model | str,
-    rubric: str = DEFAULT_RUBRIC,
-    tools: list[dict[str, Any]] | None = None,
+    judge_model: Model | str | None = None,
+    extra_litellm_params: Mapping[str, Any] | str | None = None,
+    rubric: str | Tools | None = None,
+    tools: Tools | None = None,
     *,
+    judge: Model | str | None = None,
+    debug: bool = False,
     message_char_budget: int = DEFAULT_MESSAGE_CHAR_BUDGET,
     reverse_order_check: bool = False,
     cache: bool | str | Path | ResponseCache | None = True,
     max_tokens: int | None = None,
     sampling: dict[str, Any] | None = None,
-    timeout: float = 600.0,
-    max_retries: int = 3,
+    timeout: float | None = None,
+    max_retries: int | None = None,
     usage: JudgeUsage | None = None,
 ) -> list[RulerScore]:
     """Score each conversation (same task, one per run) relative to the others; one per list.
 
-    `judge`: an `art.Model` or `"<provider>/<model>"`. `reverse_order_check`: judge again with
-    the runs in reverse order and average (twice the cost; removes position bias). `cache`:
-    a folder, True for `~/.cache/art-trainer/judge`, False for none. `usage` accumulates cost.
+    `judge_model` (or `judge=`): an `art.Model` or `"<provider>/<model>"`, `"openai/o3"` when
+    neither is given. `extra_litellm_params`: ART's LiteLLM settings (`api_base`, `api_key`,
+    `temperature`, `max_tokens`, ...; see `_litellm_params.py`). The third positional argument
+    may instead be our rubric (a str), then the fourth the tools. `debug`: print the judge's
+    scores and explanations, as ART does. `reverse_order_check`: judge again with the runs in
+    reverse order and average (twice the cost; removes position bias). `cache`: a folder, True
+    for `~/.cache/art-trainer/judge`, False for none. `usage` accumulates cost.
     `message_char_budget`: each message is cut to this many characters (marked); if the judge
     still answers that the prompt exceeds its context, the budget is halved and the prompt
     resent, down to 200 characters. `sampling` (e.g. `{"temperature": 0.3}`) defaults to
-    greedy (temperature 0).
+    greedy (temperature 0). `timeout` (600 s) and `max_retries` (3) bound each request.
     """
+    chosen, extra, rubric_text, tools = _art_or_our_order(
+        "ruler()", judge_model, judge, extra_litellm_params, rubric, tools
+    )
     scores, _ = await _ruler_with_keys(
         message_lists,
-        judge,
-        rubric,
+        chosen,
+        extra,
+        rubric_text,
         tools,
+        debug=debug,
         message_char_budget=message_char_budget,
         reverse_order_check=reverse_order_check,
         cache=cache,
@@ -96,19 +126,60 @@ async def ruler(
     return scores
 
 
+def _art_or_our_order(
+    owner: str,
+    judge_model: Model | str | None,
+    judge: Model | str | None,
+    extra_litellm_params: Mapping[str, Any] | str | None,
+    rubric: str | Tools | None,
+    tools: Tools | None,
+) -> tuple[Model | str, Mapping[str, Any] | None, str, Tools | None]:
+    """The judge, LiteLLM's settings, the rubric and the tools of a call in either order."""
+    if judge_model is not None and judge is not None:
+        raise UnsupportedOptionError(
+            f"{owner}: judge_model and judge are one argument (ART's name and ours): pass one."
+        )
+    chosen = judge_model if judge_model is not None else judge
+    if isinstance(extra_litellm_params, str):  # our order: (judge, rubric, tools)
+        if isinstance(rubric, str) or (rubric is not None and tools is not None):
+            raise UnsupportedOptionError(
+                f"{owner}: the third argument {extra_litellm_params[:40]!r} is the rubric (our "
+                "order: judge, rubric, tools), so rubric or tools is given twice: pass each once."
+            )
+        extra_litellm_params, rubric, tools = None, extra_litellm_params, rubric or tools
+    if rubric is not None and not isinstance(rubric, str):
+        raise UnsupportedOptionError(
+            f"{owner}: rubric is a str, got a {type(rubric).__name__}; in ART's order the tools "
+            "come after it: (judge_model, extra_litellm_params, rubric, tools), or pass tools=."
+        )
+    if extra_litellm_params is not None and not isinstance(extra_litellm_params, Mapping):
+        raise UnsupportedOptionError(
+            f"{owner}: extra_litellm_params is a dict of LiteLLM's settings (or, third, our "
+            f"rubric as a str), got a {type(extra_litellm_params).__name__}."
+        )
+    return (
+        chosen if chosen is not None else DEFAULT_JUDGE,
+        extra_litellm_params,
+        rubric if rubric is not None else DEFAULT_RUBRIC,
+        tools,
+    )
+
+
 async def _ruler_with_keys(
     message_lists: list[list[dict[str, Any]]],
     judge: Model | str,
+    extra_litellm_params: Mapping[str, Any] | None,
     rubric: str,
-    tools: list[dict[str, Any]] | None,
+    tools: Tools | None,
     *,
+    debug: bool,
     message_char_budget: int,
     reverse_order_check: bool,
     cache: bool | str | Path | ResponseCache | None,
     max_tokens: int | None,
     sampling: dict[str, Any] | None,
-    timeout: float,
-    max_retries: int,
+    timeout: float | None,
+    max_retries: int | None,
     usage: JudgeUsage | None,
 ) -> tuple[list[RulerScore], list[str]]:
     """`ruler`, and the cache keys of the judge calls whose answers gave the scores."""
@@ -119,19 +190,17 @@ async def _ruler_with_keys(
         )
     if not message_lists:
         return [], []
-    model = resolve_model(judge)
+    call = judge_call(
+        judge,
+        extra_litellm_params,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        timeout=timeout,
+        max_retries=max_retries,
+    )
     usage = usage if usage is not None else JudgeUsage()
     distinct = distinct_runs(message_lists, tools)
-    options: dict[str, Any] = {
-        "model": model,
-        "cache": resolve_cache(cache),
-        # A judge scores greedily unless told otherwise: a sampled score is noise, and the cache
-        # would keep one random draw.
-        "sampling": {"temperature": 0.0, **(sampling or {})},
-        "timeout": timeout,
-        "max_retries": max_retries,
-        "usage": usage,
-    }
+    response_cache = resolve_cache(cache)
     budget = message_char_budget
     keys: list[str] = []
 
@@ -143,14 +212,14 @@ async def _ruler_with_keys(
                 distinct, rubric=rubric, order=order, message_char_budget=budget
             )
             try:
-                scores = await _judge(prompt, max_tokens, keys=keys, **options)
+                scores = await _judge(prompt, call, response_cache, usage, keys)
             except JudgeContextError:
                 if budget <= MIN_MESSAGE_CHAR_BUDGET:
                     raise
                 budget = max(MIN_MESSAGE_CHAR_BUDGET, budget // 2)
                 logger.warning(
                     "The RULER prompt is too long for %s: cutting messages to %d characters",
-                    model.get_inference_name(),
+                    call.model.get_inference_name(),
                     budget,
                 )
                 continue
@@ -169,24 +238,35 @@ async def _ruler_with_keys(
                 explanation=first.explanation,
                 position_gap=abs(first.score - second.score),
             )
-    return [scores[index].model_copy() for index in distinct.index_of], keys
+    numbered = [
+        scores[index].model_copy(update={"trajectory_id": str(number)})
+        for number, index in enumerate(distinct.index_of, start=1)
+    ]
+    if debug:
+        print_judgement(numbered)
+    return numbered, keys
+
+
+def print_judgement(scores: list[RulerScore]) -> None:
+    """What ART prints with `debug=True`: each trajectory's id, the judge's explanation, score."""
+    print("\n[RULER] Pretty-printed LLM choice JSON:")
+    shown = [
+        {"trajectory_id": s.trajectory_id, "explanation": s.explanation, "score": s.score}
+        for s in scores
+    ]
+    pprint.pprint({"scores": shown}, sort_dicts=False)
 
 
 async def _judge(
     prompt: JudgePrompt,
-    max_tokens: int | None,
-    *,
-    keys: list[str],
-    model: Model,
+    call: JudgeCall,
     cache: ResponseCache | None,
-    sampling: dict[str, Any] | None,
-    timeout: float,
-    max_retries: int,
     usage: JudgeUsage,
+    keys: list[str],
 ) -> list[RulerScore]:
     count = prompt.num_runs
     return await structured_completion(
-        model,
+        call.model,
         prompt.messages,
         schema_name="ruler_scores",
         schema=prompt.schema,
@@ -194,20 +274,20 @@ async def _judge(
         correction=lambda problems: correction_message(problems, count),
         usage=usage,
         cache=cache,
-        max_tokens=max_tokens,
-        sampling=sampling,
-        timeout=timeout,
-        max_retries=max_retries,
+        max_tokens=call.max_tokens,
+        sampling=call.sampling,
+        timeout=call.timeout,
+        max_retries=call.max_retries,
         keys=keys,
     )
 
 
 # The keywords `ruler_score_group` passes through to `ruler` (the rest it fills in itself),
-# with `ruler`'s defaults.
+# with `ruler`'s defaults; the judge goes apart.
 RULER_DEFAULTS = {
     name: parameter.default
     for name, parameter in inspect.signature(ruler).parameters.items()
-    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "judge"
 }
 RULER_OPTIONS = list(RULER_DEFAULTS)
 
@@ -265,13 +345,17 @@ def judged_messages(trajectory: Trajectory) -> list[dict[str, Any]]:
 
 async def ruler_score_group(
     group: TrajectoryGroup,
-    judge: Model | str,
-    rubric: str = DEFAULT_RUBRIC,
+    judge_model: Model | str | None = None,
+    extra_litellm_params: Mapping[str, Any] | str | None = None,
+    rubric: str | None = None,
     *,
+    judge: Model | str | None = None,
     swallow_exceptions: bool = False,
+    debug: bool = False,
     **options: Any,
 ) -> TrajectoryGroup | None:
-    """A new group whose rewards are the judge's scores (see `ruler` for `options`).
+    """A new group whose rewards are the judge's scores (see `ruler` for the judge, ART's
+    `extra_litellm_params`, `debug` and `options`; the third argument may be our rubric).
 
     Each trajectory keeps its previous reward in `metrics["independent_reward"]`, gets
     `metrics["ruler_score"]`, the explanation in its logs and the judge call's cache key in
@@ -284,15 +368,23 @@ async def ruler_score_group(
     # Checked before anything else: a misspelt option is an error even for an empty group, and
     # it is never mistaken for a judge failure that `swallow_exceptions` would drop.
     check_names("ruler_score_group()", options, [*RULER_OPTIONS, "rubric", "swallow_exceptions"])
+    chosen, extra, rubric_text, _ = _art_or_our_order(
+        "ruler_score_group()", judge_model, judge, extra_litellm_params, rubric, None
+    )
     if not group.trajectories:
         return group
     tools = next((t.tools for t in group.trajectories if t.tools), None)
     total: JudgeUsage | None = options.pop("usage", None)
     usage = JudgeUsage()
-    settings = {**RULER_DEFAULTS, **options, "usage": usage}
+    settings = {**RULER_DEFAULTS, **options, "debug": debug, "usage": usage}
     try:
         scores, keys = await _ruler_with_keys(
-            [judged_messages(t) for t in group.trajectories], judge, rubric, tools, **settings
+            [judged_messages(t) for t in group.trajectories],
+            chosen,
+            extra,
+            rubric_text,
+            tools,
+            **settings,
         )
     except JudgeError as error:
         if total is not None:
@@ -307,6 +399,13 @@ async def ruler_score_group(
         return None
     if total is not None:
         total.add(usage)
+    return _scored_group(group, scores, keys, usage)
+
+
+def _scored_group(
+    group: TrajectoryGroup, scores: list[RulerScore], keys: list[str], usage: JudgeUsage
+) -> TrajectoryGroup:
+    """A copy of `group` rewarded by `scores`, naming the judge calls `keys`, with `usage`."""
     judge_cache_key: str | list[str] = keys[0] if len(keys) == 1 else keys
     scored = []
     for trajectory, result in zip(group.trajectories, scores, strict=True):
