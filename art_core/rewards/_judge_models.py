@@ -28,8 +28,11 @@ PROVIDER_URLS = {
 }
 
 
-def resolve_model(spec: Model | str, *, price: TokenPrice | None = None) -> Model:
-    """An `art.Model` as is, or `"<provider>/<model>"` resolved from environment variables."""
+def resolve_model(
+    spec: Model | str, *, price: TokenPrice | None = None, api_key: str | None = None
+) -> Model:
+    """An `art.Model` as is, or `"<provider>/<model>"` resolved from environment variables
+    (`api_key`, when given, instead of `<PROVIDER>_API_KEY`)."""
     if isinstance(spec, Model):
         return spec
     if not isinstance(spec, str) or "/" not in spec:
@@ -40,7 +43,7 @@ def resolve_model(spec: Model | str, *, price: TokenPrice | None = None) -> Mode
     provider, name = spec.split("/", 1)
     variable = re.sub(r"[^A-Z0-9]", "_", provider.upper())
     base_url = os.environ.get(f"{variable}_BASE_URL") or PROVIDER_URLS.get(provider.lower())
-    api_key = os.environ.get(f"{variable}_API_KEY")
+    api_key = api_key or os.environ.get(f"{variable}_API_KEY")
     if base_url is None:
         raise ModelConfigError(
             f"Unknown provider {provider!r} in {spec!r}: set {variable}_BASE_URL to its "
