@@ -115,11 +115,6 @@ REFUSED: dict[str, dict[str, str]] = {
             ".name, .description, .mime_type, as ART's class has them); read one with "
             "McpServer.read_resource(uri)"
         ),
-        "GeneratedScenarioCollection": (
-            "generated scenarios are a plain list[art.Scenario] (art_mcp.generate_scenarios); "
-            "split, save and load it with art.split_scenarios, art.save_scenarios and "
-            "art.load_scenarios"
-        ),
     },
     "art.serverless": {"ServerlessBackend": _HOSTED},
     "art.yield_trajectory": {

@@ -19,6 +19,8 @@ to use here); docs/art-compatibility.md lists them:
       engine_args.max_num_seqs                   LocalBackend(max_batch_size=...), when default
       init_args.max_seq_length,                  the model's default TrainConfig(max_length=...):
         engine_args.max_model_len                longer rows are dropped from training, counted
+      init_args.load_in_4bit / load_in_8bit:     False: ignored with a warning (the backend
+        False, load_in_16bit                     never quantizes); True for 4 or 8 bits refused
       placement and memory hints                 ignored, with an `IgnoredSettingWarning`
         (gpu_memory_utilization, trainer_gpu_ids, (`PLACEMENT_KEYS`): art-server places and
         inference_gpu_ids, enforce_eager, ...)   sizes the engine itself
@@ -67,6 +69,9 @@ class InitArgs(TypedDict, total=False):
     dtype: str | None
     max_seq_length: int
     gpu_memory_utilization: float
+    load_in_4bit: bool
+    load_in_8bit: bool
+    load_in_16bit: bool
 
 
 class EngineArgs(TypedDict, total=False):
@@ -208,6 +213,14 @@ PLACEMENT_KEYS: dict[str, dict[str, str]] = {
         ),
     },
 }  # fmt: skip
+# Unsloth's loading precision. This backend never quantizes: LoRA trains on the base weights as
+# loaded, in LocalBackend's dtype. init_args key -> whether True asks for quantized weights.
+_PRECISION = (
+    "this backend never quantizes; LoRA trains on the base weights in LocalBackend's dtype "
+    "(auto: bfloat16 on a GPU with native bf16, else float32; set it with "
+    "LocalBackend(dtype=...) or init_args.dtype)"
+)
+_LOAD_PRECISION = {"load_in_4bit": True, "load_in_8bit": True, "load_in_16bit": False}
 _LENGTH_KEYS = ("max_seq_length", "max_model_len")
 # ART's modes whose value is what this backend does (one LoRA adapter served per step).
 _OURS = {"rollout_weights_mode": "lora", "rollout_weight_update_mode": "step_lora"}
@@ -272,6 +285,14 @@ def _engine_setting(settings: dict[str, Any], section: str, key: str, item: Any)
                 f"(the longest row trained): give one value, not {settings['max_length']} and {length}",
             )
         settings["max_length"] = length
+    elif section == "init_args" and key in _LOAD_PRECISION:
+        if item and _LOAD_PRECISION[key]:
+            raise _refuse(
+                f"init_args.{key}={item!r}",
+                f"{_PRECISION}: quantized (QLoRA) training computes something else; leave it "
+                "out or set it False",
+            )
+        _ignore(f"init_args.{key}", item, _PRECISION)
     elif key in PLACEMENT_KEYS[section]:
         _ignore(f"{section}.{key}", item, PLACEMENT_KEYS[section][key])
     else:

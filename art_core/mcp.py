@@ -2,7 +2,9 @@
 
 `from art_core.mcp import MCPTool, generate_scenarios` ports ART's line: `MCPTool` is
 `art_mcp.McpTool`, `complete_task_tool` is `art_mcp.COMPLETE_TASK` (a tool dict),
-`GeneratedScenario` is `art_core.Scenario`; ART's names art_mcp refuses import and say why.
+`GeneratedScenario` is `art_core.Scenario`, and `generate_scenarios(tools=..., num_scenarios=...,
+generator_model=...)` returns ART's `GeneratedScenarioCollection`; ART's names art_mcp refuses
+import and say why.
 Imported on first use (a missing extra raises ImportError naming it).
 """
 

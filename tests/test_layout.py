@@ -287,8 +287,13 @@ PUBLIC_SURFACES = {
         "jsonl_lines", "limit_concurrency", "retry", "scenario_hash",
     ],
     "art_core.utils.sft": [
-        "InvalidSFTFileError", "create_lr_schedule", "get_file_row_count", "iterate_file",
-        "train_sft_from_file",
+        "InvalidSFTFileError", "SFTChunk", "create_lr_schedule", "create_sft_dataset_iterator",
+        "get_file_row_count", "iterate_file", "resolve_sft_batch_size", "train_sft_from_file",
+    ],
+    "art_core.utils.deployment": [
+        "DeploymentConfig", "DeploymentResult", "LoRADeploymentJob", "LoRADeploymentProvider",
+        "Provider", "TogetherDeploymentConfig", "WandbDeploymentConfig", "deploy_model",
+        "deploy_wandb",
     ],
     "art_core.names": [
         "ADAPTER_NAME_PATTERN", "DEFAULT_MODEL", "DEFAULT_MODEL_ALIAS", "NAME_PATTERN",
@@ -313,7 +318,7 @@ PUBLIC_SURFACES = {
         "init_chat_model", "rollout", "wrap_rollout",
     ],
     "art_mcp": [
-        "COMPLETE_TASK", "CheckedScenario", "McpConfigError", "McpContextError", "McpScenarioFileError", "McpScenarioToolsError", "McpServer",
+        "COMPLETE_TASK", "CheckedScenario", "GeneratedScenarioCollection", "McpConfigError", "McpContextError", "McpScenarioFileError", "McpScenarioToolsError", "McpServer",
         "McpServerError", "McpSession", "McpTool", "ToolNames", "ToolOutcome", "check_context", "describe_server",
         "generate_scenarios", "load_scenarios", "result_text", "rollout", "train",
     ],

@@ -29,7 +29,13 @@ import httpx
 
 from art_core._unknown_fields import check_names
 from art_core.backend import ModelRef, RemoteBackend
-from art_core.errors import ArtError, BackendCrashedError, BackendWarning, UnsupportedOptionError
+from art_core.errors import (
+    ArtError,
+    BackendCrashedError,
+    BackendWarning,
+    IgnoredSettingWarning,
+    UnsupportedOptionError,
+)
 from art_core.local._buckets import bucket_url, sync
 
 __all__ = ["LocalBackend"]
@@ -39,7 +45,6 @@ logger = logging.getLogger("art_core.local")
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may convert the embedded model (~40 s)
 _KEYWORDS = ["path", "dtype", "device", "max_batch_size", "chat_template", "extra_args"]
 _HINTS = {
-    "in_process": "The backend always runs in a child process here (the client never imports torch).",
     "gpu_cost_per_hour_usd": "Costs here are judges' token prices: art.Model(price=...).",
     "enable_expert_replay": "The engine has no MoE expert replay to turn off.",
 }
@@ -57,14 +62,26 @@ class LocalBackend(RemoteBackend):
         max_batch_size: int | None = None,
         chat_template: str | os.PathLike[str] | None = None,
         extra_args: list[str] | None = None,
+        in_process: bool = False,
         **unknown: Any,
     ) -> None:
         """`dtype`, `device`, `max_batch_size`: the engine's (`art-server --dtype ...`; None
         keeps the server's own default batch, 128 rows); a model's `_internal_config` may set
         dtype and max_batch_size where these keep defaults. `chat_template`: a built-in's name
         (`"chatml"`) or a Jinja file, for a base model without one (`art-server --chat-template`).
-        `extra_args`: more `art-server` options. ART's other keywords raise UnknownFieldError."""
-        check_names("LocalBackend()", unknown, _KEYWORDS, hints=_HINTS)
+        `extra_args`: more `art-server` options. ART's `in_process=True` warns and is ignored;
+        its other keywords raise UnknownFieldError."""
+        check_names("LocalBackend()", unknown, [*_KEYWORDS, "in_process"], hints=_HINTS)
+        if in_process:
+            # Where the backend runs changes nothing it computes; a child process keeps torch
+            # out of the user's process and lets it outlive an engine crash.
+            warnings.warn(
+                "LocalBackend(in_process=True) is ignored here: the backend always runs in a "
+                "child process (art-server on 127.0.0.1), so the client never imports torch and "
+                "survives an engine crash; what it computes is the same.",
+                IgnoredSettingWarning,
+                stacklevel=2,
+            )
         super().__init__("http://127.0.0.1:0", api_key=secrets.token_urlsafe(24))
         self.path = Path(path).resolve()
         self.dtype = dtype

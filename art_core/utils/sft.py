@@ -1,4 +1,5 @@
-"""Supervised fine-tuning from a JSONL file, with ART's names and defaults (`art.utils.sft`).
+"""Supervised fine-tuning helpers with ART's names and defaults (`art.utils.sft`): from a JSONL
+file, or from trajectories in memory in chunks (`create_sft_dataset_iterator`).
 
 Each line of the file is one conversation in OpenAI's fine-tuning format::
 
@@ -9,6 +10,11 @@ computes the learning rate of every batch (warmup, then linear, cosine or consta
 sends it all as one `model.train_sft` call: one checkpoint at the end, one optimizer step per
 batch. Every line is checked before anything trains; a bad one is an `InvalidSFTFileError`
 naming its file and line.
+
+`create_sft_dataset_iterator` cuts trajectories already in memory (a teacher's answers, say) into
+chunks of batches, one `model.train_sft(chunk.trajectories, chunk.config)` call each, so each
+chunk's step has its own metrics; the schedule is computed over every batch of every epoch and
+sliced, so warmup and decay run across the chunks as in one call.
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import ValidationError
+from tqdm.auto import tqdm
 
 from art_core.errors import InvalidSFTFileError, UnsupportedOptionError
 from art_core.trajectories import Trajectory
@@ -31,9 +38,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "InvalidSFTFileError",
+    "SFTChunk",
     "create_lr_schedule",
+    "create_sft_dataset_iterator",
     "get_file_row_count",
     "iterate_file",
+    "resolve_sft_batch_size",
     "train_sft_from_file",
 ]
 
@@ -113,6 +123,88 @@ def iterate_file(
             yield from emit(trajectory)
 
 
+class SFTChunk(NamedTuple):
+    """One `model.train_sft` call of `create_sft_dataset_iterator`: its trajectories, their config
+    (a rate per batch), the global batch it starts at, its epoch, and its batch in that epoch."""
+
+    trajectories: list[Trajectory]
+    config: TrainSFTConfig
+    step: int
+    epoch: int
+    epoch_step: int
+
+
+def create_sft_dataset_iterator(
+    trajectories: Iterable[Trajectory],
+    chunk_size: int = 10,
+    epochs: int = 1,
+    batch_size: int | Literal["auto"] = 2,
+    peak_lr: float = 2e-4,
+    schedule_type: ScheduleType = "linear",
+    warmup_ratio: float = 0.1,
+    shuffle: bool = True,
+    seed: int = 42,
+    initial_step: int = 0,
+    show_progress: bool = True,
+) -> Iterator[SFTChunk]:
+    """`SFTChunk`s of up to `chunk_size` batches of `batch_size` trajectories, epoch after epoch.
+
+    ART's signature and defaults. Each epoch is shuffled with `random.Random(seed + epoch)` (when
+    `shuffle`); a chunk never spans two epochs. The rates come from `create_lr_schedule` over all
+    batches with `int(batches * warmup_ratio)` warmup steps. `initial_step` resumes at that global
+    batch: the batches before it are left out. `show_progress` shows a bar of batches.
+    """
+    size = _positive_batch_size(batch_size)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if not 0 <= warmup_ratio <= 1:
+        raise ValueError(f"warmup_ratio must be between 0 and 1, got {warmup_ratio}")
+    items = list(trajectories)
+    if not items:
+        return
+    per_epoch = math.ceil(len(items) / size)
+    total = per_epoch * epochs
+    schedule = create_lr_schedule(total, peak_lr, schedule_type, int(total * warmup_ratio))
+    bar = tqdm(
+        initial=min(initial_step, total), total=total, desc="SFT Training", unit="step",
+        disable=not show_progress,
+    )  # fmt: skip
+    with bar:
+        for epoch in range(epochs):
+            order = list(items)
+            if shuffle:
+                random.Random(seed + epoch).shuffle(order)
+            offset = epoch * per_epoch  # the global step of this epoch's first batch
+            for first in range(0, per_epoch, chunk_size):
+                start = max(first, initial_step - offset)  # the batches before were trained
+                stop = min(first + chunk_size, per_epoch)
+                if start >= stop:
+                    continue
+                rates = schedule[offset + start : offset + stop]
+                yield SFTChunk(
+                    trajectories=order[start * size : stop * size],
+                    config=TrainSFTConfig(learning_rate=rates, batch_size=size),
+                    step=offset + start,
+                    epoch=epoch,
+                    epoch_step=start,
+                )
+                bar.update(stop - start)
+
+
+def resolve_sft_batch_size(*, batch_size: int | Literal["auto"], default_batch_size: int) -> int:
+    """ART's helper: `batch_size`, or `default_batch_size` where it is "auto"."""
+    return default_batch_size if batch_size == "auto" else batch_size
+
+
+def _positive_batch_size(batch_size: int | Literal["auto"]) -> int:
+    size = resolve_sft_batch_size(batch_size=batch_size, default_batch_size=SFT_AUTO_BATCH_SIZE)
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f'batch_size must be a positive integer or "auto", got {batch_size!r}')
+    return size
+
+
 async def train_sft_from_file(
     model: TrainableModel,
     file_path: str,
@@ -147,9 +239,7 @@ async def train_sft_from_file(
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if not 0 <= warmup_ratio <= 1:
         raise ValueError(f"warmup_ratio must be between 0 and 1, got {warmup_ratio}")
-    size = SFT_AUTO_BATCH_SIZE if batch_size == "auto" else batch_size
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f'batch_size must be a positive integer or "auto", got {batch_size!r}')
+    size = _positive_batch_size(batch_size)
     rows = get_file_row_count(file_path)  # checks every line before anything trains
     if verbose:
         print(f"File has {rows} rows")

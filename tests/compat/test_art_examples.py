@@ -72,7 +72,7 @@ def test_internal_config_set_after_construction_is_applied_as_the_constructors()
     assert model.engine_settings == {"dtype": "float32", "max_batch_size": 8}
     assert (model.lora_config.r, model.lora_config.alpha) == (4, 8)
     with pytest.raises(art.UnsupportedOptionError, match=r"init_args\.load_in_4bit"):
-        model._internal_config = {"init_args": {"load_in_4bit": True}}  # type: ignore[typeddict-unknown-key]
+        model._internal_config = {"init_args": {"load_in_4bit": True}}
     with pytest.raises(art.UnsupportedOptionError, match="one setting"):
         model._internal_config = {
             "init_args": {"max_seq_length": 8},

@@ -49,6 +49,9 @@ MODULES: dict[str, str] = {
     "art.errors": "art_core.errors",
     "art.utils.litellm": "art_core.utils.litellm",
     "art.utils.output_dirs": "art_core.utils.output_dirs",
+    "art.utils.deployment": "art_core.utils.deployment",
+    "art.utils.deployment.wandb": "art_core.utils.deployment.wandb",
+    "art.utils.sft": "art_core.utils.sft",
     "art.pipeline_trainer.trainer": "art_core.pipeline_trainer.trainer",
     "art.yield_trajectory": "art_core.yield_trajectory",
     "art.local.LocalBackend": "art_core.local:LocalBackend",
@@ -85,6 +88,19 @@ MAPPED: dict[tuple[str, str], tuple[str, str]] = {
         "art_core.local:LocalBackend._experimental_fork_checkpoint",
         "registers the model forked: `model.register(backend, fork_from=, fork_step=)`; call it in place of register",
     ),
+    **{
+        (module, name): (
+            f"art_core.{module.removeprefix('art.')}:{name}",
+            "ART's signature; hosting is not part of this library (the backend serves every step "
+            "as `<name>@<step>`): it raises UnsupportedOptionError naming the adapter's folder "
+            "and how to upload it",
+        )
+        for module, name in [
+            ("art.utils.deployment", "deploy_model"),
+            ("art.utils.deployment", "deploy_wandb"),
+            ("art.utils.deployment.wandb", "deploy_wandb"),
+        ]
+    },
     ("art.auto_trajectory", "auto_trajectory"): ("art_core.capture:current_trajectory", "deprecated alias kept in art_core.auto_trajectory"),
     ("art.auto_trajectory", "capture_auto_trajectory"): ("art_core.capture:trajectory", "deprecated alias kept in art_core.auto_trajectory"),
 }  # fmt: skip

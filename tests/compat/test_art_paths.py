@@ -67,7 +67,6 @@ def test_a_refused_art_name_imports_and_says_what_to_use():
         ("art_core.tinker", "get_renderer_name", "chat template"),
         ("art_core.yield_trajectory", "capture_yielded_trajectory", "art.trajectory"),
         ("art_mcp", "MCPResource", "list_resources"),
-        ("art_mcp", "GeneratedScenarioCollection", "list[art.Scenario]"),
     ],
 )
 def test_refused_names_import_from_arts_module_paths(module: str, name: str, says: str):

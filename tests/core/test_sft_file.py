@@ -1,5 +1,6 @@
-"""SFT from a JSONL file, ART-style: `art_core.utils.sft.train_sft_from_file` and TrainSFTConfig's
-ART fields (`learning_rate` schedules, `batch_size="auto"`, `assistant_turns`), on the tiny model.
+"""SFT ART-style: from a JSONL file (`art_core.utils.sft.train_sft_from_file`), from trajectories
+in chunks (`create_sft_dataset_iterator`), and TrainSFTConfig's ART fields (`learning_rate`
+schedules, `batch_size="auto"`, `assistant_turns`), on the tiny model.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from art_core.errors import UnsupportedOptionError
 from art_core.utils.sft import (
     InvalidSFTFileError,
     create_lr_schedule,
+    create_sft_dataset_iterator,
     get_file_row_count,
     iterate_file,
     train_sft_from_file,
 )
 from tests.support.models import fresh_model
+from tests.support.scripted_judge import Reply, ScriptedJudge
 
 WEATHER_TOOL = {
     "type": "function",
@@ -286,3 +289,111 @@ def test_train_sft_config_has_arts_fields_and_defaults():
     for bad in ({"learning_rate": []}, {"learning_rate": 0.0}, {"assistant_turns": "first"}):
         with pytest.raises(ValueError):
             art.TrainSFTConfig(**bad)
+
+
+# ------------------------------------------------- in memory, in chunks: create_sft_dataset_iterator
+
+
+async def test_arts_distillation_block_trains_the_teachers_answers_chunk_by_chunk(
+    remote_backend: art.RemoteBackend, tiny_model_dir: Path, scripted_judge: ScriptedJudge
+):
+    """docs/fundamentals/sft-training.mdx, "Response-level distillation", as ART writes it; the
+    teacher is the scripted server on 127.0.0.1, the student the tiny model on our backend."""
+    from openai import AsyncOpenAI
+
+    scripted_judge.default = lambda body: Reply(
+        '{"name": "Sarah Chen", "role": "VP of Engineering", "company": "Acme Corp"}'
+    )
+    TEACHER_MODEL = "z-ai/glm-5"
+    teacher_client = AsyncOpenAI(api_key="your-api-key", base_url=scripted_judge.url)
+    system_prompt = "Extract {name, role, company} as JSON from the text. Return only valid JSON."
+    inputs = [
+        "Hi, I'm Sarah Chen, VP of Engineering at Acme Corp.",
+        "David Park here — senior data scientist at Globex.",
+        "I'm Maria Lopez. I lead product at Initech.",
+        "Hey, this is James Wu from Umbrella Corp, working as a DevOps engineer.",
+        "My name is Aisha Patel and I'm a research lead at DeepMind.",
+    ]
+    trajectories = []
+    for text in inputs:
+        messages = [
+            {"role": "system", "content": system_prompt},
+            {"role": "user", "content": text},
+        ]
+        completion = await teacher_client.chat.completions.create(
+            model=TEACHER_MODEL,
+            messages=messages,  # type: ignore[arg-type]
+        )
+        trajectories.append(
+            art.Trajectory(
+                messages_and_choices=[
+                    *messages,
+                    {"role": "assistant", "content": completion.choices[0].message.content},
+                ],
+            )
+        )
+    student = await fresh_model(remote_backend, tiny_model_dir)  # register(LocalBackend())
+    results = []
+
+    for chunk in create_sft_dataset_iterator(trajectories, peak_lr=2e-4):
+        results.append(await student.train_sft(chunk.trajectories, chunk.config))
+
+    await teacher_client.close()
+    # Five answers, two a batch, ten batches a chunk: one call of three optimizer steps.
+    assert [result.step for result in results] == [1] and student.step == 1
+    assert results[0].metrics["examples"] == 5 and results[0].metrics["optimizer_steps"] == 3
+
+
+def _numbered(count: int) -> list[art.Trajectory]:
+    return [
+        art.Trajectory(
+            messages_and_choices=[
+                {"role": "user", "content": str(k)},
+                {"role": "assistant", "content": "ok"},
+            ]
+        )
+        for k in range(count)
+    ]
+
+
+def _numbers(trajectories: list[art.Trajectory]) -> list[int]:
+    return [int(t.messages()[0]["content"]) for t in trajectories]
+
+
+def test_chunks_slice_one_schedule_over_every_batch_of_every_epoch():
+    options = dict(
+        chunk_size=2, epochs=2, batch_size=2, peak_lr=1e-4, warmup_ratio=0.5, shuffle=False,
+        show_progress=False,
+    )  # fmt: skip
+    chunks = list(create_sft_dataset_iterator(_numbered(5), **options))  # type: ignore[arg-type]
+
+    # Three batches an epoch (the last one short), at most two a chunk; no chunk spans epochs.
+    assert [(c.step, c.epoch, c.epoch_step) for c in chunks] == [
+        (0, 0, 0),
+        (2, 0, 2),
+        (3, 1, 0),
+        (5, 1, 2),
+    ]
+    assert [_numbers(c.trajectories) for c in chunks] == [[0, 1, 2, 3], [4], [0, 1, 2, 3], [4]]
+    schedule = create_lr_schedule(6, 1e-4, "linear", warmup_steps=3)
+    assert [rate for c in chunks for rate in c.config.learning_rate] == schedule  # type: ignore[union-attr]
+    assert {c.config.batch_size for c in chunks} == {2}
+
+    resumed = list(create_sft_dataset_iterator(_numbered(5), initial_step=1, **options))  # type: ignore[arg-type]
+    assert [(c.step, _numbers(c.trajectories)) for c in resumed][:2] == [(1, [2, 3]), (2, [4])]
+    assert resumed[0].config.learning_rate == schedule[1:2]
+
+
+def test_each_epoch_is_shuffled_with_seed_plus_epoch():
+    def orders(seed: int) -> list[list[int]]:
+        chunks = create_sft_dataset_iterator(
+            _numbered(8), chunk_size=4, epochs=2, seed=seed, show_progress=False
+        )
+        return [_numbers(c.trajectories) for c in chunks]
+
+    first = orders(seed=7)
+    assert first == orders(seed=7) and first != orders(seed=8)
+    assert first[0] != first[1] and sorted(first[0]) == list(range(8))
+    assert list(create_sft_dataset_iterator([], show_progress=False)) == []
+    with pytest.raises(ValueError, match="chunk_size"):
+        next(create_sft_dataset_iterator(_numbered(2), chunk_size=0))

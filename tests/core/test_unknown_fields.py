@@ -207,15 +207,15 @@ def test_arts_internal_config_is_honoured_where_we_can_and_refused_with_a_note_e
         art.TrainableModel(
             name="a",
             base_model="tiny",
-            _internal_config={"init_args": {"load_in_4bit": True}},  # type: ignore[typeddict-unknown-key]
+            _internal_config={"init_args": {"load_in_4bit": True}},
         )
     with pytest.raises(art.UnknownFieldError, match="Only a TrainableModel"):
         art.Model(name="judge", _internal_config={})
 
 
 def test_arts_backend_keywords_we_do_not_have_say_why():
-    with pytest.raises(art.UnknownFieldError, match="child process"):
-        art.LocalBackend(in_process=True)
+    with pytest.raises(art.UnknownFieldError, match="token prices"):
+        art.LocalBackend(gpu_cost_per_hour_usd=3.0)
 
 
 def test_validation_from_data_keeps_pydantics_error_with_the_fields_location():

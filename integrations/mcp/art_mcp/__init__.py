@@ -7,12 +7,16 @@
     result = await art_mcp.train(server, model, judge=judge, steps=4)
     result = await art_mcp.train(server, model, scenarios="checks.jsonl", sft="demos.jsonl")
 
+ART's `art.mcp.generate_scenarios(tools=..., num_scenarios=..., generator_model=...)` works too
+(from `art_core.mcp`), returning ART's `GeneratedScenarioCollection`.
+
 Command line: `art mcp-train <URL> | --stdio "<command>" --model ... --steps ...`.
 """
 
 from art_core._refused_art_names import module_getattr
 from art_mcp._agent import COMPLETE_TASK, rollout
 from art_mcp._checked import CheckedScenario, load_scenarios
+from art_mcp._collection import GeneratedScenarioCollection
 from art_mcp._content import result_text
 from art_mcp._context import check_context
 from art_mcp._errors import (
@@ -22,13 +26,15 @@ from art_mcp._errors import (
     McpScenarioToolsError,
     McpServerError,
 )
+from art_mcp._scenarios import describe_server, generate_scenarios
 from art_mcp._server import McpServer, McpSession, ToolOutcome
 from art_mcp._tools import McpTool, ToolNames
-from art_mcp._train import describe_server, generate_scenarios, train
+from art_mcp._train import train
 
 __all__ = [
     "COMPLETE_TASK",
     "CheckedScenario",
+    "GeneratedScenarioCollection",
     "McpConfigError",
     "McpContextError",
     "McpScenarioFileError",
@@ -48,6 +54,6 @@ __all__ = [
     "train",
 ]
 
-# ART's `art.mcp` names we do not implement (MCPResource, GeneratedScenarioCollection) import
+# ART's `art.mcp` name we do not implement (MCPResource) imports
 # from here and raise art.UnsupportedOptionError with the reason when used (art_core/_refused_art_names.py).
 __getattr__ = module_getattr("art.mcp", __name__)

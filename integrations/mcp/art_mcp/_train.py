@@ -1,8 +1,8 @@
 """Train an agent on an MCP server: scenarios (generated, or a file with checkable answers),
 a code or RULER reward, an optional supervised warm start, GRPO, a report.
 
-`generate_scenarios` describes the server (its tools, resources and prompts) to the shared
-scenario generator. `train` with reward "ruler" runs AutoRL's loop (held-out evaluation at
+Generated scenarios come from `_scenarios.py` (the server described to the shared generator).
+`train` with reward "ruler" runs AutoRL's loop (held-out evaluation at
 start and end, the demo's report) with the tool-using agent of `rollout` as the rollout; with
 "code" or "both" it runs the same loop scored by the scenarios' checks (`_checked.py`) or a check
 function, evaluating the held-out scenarios by code before, after the warm start and at the end.
@@ -38,44 +38,11 @@ from art_mcp._checked import (
 )
 from art_mcp._context import check_context
 from art_mcp._errors import McpConfigError, McpServerError
+from art_mcp._scenarios import describe_server, scenarios_for_server
 from art_mcp._server import McpServer
 
 RewardKind = Literal["code", "ruler", "both"]
 REWARD_KINDS = ("code", "ruler", "both")
-
-
-async def describe_server(server: McpServer) -> str:
-    """A paragraph on what an agent on this server does: its tools, resources and prompts."""
-    tools = await server.list_tools()
-    lines = [
-        f"The agent works with the MCP server {server.label}. Its tools:",
-        *(f"- {t.openai_name}: {t.description}" for t in tools),
-    ]
-    resources = await server.list_resources()
-    if resources:
-        lines.append("Its resources (data the tasks can be about):")
-        lines += [f"- {r.uri}: {r.description or r.name}" for r in resources[:20]]
-    prompts = await server.list_prompts()
-    if prompts:
-        lines.append("Its prompts (typical jobs):")
-        lines += [f"- {p.name}: {p.description or ''}" for p in prompts[:20]]
-    lines.append(
-        "Tasks are requests a user of this server would make that the tools can accomplish."
-    )
-    return "\n".join(lines)
-
-
-async def generate_scenarios(
-    server: McpServer,
-    n: int,
-    generator: art.Model | str,
-    **options: Any,
-) -> list[art.Scenario]:
-    """`n` tasks for an agent on `server`, written by `generator` from the server's tools,
-    resources and prompts (options go to `art.generate_scenarios`)."""
-    description = await describe_server(server)
-    tools = [tool.openai_tool() for tool in await server.list_tools()]
-    return await art.generate_scenarios(description, n, generator, tools=tools, **options)
 
 
 async def train(
@@ -212,7 +179,7 @@ async def _generated(
     if run.show_progress:
         print(f"Generating {n} scenarios for {server.label} ...", flush=True)
     options = autorl_options.pop("generation_options", {})
-    return await generate_scenarios(server, n, generator, **options)
+    return await scenarios_for_server(server, n, generator, **options)
 
 
 def _chosen_reward(
