@@ -29,6 +29,9 @@ base in parentheses is a builtin a caller may catch instead, as Python raises it
       LangfuseConfigError                    Langfuse export asked for without keys or host
       ReviewReadError                        a Langfuse review read-back poll failed (retried)
       PromotionGateError                     a promotion gate cannot judge a step
+      TrainingCommandError (ValueError)      a training client's command out of order or
+                                             reusing an id with another body
+      TrainingInputMismatchError (ValueError)  a stored training input whose bytes changed
     IgnoredSettingWarning (UserWarning)    a warning: an ART setting that only places or sizes
                                            the work, ignored here (`art.dev`)
     BackendWarning (UserWarning)           a warning: one the backend's server logged while
@@ -66,6 +69,8 @@ __all__ = [
     "ReviewReadError",
     "ScenarioGenerationError",
     "TooManyExceptionsError",
+    "TrainingCommandError",
+    "TrainingInputMismatchError",
     "UnknownFieldError",
     "UnsupportedOptionError",
 ]
@@ -174,6 +179,16 @@ class GeneratorContextError(GeneratorError):
 
 class PreflightError(ArtError, ValueError):
     """Preflight cannot run as asked (no scenarios, a group smaller than 2, ...); says why."""
+
+
+class TrainingCommandError(ArtError, ValueError):
+    """A training client's command that cannot be admitted: another run's, out of its place in
+    the run's order, or a request id used before with another body. Says which and why."""
+
+
+class TrainingInputMismatchError(ArtError, ValueError):
+    """A stored training input whose bytes are not the ones its reference names (size or
+    SHA-256): it was changed or replaced after it was stored. Nothing is trained from it."""
 
 
 class InvalidSFTFileError(ArtError, ValueError):

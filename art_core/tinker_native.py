@@ -26,7 +26,6 @@ The `tinker` SDK is the extra `art[tinker]`.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -34,7 +33,9 @@ from typing import Any
 
 from art_core.backend import ModelRef, RemoteBackend
 from art_core.errors import UnsupportedOptionError
-from art_core.trajectories import TrajectoryGroup, trajectory_payload
+from art_core.training._rows import group_advantages as group_advantages
+from art_core.training._rows import rl_rows, turn_datum
+from art_core.trajectories import TrajectoryGroup
 from art_core.types import TrainConfig, TrainResult, TrainSFTConfig
 
 logger = logging.getLogger("art_core.tinker")
@@ -64,33 +65,6 @@ def _tinker() -> Any:
             "pip install 'art[tinker]' (or pip install tinker)."
         ) from error
     return tinker
-
-
-def turn_datum(
-    prompt: list[int], completion: list[int], logprobs: list[float], advantage: float
-) -> dict[str, Any]:
-    """One recorded turn as a Tinker datum's parts: the input is prompt + completion but its
-    last token; every target after the prompt carries its sampled logprob and the advantage,
-    the prompt's targets carry zeros (no gradient)."""
-    if len(logprobs) != len(completion) or not prompt or not completion:
-        raise ValueError("a turn needs a prompt, sampled tokens and one logprob per token")
-    tokens = prompt + completion
-    context = len(prompt) - 1
-    return {
-        "input": tokens[:-1],
-        "target_tokens": tokens[1:],
-        "logprobs": [0.0] * context + [float(value) for value in logprobs],
-        "advantages": [0.0] * context + [float(advantage)] * len(completion),
-    }
-
-
-def group_advantages(rewards: list[float], normalize: bool) -> list[float] | None:
-    """ART's advantages of one group; None when its rewards are all equal (nothing to learn)."""
-    mean = sum(rewards) / len(rewards)
-    spread = math.sqrt(sum((reward - mean) ** 2 for reward in rewards) / len(rewards))
-    if spread < 1e-8:
-        return None
-    return [(reward - mean) / (spread if normalize else 1.0) for reward in rewards]
 
 
 class TinkerNativeBackend(RemoteBackend):
@@ -199,49 +173,14 @@ class TinkerNativeBackend(RemoteBackend):
         self, groups: list[TrajectoryGroup], normalize: bool
     ) -> tuple[list[dict[str, Any]], dict[str, float]]:
         """The groups' recorded turns as datum parts, and the counts of what was left out."""
-        wanted: list[tuple[str, int, float]] = []  # completion id, choice, advantage
-        skipped_groups = unrecorded = 0
-        for group in groups:
-            trajectories = list(group)
-            advantages = group_advantages([t.reward for t in trajectories], normalize)
-            if advantages is None:
-                skipped_groups += 1
-                continue
-            for trajectory, advantage in zip(trajectories, advantages, strict=True):
-                for history in trajectory_payload(trajectory).histories:
-                    for turn in history.turns:
-                        if turn.completion_id is None:
-                            unrecorded += 1
-                        else:
-                            wanted.append((turn.completion_id, turn.choice_index, advantage))
-        records = {}
-        if wanted:
-            ids = sorted({completion_id for completion_id, _, _ in wanted})
-            found = await self._request("POST", "/v1/chat/completions/lookup", {"ids": ids})
-            records = {record["id"]: record for record in found["data"]}
-        datums = []
-        for completion_id, index, advantage in wanted:
-            record = records.get(completion_id, {})
-            choice = next((c for c in record.get("choices", []) if c["index"] == index), None)
-            if choice is None:  # evicted, or a choice the record does not hold
-                unrecorded += 1
-                continue
-            prompt = choice.get("prompt_token_ids", record["prompt_token_ids"])
-            if not choice["token_ids"]:
-                continue  # nothing sampled (max_tokens 0): nothing to train
-            datums.append(turn_datum(prompt, choice["token_ids"], choice["logprobs"], advantage))
-        metrics = {
-            "data/step_num_groups_submitted": float(len(groups)),
-            "data/step_num_groups_trainable": float(len(groups) - skipped_groups),
-            "data/step_turns_not_recorded": float(unrecorded),
-        }
-        if unrecorded:
+        rows, metrics = await rl_rows(self, groups, normalize)
+        if metrics["data/step_turns_not_recorded"]:
             logger.warning(
                 "%d assistant turns have no record on the server (plain messages, or evicted) "
                 "and are not trained this step.",
-                unrecorded,
+                int(metrics["data/step_turns_not_recorded"]),
             )
-        return datums, metrics
+        return [{k: v for k, v in row.items() if k != "policy_version"} for row in rows], metrics
 
     async def train_sft(
         self, model: ModelRef, trajectories: list[Any], config: TrainSFTConfig

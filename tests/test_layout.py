@@ -239,7 +239,8 @@ PUBLIC_SURFACES = {
         "JudgeError", "JudgeResponseError", "JudgeUnavailableError", "LangfuseConfigError",
         "LangfuseNotInstalledError", "ModelConfigError", "ModelNotRegisteredError",
         "NoTrajectoryError", "NotTrainableError", "PreflightError", "PromotionGateError",
-        "ReviewReadError", "ScenarioGenerationError", "TooManyExceptionsError",
+        "ReviewReadError", "ScenarioGenerationError", "TooManyExceptionsError", "TrainingCommandError",
+        "TrainingInputMismatchError",
         "UnknownFieldError", "UnsupportedOptionError",
     ],
     "art_core.local": ["LocalBackend"],
@@ -248,6 +249,17 @@ PUBLIC_SURFACES = {
     # ART's Tinker backends, training through an art-server's Tinker API (docs/tinker.md).
     "art_core.tinker": ["TinkerBackend"],
     "art_core.tinker_native": ["TinkerNativeBackend", "turn_datum"],
+    "art_core.training": [
+        "AdamConfig", "CheckpointRef", "CommandAdmission", "Contract", "ForwardBackwardRequest",
+        "ForwardBackwardResult", "ForwardRequest", "ForwardResult", "LoadStateRequest",
+        "LoadStateResult", "LocalInputStore", "LossConfig", "LossFnOutput", "OperationRef",
+        "OptimStepRequest", "OptimStepResult", "PackingOutcome", "PolicyTokenCount",
+        "RlTrajectoryBatch", "RunCommand", "RunCommandLedger", "SamplerPublication",
+        "SamplerWeightsResult", "SaveStateRequest", "SaveStateResult",
+        "SaveWeightsForSamplerRequest", "SupervisedTrajectoryBatch", "TrainingBatch",
+        "TrainingClient", "TrainingInputObject", "TrainingInputObjectRef",
+        "TrainingInputResolver", "TrainingOperation",
+    ],
     "art_core.yield_trajectory": [],
     "art_core.wire": [
         "SEED_RANGE", "DeleteCheckpointsRequest", "ForkFrom", "GroupPayload", "HistoryPayload",
