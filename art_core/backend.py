@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
 
 from art_core._art_experimental import ArtExperimentalCalls
+from art_core._checkpoint_leases import CheckpointLeases
 from art_core._observers import observed_step
 from art_core._promotion import PromotionGate
 from art_core._unknown_fields import check_names
@@ -112,7 +113,7 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-class RemoteBackend(ArtExperimentalCalls):
+class RemoteBackend(CheckpointLeases, ArtExperimentalCalls):
     """A backend already running at `base_url` (an `art-server`), with its API key if it has one."""
 
     def __init__(self, base_url: str, api_key: str | None = None, **unknown: Any) -> None:
@@ -381,17 +382,23 @@ class RemoteBackend(ArtExperimentalCalls):
     async def delete_checkpoints(
         self, model: ModelRef, best_checkpoint_metric: str, maximize: bool
     ) -> dict[str, Any]:
-        body = DeleteCheckpointsRequest(
-            best_checkpoint_metric=best_checkpoint_metric, maximize=maximize
-        )
-        return await self._request(
-            "POST", f"{self._model_path(model)}/delete_checkpoints", _json(body)
-        )
+        """Delete every checkpoint but the latest, the best by a logged metric and the leased."""
+        body = {"best_checkpoint_metric": best_checkpoint_metric, "maximize": maximize}
+        return await self._delete_checkpoints(model, body)
 
     async def delete_checkpoint_steps(self, model: ModelRef, steps: list[int]) -> dict[str, Any]:
-        """Delete exactly these checkpoint steps (never the latest: that is a 400)."""
-        body = _wire(DeleteCheckpointsRequest, {"steps": list(steps)})
-        return await self._request("POST", f"{self._model_path(model)}/delete_checkpoints", body)
+        """Delete exactly these checkpoint steps (never the latest: that is a 400); a step an
+        adapter lease holds is skipped and named in the answer's `held`."""
+        return await self._delete_checkpoints(model, {"steps": list(steps)})
+
+    async def _delete_checkpoints(self, model: ModelRef, body: dict[str, Any]) -> dict[str, Any]:
+        if leased := self.leased_steps(model):  # sent only when held: older servers take the rest
+            body["keep"] = leased
+        body = _wire(DeleteCheckpointsRequest, body)
+        answer = await self._request("POST", f"{self._model_path(model)}/delete_checkpoints", body)
+        if answer.get("held"):
+            logger.info("checkpoint steps %s kept: an adapter lease holds them", answer["held"])
+        return cast(dict[str, Any], answer)
 
     async def checkpoint_steps(self, model: ModelRef) -> list[int]:
         """The steps the model has a complete checkpoint for, oldest first."""
@@ -419,8 +426,9 @@ class RemoteBackend(ArtExperimentalCalls):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (for a rollout worker in another process) without its HTTP client, which
-        holds locks and sockets: the copy opens its own on its first request."""
-        return {**self.__dict__, "_http": None}
+        holds locks and sockets (the copy opens its own on its first request), nor the leases
+        held here."""
+        return {**self.__dict__, "_http": None, "_adapter_lease_managers": {}}
 
     @staticmethod
     def _groups_payload(groups: list[TrajectoryGroup]) -> list[GroupPayload]:
