@@ -10,13 +10,14 @@ import json
 import logging
 import secrets
 from collections.abc import Iterable, Mapping
-from types import SimpleNamespace
 from typing import Any, Protocol, cast, runtime_checkable
 
 import httpx
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
 
+from art_core._art_experimental import ArtExperimentalCalls
+from art_core._checkpoint_leases import CheckpointLeases
 from art_core._observers import observed_step
 from art_core._promotion import PromotionGate
 from art_core._unknown_fields import check_names
@@ -112,7 +113,7 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-class RemoteBackend:
+class RemoteBackend(CheckpointLeases, ArtExperimentalCalls):
     """A backend already running at `base_url` (an `art-server`), with its API key if it has one."""
 
     def __init__(self, base_url: str, api_key: str | None = None, **unknown: Any) -> None:
@@ -381,17 +382,23 @@ class RemoteBackend:
     async def delete_checkpoints(
         self, model: ModelRef, best_checkpoint_metric: str, maximize: bool
     ) -> dict[str, Any]:
-        body = DeleteCheckpointsRequest(
-            best_checkpoint_metric=best_checkpoint_metric, maximize=maximize
-        )
-        return await self._request(
-            "POST", f"{self._model_path(model)}/delete_checkpoints", _json(body)
-        )
+        """Delete every checkpoint but the latest, the best by a logged metric and the leased."""
+        body = {"best_checkpoint_metric": best_checkpoint_metric, "maximize": maximize}
+        return await self._delete_checkpoints(model, body)
 
     async def delete_checkpoint_steps(self, model: ModelRef, steps: list[int]) -> dict[str, Any]:
-        """Delete exactly these checkpoint steps (never the latest: that is a 400)."""
-        body = _wire(DeleteCheckpointsRequest, {"steps": list(steps)})
-        return await self._request("POST", f"{self._model_path(model)}/delete_checkpoints", body)
+        """Delete exactly these checkpoint steps (never the latest: that is a 400); a step an
+        adapter lease holds is skipped and named in the answer's `held`."""
+        return await self._delete_checkpoints(model, {"steps": list(steps)})
+
+    async def _delete_checkpoints(self, model: ModelRef, body: dict[str, Any]) -> dict[str, Any]:
+        if leased := self.leased_steps(model):  # sent only when held: older servers take the rest
+            body["keep"] = leased
+        body = _wire(DeleteCheckpointsRequest, body)
+        answer = await self._request("POST", f"{self._model_path(model)}/delete_checkpoints", body)
+        if answer.get("held"):
+            logger.info("checkpoint steps %s kept: an adapter lease holds them", answer["held"])
+        return cast(dict[str, Any], answer)
 
     async def checkpoint_steps(self, model: ModelRef) -> list[int]:
         """The steps the model has a complete checkpoint for, oldest first."""
@@ -406,75 +413,6 @@ class RemoteBackend:
         result = await self._request("DELETE", f"/v1/rollouts/{rollout_id}")
         return int(result["discarded"])
 
-    async def _experimental_fork_checkpoint(
-        self,
-        model: Any,
-        from_model: str,
-        from_project: str | None = None,
-        from_s3_bucket: str | None = None,
-        not_after_step: int | None = None,
-        verbose: bool = False,
-        prefix: str | None = None,
-    ) -> None:
-        """ART's fork, as `await model.register(backend, fork_from=..., fork_step=...)`: registers
-        `model` starting from `from_model`'s latest checkpoint (or its last one <= `not_after_step`).
-
-        ART registers first and forks after; here the fork happens at registration, so call this
-        in place of `model.register(backend)`. S3 sources are refused (checkpoints are local)."""
-        if from_s3_bucket is not None or prefix is not None:
-            raise UnsupportedOptionError(
-                "_experimental_fork_checkpoint: from_s3_bucket/prefix are not supported: the source "
-                "must be a model in this backend's folder."
-            )
-        if getattr(model, "_backend", None) is not None:
-            raise UnsupportedOptionError(
-                f"_experimental_fork_checkpoint: {model!r} is already registered. Fork when "
-                "registering: call this instead of model.register(backend), or "
-                "`await model.register(backend, fork_from=source_model, fork_step=step)`."
-            )
-        source = SimpleNamespace(
-            project=from_project or model.project, name=from_model, base_model=model.base_model
-        )
-        step = None
-        if not_after_step is not None:
-            steps = [s for s in await self.checkpoint_steps(source) if s <= not_after_step]
-            if not steps:
-                raise UnsupportedOptionError(
-                    f"_experimental_fork_checkpoint: {source.project}/{from_model} has no "
-                    f"checkpoint at or before step {not_after_step}."
-                )
-            step = steps[-1]
-        await model.register(self, fork_from=source, fork_step=step)
-        if verbose:
-            logger.info(
-                "Forked %s from %s/%s step %s", model.name, source.project, from_model, step
-            )
-
-    @property
-    def _path(self) -> str:
-        """ART's `backend._path`: not known to a client of a remote backend (refused)."""
-        raise UnsupportedOptionError(
-            f"backend._path: the models' files are on the machine of the backend at "
-            f"{self.base_url}, in its `art-server --path` folder (<path>/<project>/models/<name>/)."
-        )
-
-    async def _experimental_push_to_s3(self, model: ModelRef, **options: Any) -> None:
-        """ART's S3 copy: refused here, saying where the files are (LocalBackend copies)."""
-        raise UnsupportedOptionError(_REMOTE_FILES.format(url=self.base_url, model=model))
-
-    async def _experimental_pull_from_s3(self, model: ModelRef, **options: Any) -> None:
-        """ART's S3 copy: refused here, saying where the files go (LocalBackend copies)."""
-        raise UnsupportedOptionError(_REMOTE_FILES.format(url=self.base_url, model=model))
-
-    async def _experimental_deploy(self, *args: Any, **kwargs: Any) -> None:
-        """ART's deployment to a hosted provider (Together, W&B): refused, saying what serves."""
-        raise UnsupportedOptionError(
-            "_experimental_deploy: deploying to a hosted provider is not part of this library: "
-            f"the backend at {self.base_url} serves every step itself (model=<name>@<step>, "
-            "model.openai_client()); a step's adapter is in its checkpoint folder "
-            "(TrainResult.checkpoint_path)."
-        )
-
     async def close(self) -> None:
         if self._http is not None:
             await self._http.aclose()
@@ -488,8 +426,9 @@ class RemoteBackend:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (for a rollout worker in another process) without its HTTP client, which
-        holds locks and sockets: the copy opens its own on its first request."""
-        return {**self.__dict__, "_http": None}
+        holds locks and sockets (the copy opens its own on its first request), nor the leases
+        held here."""
+        return {**self.__dict__, "_http": None, "_adapter_lease_managers": {}}
 
     @staticmethod
     def _groups_payload(groups: list[TrajectoryGroup]) -> list[GroupPayload]:
@@ -506,14 +445,6 @@ class RemoteBackend:
             except InvalidTrajectoryError as error:
                 raise InvalidTrajectoryError(f"groups[{index}]: {error}") from error
         return payload
-
-
-_REMOTE_FILES = (
-    "_experimental_push_to_s3 / _experimental_pull_from_s3 copy a model's folder on this "
-    "machine: the files of {model.name!r} are on the machine of the backend at {url}, in "
-    "<art-server --path>/{model.project}/models/{model.name}/; copy that folder there (e.g. "
-    "`aws s3 sync`), or use art.LocalBackend(), which copies to and from any fsspec URL."
-)
 
 
 def _train_config(

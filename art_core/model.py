@@ -22,6 +22,7 @@ from art_core._clients import shared_client
 from art_core._observers import StepObserver, observed_step
 from art_core._promotion import PromotionGate
 from art_core._unknown_fields import StrictModel, check_names
+from art_core.adapter_leases import pinned_inference_name, pinned_inference_step
 from art_core.backend import Backend
 from art_core.capture._rollout import RolloutCapture
 from art_core.dev import InternalModelConfig, model_settings, train_config
@@ -320,7 +321,11 @@ class TrainableModel(Model):
         self._promoted_step = None if value == self.step else value
 
     def get_inference_name(self, step: int | None = None) -> str:
-        """`<name>@<step>`: the served adapter of the promoted (or given) step."""
+        """`<name>@<step>`: the served adapter of the given step, else of the step pinned in
+        this context (`backend.adapter_lease`, `art.adapter_leases`), else of the promoted one."""
+        if pinned := pinned_inference_name(self.name, step):
+            return pinned
+        step = pinned_inference_step(self.name) if step is None else step
         return f"{self.name}@{self.promoted_step if step is None else step}"
 
     async def get_step(self) -> int:

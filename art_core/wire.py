@@ -340,10 +340,13 @@ class LogRequest(_Strict):
 
 class DeleteCheckpointsRequest(_Strict):
     """Either keep the latest and the best step by a logged metric (ART's form), or delete
-    exactly `steps` (a retention strategy's choice; the latest step is never deleted)."""
+    exactly `steps` (a retention strategy's choice; the latest step is never deleted). Either
+    form keeps the steps in `keep` (a client's adapter leases): `steps` skips them, and the
+    answer names them in `held`."""
 
     # First, so that the other form's fields, when given beside it, are refused by name.
     steps: list[StrictInt] | None = None
+    keep: list[StrictInt] = []
     best_checkpoint_metric: str = "val/reward"
     maximize: StrictBool = True
 

@@ -10,7 +10,9 @@ Rollout workers keep sampling while the trainer trains:
 
 Staleness. Each group remembers the step its rollouts were sampled at: `model.step` read just
 before `rollout_fn` runs, which is the step `model.get_inference_name()` serves to that rollout
-(`<name>@<step>`; served names always carry their step). The trainer moving from policy `s` to
+(`<name>@<step>`; served names always carry their step) for as long as it runs: the rollout holds
+an adapter lease on it (`backend.adapter_lease`), so one straddling a training step samples one
+adapter throughout and retention keeps that step until it ends. The trainer moving from policy `s` to
 `s + 1` takes a group sampled at `k` only if `k >= s - max_steps_off_policy`; older groups are
 dropped and counted (`state.discarded_stale_groups`, and `discarded/step/stale_groups` in that
 step's metrics). Workers also wait before starting a rollout that would already be too old.
@@ -437,20 +439,7 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                     return
                 version = self.state.policy_version
                 try:
-                    group = await (
-                        self.executor.run(self.rollout_fn, self.model, scenario, self.config)
-                        if self.executor is not None
-                        else self.rollout_fn(self.model, scenario, self.config)
-                    )
-                    if not isinstance(group, TrajectoryGroup):
-                        raise TypeError(
-                            f"rollout_fn must return an art.TrajectoryGroup, got "
-                            f"{type(group).__name__}"
-                        )
-                    if group._pending:
-                        await gather_trajectory_groups(
-                            [group], pbar_desc=None, max_exceptions=len(group._pending)
-                        )
+                    group = await self._rollout(scenario)
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:  # noqa: BLE001 - a failed rollout is counted (ART)
@@ -477,6 +466,19 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
                 # wake-up (the trainer sees no worker left once it has drained it).
                 with contextlib.suppress(asyncio.QueueFull):
                     self._queue.put_nowait(_END)
+
+    async def _rollout(self, scenario: Any) -> TrajectoryGroup:
+        """One group from `rollout_fn`, its pending rollouts gathered; in this process, under an
+        adapter lease on the step it begins on, so that a rollout straddling a training step
+        samples one adapter throughout (`get_inference_name()` stays `<name>@<that step>`)."""
+        if self.executor is not None:  # another process: the pin (a contextvar) cannot follow
+            group = await self.executor.run(self.rollout_fn, self.model, scenario, self.config)
+            return await _gathered(group)
+        lease = getattr(self.model.backend, "adapter_lease", None)
+        if lease is None:  # a backend without leases (ART's protocol does not require them)
+            return await _gathered(await self.rollout_fn(self.model, scenario, self.config))
+        async with lease(self.model, self.model.promoted_step):
+            return await _gathered(await self.rollout_fn(self.model, scenario, self.config))
 
     def _worker_finished(self, task: asyncio.Task[None]) -> None:
         """A worker that crashed (not a rollout failing: a bug) stops the pipeline."""
@@ -549,3 +551,14 @@ class PipelineTrainer(Generic[ScenarioT, ConfigT]):
             "%s: finishing the current step, then stopping (again to stop at once)", sig.name
         )
         self.request_stop()
+
+
+async def _gathered(group: Any) -> TrajectoryGroup:
+    """`rollout_fn`'s group with its pending rollouts run (a TypeError for anything else)."""
+    if not isinstance(group, TrajectoryGroup):
+        raise TypeError(
+            f"rollout_fn must return an art.TrajectoryGroup, got {type(group).__name__}"
+        )
+    if group._pending:
+        await gather_trajectory_groups([group], pbar_desc=None, max_exceptions=len(group._pending))
+    return group

@@ -349,9 +349,12 @@ class ModelRegistry:
         self, model: RegisteredModel, request: DeleteCheckpointsRequest
     ) -> dict[str, Any]:
         """Delete all checkpoints but the latest and the best by a logged metric, or exactly
-        `request.steps` (a retention strategy's choice)."""
+        `request.steps` (a retention strategy's choice); either way not `request.keep` (a
+        client's adapter leases), which the answer's `held` names where it saved a step."""
         if request.steps is not None:
-            return await self._delete_steps(model, sorted(set(request.steps)))
+            held = sorted(set(request.steps) & set(request.keep))
+            asked = sorted(set(request.steps) - set(held))
+            return {**await self._delete_steps(model, asked), "held": held}
         split, _, metric = request.best_checkpoint_metric.rpartition("/")
         split = split or "val"
         scores = {
@@ -365,9 +368,17 @@ class ModelRegistry:
             (max if request.maximize else min)(scored, key=lambda s: scores[s]) if scored else None
         )
         keep = {model.step, model.promoted, *([best] if best is not None else [])}
+        held = sorted(set(request.keep) & set(steps) - keep)  # a client's leases keep these too
         async with self._step_lock:
-            deleted = await self._delete_unlocked(model, [s for s in steps if s not in keep])
-        return {"kept": sorted(keep), "deleted": deleted, "best_step": best}
+            deleted = await self._delete_unlocked(
+                model, [s for s in steps if s not in keep and s not in held]
+            )
+        return {
+            "kept": sorted(keep | set(held)),
+            "deleted": deleted,
+            "best_step": best,
+            "held": held,
+        }
 
     async def _delete_steps(self, model: RegisteredModel, steps: list[int]) -> dict[str, Any]:
         async with self._step_lock:  # model.step cannot move while the choice is checked
