@@ -3,7 +3,8 @@ resolved from the usual environment variables (`OPENAI_API_KEY`, `OPENROUTER_API
 `<PROVIDER>_BASE_URL`, or LiteLLM's `<PROVIDER>_API_BASE`, overrides the URL), or the base model
 a backend serves; and the label its answers are cached under.
 
-A string is LiteLLM's model name as ART writes it: `openai/o3`, `anthropic/...`,
+A string is LiteLLM's model name as ART writes it: `openai/o3`, `anthropic/...` (a bare
+`gpt-...`, `o3`, `o4-mini` or `claude-...` is placed as LiteLLM places it, by its family),
 `openrouter/...`, and for a server of one's own `hosted_vllm/<model>` (or any provider) with its
 URL given (`api_base` in ART's `extra_litellm_params`, or the environment), `ollama/<model>` on
 Ollama's OpenAI-compatible port. A hosted provider at its own URL needs its API key; a URL given
@@ -33,6 +34,11 @@ PROVIDER_URLS = {
     "deepseek": "https://api.deepseek.com/v1",
     "mistral": "https://api.mistral.ai/v1",
 }
+# A bare model name LiteLLM places by its family, as ART's docs pass them ("gpt-4o-mini").
+BARE_NAME_PROVIDERS = (
+    ("openai", re.compile(r"^(gpt-|chatgpt-|o[1-9](-|$))")),
+    ("anthropic", re.compile(r"^claude-")),
+)
 # Servers one runs oneself: a default URL where there is a usual one; no API key needed.
 LOCAL_PROVIDER_URLS: dict[str, str | None] = {
     "ollama": "http://localhost:11434/v1",
@@ -58,10 +64,15 @@ def resolve_model(
                 "art.Model(base_url=..., api_key=...)."
             )
         return spec
+    if isinstance(spec, str) and "/" not in spec:
+        spec = next(
+            (f"{p}/{spec}" for p, family in BARE_NAME_PROVIDERS if family.match(spec)), spec
+        )
     if not isinstance(spec, str) or "/" not in spec:
         raise ModelConfigError(
             f"A judge or generator is an art.Model or a string '<provider>/<model>' such as "
-            f"'openai/gpt-4.1-mini'; got {spec!r}."
+            f"'openai/gpt-4.1-mini' (a bare name only for OpenAI's and Anthropic's model "
+            f"families, as LiteLLM places them); got {spec!r}."
         )
     provider, name = spec.split("/", 1)
     known = provider.lower()

@@ -322,7 +322,13 @@ def test_a_judge_string_without_its_key_or_url_is_a_clear_error(monkeypatch: pyt
     with pytest.raises(art.ModelConfigError, match="set ACME_BASE_URL"):
         art.resolve_model("acme/judge-1")
     with pytest.raises(art.ModelConfigError, match="'<provider>/<model>'"):
-        art.resolve_model("gpt-4.1-mini")
+        art.resolve_model("my-judge-1")
+    # A bare name of OpenAI's or Anthropic's families is placed as LiteLLM places it.
+    with pytest.raises(art.ModelConfigError, match="'openai/gpt-4o-mini' needs an API key"):
+        art.resolve_model("gpt-4o-mini")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant")
+    claude = art.resolve_model("claude-sonnet-4-5")
+    assert (claude.name, claude.base_url) == ("claude-sonnet-4-5", "https://api.anthropic.com/v1/")
 
 
 # ---------------------------------------------------------------- in a gather, and in training
