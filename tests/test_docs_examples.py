@@ -79,6 +79,7 @@ class Block:
 
     @property
     def bound_names(self) -> list[str]:
+        """The names the block runs with bound (`model`, `backend`)."""
         return [item for item in self.run_with if item in BOUND_NAMES]
 
     @property
