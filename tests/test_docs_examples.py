@@ -12,16 +12,25 @@ and any other comment there is an error:
     <!-- run with: model, backend -->   runs with these names bound: `model`, a freshly
                                         registered `art.TrainableModel` on the tiny model, and
                                         `backend`, its `RemoteBackend`
+    <!-- run with: openai=o3 -->        a hosted model the block names (`"openai/o3"`) is a local
+                                        art-server: the tiny model served as `o3` behind an API
+                                        key, started on first use (one per name, for the module),
+                                        and OPENAI_BASE_URL / OPENAI_API_KEY point the block at it,
+                                        as a user points ART at any OpenAI-compatible server
+
+The two forms combine (`run with: model, backend, openai=o3`); one `openai=` per block, as the
+environment names one OpenAI endpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +45,8 @@ FENCE = re.compile(r"^(?P<indent> *)```(?P<language>\S*)\s*$")
 COMMENT = re.compile(r"^\s*<!--(?P<text>.*)-->\s*$")
 MARK = re.compile(r"^\s*(?P<kind>not run|run with):(?P<value>.*)$", re.DOTALL)
 BOUND_NAMES = {"model", "backend"}
+OPENAI_SERVED = re.compile(r"^openai=(?P<name>[A-Za-z0-9][A-Za-z0-9._/-]*)$")
+OPENAI_KEY = "docs-openai-key"
 README_STEPS, STEPS_HERE = 8, 3  # the README's training loop; here, where 3 show the steps advance
 SECONDS_PER_BLOCK = 150
 
@@ -58,6 +69,24 @@ class Block:
     def mark(self) -> tuple[str, str] | None:
         match = MARK.match(self.comment or "")
         return (match["kind"], match["value"].strip()) if match else None
+
+    @property
+    def run_with(self) -> list[str]:
+        """The items of a `run with:` mark (none for a block without one)."""
+        if self.mark is None or self.mark[0] != "run with":
+            return []
+        return [item.strip() for item in self.mark[1].split(",")]
+
+    @property
+    def bound_names(self) -> list[str]:
+        """The names the block runs with bound (`model`, `backend`)."""
+        return [item for item in self.run_with if item in BOUND_NAMES]
+
+    @property
+    def openai_name(self) -> str | None:
+        """The name the block's `openai=NAME` serves the tiny model under, if it has one."""
+        served = [match["name"] for item in self.run_with if (match := OPENAI_SERVED.match(item))]
+        return served[0] if served else None
 
 
 def fenced_blocks(page: Path) -> Iterator[Block]:
@@ -94,13 +123,41 @@ def test_python_blocks_are_found_and_fenced_as_python():
     assert others == [], "write ```python, so that the block is collected and run"
 
 
+def mark_problem(block: Block) -> str | None:
+    """What is wrong with the comment before `block`, or None for a known, well-formed mark."""
+    if block.mark is None:
+        return f"unknown mark <!-- {block.comment} -->"
+    if block.mark[0] == "run with":
+        unknown = [i for i in block.run_with if i not in BOUND_NAMES and not OPENAI_SERVED.match(i)]
+        if unknown:
+            return f"run with: {sorted(BOUND_NAMES)} or openai=NAME, not {unknown}"
+        if len([item for item in block.run_with if OPENAI_SERVED.match(item)]) > 1:
+            return "one openai=NAME per block: the environment names one endpoint"
+    return None
+
+
 @pytest.mark.parametrize("block", [b for b in PYTHON if b.comment is not None], ids=str)
 def test_a_comment_before_a_python_block_is_a_known_mark(block: Block):
-    assert block.mark is not None, f"unknown mark <!-- {block.comment} -->"
-    kind, value = block.mark
-    if kind == "run with":
-        names = {name.strip() for name in value.split(",")}
-        assert names and names <= BOUND_NAMES, f"run with: only {sorted(BOUND_NAMES)}"
+    assert mark_problem(block) is None, mark_problem(block)
+
+
+@pytest.mark.parametrize(
+    ("comment", "problem"),
+    [
+        ("run with: model, backend, openai=o3", None),
+        ("run with: openai=z-ai/glm-5", None),
+        ("not run: needs a GPU-only model", None),
+        ("run with: modle", "not ['modle']"),
+        ("run with: openai=", "not ['openai=']"),
+        ("run with: openai=o3 o4-mini", "not ['openai=o3 o4-mini']"),
+        ("run with: openai=o3, openai=o4-mini", "one openai=NAME per block"),
+        ("run: model", "unknown mark"),
+    ],
+)
+def test_the_marks_grammar_is_strict(comment: str, problem: str | None):
+    block = Block(page=README, line=1, language="python", code="", comment=comment)
+    found = mark_problem(block)
+    assert found is None if problem is None else problem in str(found)
 
 
 @pytest.mark.parametrize("block", NOT_RUN, ids=str)
@@ -120,6 +177,27 @@ def docs_server(
     path = tmp_path_factory.mktemp("art-docs")
     with running_server(tiny_model_dir, path, name="smollm2", **engine_options) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def openai_servers(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, engine_options: dict
+) -> Iterator[Callable[[str], RunningServer]]:
+    """The tiny model served under a hosted model's name (`o3`) behind an API key, started the
+    first time a block names it: a local stand-in for the OpenAI API."""
+    started: dict[str, RunningServer] = {}
+    with contextlib.ExitStack() as stack:
+
+        def serving(name: str) -> RunningServer:
+            if name not in started:
+                path = tmp_path_factory.mktemp("art-openai")
+                server = running_server(
+                    tiny_model_dir, path, name=name, api_key=OPENAI_KEY, **engine_options
+                )
+                started[name] = stack.enter_context(server)
+            return started[name]
+
+        yield serving
 
 
 def substituted(code: str, server: RunningServer, tiny_model_dir: Path) -> str:
@@ -171,14 +249,20 @@ else:
 @pytest.mark.timeout(SECONDS_PER_BLOCK + 30)
 @pytest.mark.parametrize("block", RUNNABLE, ids=str)
 def test_the_example_runs(
-    block: Block, docs_server: RunningServer, tiny_model_dir: Path, tmp_path: Path
+    block: Block,
+    docs_server: RunningServer,
+    openai_servers: Callable[[str], RunningServer],
+    tiny_model_dir: Path,
+    tmp_path: Path,
 ):
     code_file = tmp_path / "example.py"
     code = substituted(block.code, docs_server, tiny_model_dir)
     code_file.write_text("\n" * block.line + code, encoding="utf-8")
     (tmp_path / "examples").symlink_to(ROOT / "examples")
-    names = [n.strip() for n in block.mark[1].split(",")] if block.mark else []
     env = {key: value for key, value in os.environ.items() if not key.startswith("LANGFUSE_")}
+    if block.openai_name is not None:
+        openai = openai_servers(block.openai_name)
+        env |= {"OPENAI_BASE_URL": f"{openai.url}/v1", "OPENAI_API_KEY": OPENAI_KEY}
     env |= {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         "ART_DOCS_URL": docs_server.url,
@@ -186,7 +270,7 @@ def test_the_example_runs(
         "ART_DOCS_MODEL_NAME": f"docs-{block.page.stem}-{block.line}",
     }
     done = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(block.page), str(code_file), *names],
+        [sys.executable, "-c", RUNNER, str(block.page), str(code_file), *block.bound_names],
         cwd=tmp_path,
         env=env,
         capture_output=True,

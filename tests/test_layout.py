@@ -246,6 +246,7 @@ PUBLIC_SURFACES = {
     "art_core.local": ["LocalBackend"],
     # ART's modules of refused names only: they import, and hold nothing public of their own.
     "art_core.serverless": [],
+    "art_core.serverless.backend": [],
     # ART's Tinker backends, training through an art-server's Tinker API (docs/tinker.md).
     "art_core.tinker": ["TinkerBackend"],
     "art_core.tinker_native": ["TinkerNativeBackend", "turn_datum"],

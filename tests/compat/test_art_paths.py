@@ -64,6 +64,7 @@ def test_a_refused_art_name_imports_and_says_what_to_use():
     ("module", "name", "says"),
     [
         ("art_core.serverless", "ServerlessBackend", "LocalBackend"),
+        ("art_core.serverless.backend", "ServerlessBackend", "LocalBackend"),  # ART's SFT page
         ("art_core.tinker", "get_renderer_name", "chat template"),
         ("art_core.yield_trajectory", "capture_yielded_trajectory", "art.trajectory"),
         ("art_mcp", "MCPResource", "list_resources"),
