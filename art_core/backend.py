@@ -16,6 +16,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from pydantic_core import to_jsonable_python
 
+from art_core._adapter_start import lora_for_adapter, read_adapter_start
 from art_core._art_experimental import ArtExperimentalCalls
 from art_core._checkpoint_leases import CheckpointLeases
 from art_core._observers import observed_step
@@ -203,6 +204,14 @@ class RemoteBackend(CheckpointLeases, ArtExperimentalCalls):
             "lora": model.lora_config,
             **options,
         }
+        start = read_adapter_start(model.base_model)
+        if start is not None:  # ART's warm start: the adapter folder named as the base model
+            default = type(model.lora_config)() if model.lora_config is not None else None
+            body |= {
+                "base_model": start.base_model,
+                "lora": lora_for_adapter(start, model.lora_config, default),
+                "init_adapter": start.folder,
+            }
         return await self._request("POST", "/v1/training/models", _wire(RegisterRequest, body))
 
     async def train(

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from art_core._adapter_start import read_adapter_start
 from art_core.backend import ModelRef, RemoteBackend
 from art_core.errors import UnsupportedOptionError
 from art_core.training._rows import group_advantages as group_advantages
@@ -95,8 +96,9 @@ class TinkerNativeBackend(RemoteBackend):
         tinker = _tinker()
         service = tinker.ServiceClient(base_url=self.base_url, api_key=self._sdk_key())
         rank = int((info.get("lora") or {}).get("r") or 8)  # the registered model's rank
+        start = read_adapter_start(model.base_model)  # a model started from a LoRA folder
         training = await service.create_lora_training_client(
-            base_model=model.base_model,
+            base_model=start.base_model if start is not None else model.base_model,
             rank=rank,
             user_metadata={"art_project": model.project, "art_name": model.name},
         )

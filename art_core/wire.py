@@ -134,6 +134,9 @@ class RegisterRequest(_ModelName):
     # How many of its newest steps the engine keeps loaded (`name@step`): rollouts that started
     # on an older step must still reach it. A pipeline trainer asks for max_steps_off_policy + 1.
     served_steps: StrictInt = Field(2, ge=1, le=MAX_SERVED_STEPS)
+    # A new model's step 0 from a PEFT adapter folder on the server's machine (ART's warm start
+    # from an SFT LoRA: `base_model="/path/to/adapter"`); a model that exists resumes instead.
+    init_adapter: str | None = Field(None, min_length=1, max_length=4096)
 
 
 class TurnRef(_Strict):

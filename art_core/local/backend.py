@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import httpx
 
+from art_core._adapter_start import read_adapter_start
 from art_core._unknown_fields import check_names
 from art_core.backend import ModelRef, RemoteBackend
 from art_core.errors import (
@@ -94,13 +95,15 @@ class LocalBackend(RemoteBackend):
         self.log_path = self.path / "backend.log"
 
     async def register(self, model: ModelRef, **options: Any) -> dict[str, Any]:
+        start = read_adapter_start(model.base_model)  # a LoRA folder: serve its base model
+        base_model = start.base_model if start is not None else model.base_model
         if self.process is None:
             self._apply_engine_settings(getattr(model, "engine_settings", {}))
-            await asyncio.to_thread(self._start, model.base_model)
-        elif model.base_model != self.base_model:
+            await asyncio.to_thread(self._start, base_model)
+        elif base_model != self.base_model:
             raise ArtError(
                 f"This LocalBackend runs base model {self.base_model!r}; model {model.name!r} "
-                f"needs {model.base_model!r}. Use a second LocalBackend for it."
+                f"needs {base_model!r}. Use a second LocalBackend for it."
             )
         return await super().register(model, **options)
 

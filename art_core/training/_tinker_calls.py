@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from art_core._adapter_start import read_adapter_start
 from art_core.training.contracts import AdamConfig, PackingOutcome, PolicyTokenCount
 
 __all__ = ["TinkerRun", "open_tinker_run", "packing_of"]
@@ -103,8 +104,9 @@ async def open_tinker_run(backend: Any, model: Any) -> TinkerRun:
     service = tinker.ServiceClient(
         base_url=base_url, api_key=key if key.startswith(KEY_PREFIX) else f"{KEY_PREFIX}{key}"
     )
+    start = read_adapter_start(model.base_model)  # a model started from a LoRA folder
     training = await service.create_lora_training_client(
-        base_model=model.base_model,
+        base_model=start.base_model if start is not None else model.base_model,
         rank=model.lora_config.r,
         user_metadata={"art_project": model.project, "art_name": model.name},
     )

@@ -28,6 +28,7 @@ from art_backend.engines._aliases import alias_pins
 from art_backend.engines._engine import Engine, TrainableEngine
 from art_backend.store._checkpoints import ModelStore
 from art_backend.store._review_decisions import remove_all_pending
+from art_backend.training._adapter_start import adapter_source, copy_adapter
 from art_backend.training._distributed import TrainingTeam
 from art_backend.training._replay_record import record_model
 from art_backend.training._trainer import LoraTrainer
@@ -161,6 +162,11 @@ class ModelRegistry:
         resumed = latest is not None
         # The fork's source is checked before anything is written for the new model.
         fork = self._fork_source(request) if latest is None and request.fork_from else None
+        adapter = (
+            adapter_source(request)
+            if latest is None and fork is None and request.init_adapter
+            else None
+        )
         lora = request.lora.model_dump()
         if saved is not None and saved["lora"] != lora:
             logger.warning("%s: keeping the saved LoRA settings %s", request.name, saved["lora"])
@@ -171,6 +177,11 @@ class ModelRegistry:
         try:
             if fork is not None:
                 latest = self._copy_fork(*fork, store)
+            elif adapter is not None:
+                store.write_checkpoint(
+                    0, copy_adapter(adapter), {"kind": "initial", "source": str(adapter)}
+                )
+                latest = 0
             if latest is None:
                 store.write_checkpoint(0, trainer.save, {"kind": "initial"})
                 latest = 0
