@@ -2,27 +2,30 @@
 pinned to `<name>@N` (in the holder's context) and N's checkpoint is never deleted through
 this backend.
 
-The leases are counted in this client (one `AdapterLeaseManager` per model); the server honours
-them because every deletion request this backend sends carries the leased steps as its `keep`
-list (`art_core.wire.DeleteCheckpointsRequest`): ART's form (latest and best) keeps them too,
-and the `steps` form skips a leased step, naming it in the answer's `held` (a retention
-strategy's sweep goes on; the step is offered again once its lease ends).
-
-Serving: the server keeps a model's newest `served_steps` steps loaded (`model.register(...,
-served_steps=...)`, the pipeline trainer asks for its off-policy window); a lease keeps a
-step's checkpoint, and its adapter stays served while it is inside that window or promoted.
+A lease is held on the server too (`POST .../holds`, given back when the block ends): a held
+step stays served as `<name>@<N>` however many steps training moves on (beyond the served
+window, `model.register(..., served_steps=...)`), and no deletion by any client removes its
+checkpoint. The leases are also counted in this client (one `AdapterLeaseManager` per model),
+and every deletion request this backend sends carries them as its `keep` list
+(`art_core.wire.DeleteCheckpointsRequest`): ART's form (latest and best) keeps them, and the
+`steps` form skips a leased step, naming it in the answer's `held` (a retention strategy's sweep
+goes on; the step is offered again once its lease ends). A server that restarts forgets its
+holds (the client's `keep` lists still protect the checkpoints from this backend's deletions).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from art_core.adapter_leases import AdapterLeaseManager, pin_inference_target
-from art_core.errors import UnsupportedOptionError
+from art_core.errors import ArtError, UnsupportedOptionError
 
 __all__ = ["CheckpointLeases"]
+
+logger = logging.getLogger("art_core.leases")
 
 
 class _Model(Protocol):
@@ -36,6 +39,8 @@ class CheckpointLeases:
     if TYPE_CHECKING:
 
         async def checkpoint_steps(self, model: Any) -> list[int]: ...
+        async def _request(self, method: str, path: str, body: Any = None) -> Any: ...
+        def _model_path(self, model: Any) -> str: ...
 
     @property
     def _lease_managers(self) -> dict[tuple[str, str], AdapterLeaseManager]:
@@ -68,11 +73,19 @@ class CheckpointLeases:
         manager = self._lease_managers.setdefault(
             (model.project, model.name), AdapterLeaseManager()
         )
-        async with (
-            manager.lease(step),
-            pin_inference_target(model.name, step=step, inference_name=f"{model.name}@{step}"),
-        ):
-            yield
+        holds = f"{self._model_path(model)}/holds"
+        await self._request("POST", holds, {"step": step})
+        try:
+            async with (
+                manager.lease(step),
+                pin_inference_target(model.name, step=step, inference_name=f"{model.name}@{step}"),
+            ):
+                yield
+        finally:
+            try:
+                await self._request("POST", holds, {"step": step, "release": True})
+            except ArtError as error:  # the block's own outcome wins; the failure is logged
+                logger.warning("adapter_lease(): releasing step %d failed: %s", step, error)
 
     def exact_adapter_lease(self, model: _Model, step: int) -> AbstractAsyncContextManager[None]:
         """ART's exact lease: here the same as `adapter_lease`, since every step is already served

@@ -363,3 +363,12 @@ class DeleteCheckpointsRequest(_Strict):
                 "latest and the best), not both"
             )
         return value
+
+
+class HoldStepRequest(_Strict):
+    """Take (or, with `release`, give back) a hold on a step of a model (an adapter lease): a
+    held step stays served as `<name>@<step>` beyond the served window, and its checkpoint is
+    not deleted, until every hold on it is given back (or the server restarts)."""
+
+    step: StrictInt = Field(ge=0)
+    release: StrictBool = False

@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from openai import AsyncOpenAI
 
@@ -147,6 +148,28 @@ async def test_a_leased_step_is_kept_by_deletion_and_deleted_after_the_lease(
     answer = await model.delete_checkpoints()
     assert answer["deleted"] == [0]
     assert await backend.checkpoint_steps(model) == [2]
+
+
+async def test_the_server_holds_a_leased_step_beyond_the_window_and_against_other_clients(
+    model: art.TrainableModel,
+):
+    """The server keeps 2 steps served (`served_steps`); a lease outlasting 3 training steps
+    still samples its step, and another client's deletion (which sends no `keep`) leaves it."""
+    backend = model.backend
+    assert isinstance(backend, art.RemoteBackend)
+    other = art.RemoteBackend(backend.base_url, backend.api_key)
+    async with backend.adapter_lease(model, 0):
+        for _ in range(3):
+            await train_one_step(model)  # steps 1, 2, 3: step 0 is out of the window
+        assert await answered_by(model) == f"{model.name}@0"
+        answer = await other.delete_checkpoint_steps(model, [0, 1])
+        assert (answer["deleted"], answer["held"]) == ([1], [0])
+    # Given back: step 0 leaves the engine with the window's next trim (now).
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        await model.openai_client().chat.completions.create(
+            model=model.get_inference_name(0), messages=QUESTION, max_tokens=2  # type: ignore[arg-type]
+        )  # fmt: skip
+    await other.close()
 
 
 async def test_a_lease_on_a_step_without_a_checkpoint_is_refused(model: art.TrainableModel):

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import logging
 import shutil
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,12 @@ from art_backend.training._distributed import TrainingTeam
 from art_backend.training._replay_record import record_model
 from art_backend.training._trainer import LoraTrainer
 from art_backend.training._trainer_state import TRAINER_STATE, read_trainer_state
-from art_core.wire import DeleteCheckpointsRequest, PromoteRequest, RegisterRequest
+from art_core.wire import (
+    DeleteCheckpointsRequest,
+    HoldStepRequest,
+    PromoteRequest,
+    RegisterRequest,
+)
 
 logger = logging.getLogger("art_backend.training")
 
@@ -51,6 +57,8 @@ class RegisteredModel:
     # The step the plain name serves: the latest, unless a promotion gate refused later steps
     # (it stays loaded outside the window, and its checkpoint is never deleted).
     promoted: int = 0
+    # Steps adapter leases hold (how many leases each): served and never deleted while held.
+    holds: Counter[int] = field(default_factory=Counter)
 
     @property
     def name(self) -> str:
@@ -277,11 +285,33 @@ class ModelRegistry:
 
     def _trim_served(self, model: RegisteredModel) -> None:
         """Unload the steps older than the window; the promoted step stays, even outside it."""
-        keep = {*model.served[-model.served_steps :], model.promoted}
+        keep = {*model.served[-model.served_steps :], model.promoted, *model.holds}
         for old in [step for step in model.served if step not in keep]:
             model.served.remove(old)
             if model.inference_name(old) in self.engine.adapters:
                 self.engine.unload_adapter(model.inference_name(old))
+
+    async def hold(self, model: RegisteredModel, request: HoldStepRequest) -> dict[str, Any]:
+        """Take or give back a hold on a step (an adapter lease): a held step is loaded, stays
+        served beyond the window, and is not deleted; the answer lists the held steps."""
+        step = request.step
+        if request.release:
+            if model.holds[step] > 0:
+                model.holds[step] -= 1
+            if model.holds[step] <= 0:
+                del model.holds[step]
+                async with self._step_lock:
+                    await self._in_trainer_thread(self._trim_served, model)
+            return {"held": sorted(model.holds)}
+        if step not in (steps := model.store.checkpoint_steps()):
+            raise InvalidRequestError(
+                f"{model.name} has no checkpoint for step {step} to hold; its checkpoints are "
+                f"{steps}.",
+                param="step",
+            )
+        model.holds[step] += 1
+        await self.serve_again(model, step)
+        return {"held": sorted(model.holds)}
 
     def check_train_from(self, model: RegisteredModel, step: int | None) -> None:
         """A train request's `train_from_step`: a step on disk (None or the latest: as usual)."""
@@ -362,6 +392,7 @@ class ModelRegistry:
         """Delete all checkpoints but the latest and the best by a logged metric, or exactly
         `request.steps` (a retention strategy's choice); either way not `request.keep` (a
         client's adapter leases), which the answer's `held` names where it saved a step."""
+        request = request.model_copy(update={"keep": [*request.keep, *model.holds]})
         if request.steps is not None:
             held = sorted(set(request.steps) & set(request.keep))
             asked = sorted(set(request.steps) - set(held))

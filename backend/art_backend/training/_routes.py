@@ -23,6 +23,7 @@ from art_backend.training._review_veto import held_for_review
 from art_backend.training._training_service import TrainingService
 from art_core.wire import (
     DeleteCheckpointsRequest,
+    HoldStepRequest,
     LogRequest,
     PromoteRequest,
     RegisterRequest,
@@ -79,6 +80,10 @@ def training_router(training: TrainingService) -> APIRouter:
     @router.post("/models/{project}/{name}/promote")
     async def promote(project: str, name: str, body: PromoteRequest):
         return await registry.promote(registry.get(project, name), body)
+
+    @router.post("/models/{project}/{name}/holds")
+    async def hold(project: str, name: str, body: HoldStepRequest):
+        return await registry.hold(registry.get(project, name), body)
 
     @router.post("/models/{project}/{name}/delete_checkpoints")
     async def delete_checkpoints(project: str, name: str, body: DeleteCheckpointsRequest):
