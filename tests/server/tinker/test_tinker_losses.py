@@ -145,6 +145,59 @@ def test_stable_reinforce_trains_the_recorded_samples_with_truncated_weights(tra
     assert float((after - before)[observed:].sum()) > 0  # a positive advantage: more likely
 
 
+def test_a_two_turn_datum_trains_both_turns_sampled_tokens_and_not_the_observation(training):
+    """The cookbook's multi-turn datum: turn 2's prompt is turn 1's prompt, its sample and an
+    observation; provenance names each run (as `rl.data_processing.trajectory_to_data` does)."""
+    sampler = training.save_weights_and_get_sampling_client(record_stability_info=True).result()
+    first = sample(sampler, seed=4)
+    observation = [50, 51]
+    second_prompt = PROMPT + list(first.tokens) + observation
+    second = (
+        sampler.sample(
+            types.ModelInput.from_ints(second_prompt), 1, types.SamplingParams(max_tokens=4, seed=5)
+        )
+        .result()
+        .sequences[0]
+    )
+    tokens = second_prompt + list(second.tokens)
+    turns = (len(PROMPT) - 1, len(first.tokens), len(observation), len(second.tokens))
+    advantages = [0.0] * turns[0] + [ADVANTAGE] * turns[1] + [0.0] * turns[2]
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={
+            "target_tokens": tokens[1:],
+            "advantages": advantages + [ADVANTAGE] * turns[3],
+        },
+    ).with_provenance(
+        model_input=[
+            types.PromptProvenanceSpan(sequence_id=first.sequence_id, length=len(PROMPT)),
+            types.SampledProvenanceSpan(sequence_id=first.sequence_id, length=turns[1]),
+            types.PromptProvenanceSpan(
+                sequence_id=second.sequence_id, offset=len(PROMPT) + turns[1], length=turns[2]
+            ),
+            types.SampledProvenanceSpan(sequence_id=second.sequence_id, length=turns[3] - 1),
+        ],
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(
+                sequence_id=first.sequence_id, offset=1, length=len(PROMPT) - 1
+            ),
+            types.SampledProvenanceSpan(sequence_id=first.sequence_id, length=turns[1]),
+            types.PromptProvenanceSpan(
+                sequence_id=second.sequence_id, offset=len(PROMPT) + turns[1], length=turns[2]
+            ),
+            types.SampledProvenanceSpan(sequence_id=second.sequence_id, length=turns[3]),
+        ],
+    )
+    lp, loss = answer(training.forward([datum], "stable_reinforce").result())
+    q = torch.tensor(list(first.logprobs) + [0.0] * turns[2] + list(second.logprobs))
+    sampled = torch.tensor([1.0] * turns[1] + [0.0] * turns[2] + [1.0] * turns[3])
+    scored = lp[turns[0] :]
+    weight = torch.exp(scored - q).clamp(0.0, 2.0)
+    expected = -weight * ADVANTAGE * scored * sampled
+    torch.testing.assert_close(loss[turns[0] :], expected, rtol=1e-4, atol=1e-5)
+    assert torch.all(loss[: turns[0]] == 0)
+
+
 def test_stable_reinforce_refuses_data_without_a_recorded_provenance(training):
     sampler = training.save_weights_and_get_sampling_client().result()  # records nothing
     sequence = sample(sampler, seed=2)
