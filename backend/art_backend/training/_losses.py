@@ -20,8 +20,8 @@ r[t] = exp(lp[t] - q[t]):
     dro                  -(lp[t] A[t] - beta/2 (lp[t] - q[t])^2)          beta: 0.05
     gspo                 ppo's, with r[t] = sg(s) * exp(lp[t] - sg(lp[t])),  low, high: 0.8, 1.2
                          s = exp(mean of lp - q over sequence_ratio_mask)   (all tokens if absent)
-    stable_reinforce     -sg(clip(r[t], 0, high)) * lp[t] * A[t] over the   high: 2.0
-                         sampled tokens, q[t] the sampler's recorded logprob
+    stable_reinforce     -sg(clip(r[t], low, high)) * lp[t] * A[t] over     low, high: 0.0, 2.0
+                         the sampled tokens, q[t] the sampler's recorded logprob
 
 Sources, Tinker's loss pages: https://tinker-docs.thinkingmachines.ai/tinker/losses/dro (DRO;
 the page states no default beta: ours is its example's 0.05), .../losses/gspo (GSPO-token: the
