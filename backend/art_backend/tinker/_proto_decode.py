@@ -7,6 +7,8 @@ format in `_proto`):
                             5 loss_fn_config (map str -> double)  6 forward_only
                             7 loss_fn_config_v2 (map str -> LossConfigValue: 1 number | 2 text)
     Datum                   1 model_input (Chunk)  2 loss_fn_inputs (map str -> Tensor)
+                            3 model_input_spans  4 loss_fn_input_spans (ProvenanceSpan)
+    ProvenanceSpan          1 prompt_tokens | 2 sampled_tokens (1 sequence_id 2 offset 3 length)
     Chunk                   1 encoded_text (1 tokens: int32 bytes) | 2 image | 3 dmel
     Tensor                  1 dense bytes | 2 sparse_csr (1 values 2 crow 3 col: bytes)
                             3 dtype (1 float32, 2 int64, 3 int32, 4 bfloat16)  4 shape
@@ -46,7 +48,14 @@ REQUEST_FIELDS = {
     6: "forward_only",
     7: "loss_fn_config_v2",
 }
-DATUM_FIELDS = {1: "model_input", 2: "loss_fn_inputs"}
+DATUM_FIELDS = {
+    1: "model_input",
+    2: "loss_fn_inputs",
+    3: "model_input_spans",
+    4: "loss_fn_input_spans",
+}
+SPAN_KINDS = {1: "prompt_tokens", 2: "sampled_tokens"}
+SPAN_FIELDS = {1: "sequence_id", 2: "offset", 3: "length"}
 CHUNK_KINDS = {1: "encoded_text", 2: "image", 3: "dmel"}
 TEXT_FIELDS = {1: "tokens"}
 ENTRY_FIELDS = {1: "key", 2: "value"}
@@ -91,13 +100,27 @@ class WireTensor:
     values: np.ndarray
 
 
+@dataclass(frozen=True)
+class WireSpan:
+    """A provenance run: `length` positions that are `[offset, offset + length)` of a sampled
+    sequence's prompt (`sampled` False) or sampled tokens (`Datum.with_provenance`)."""
+
+    sampled: bool
+    sequence_id: str
+    offset: int
+    length: int
+
+
 @dataclass
 class WireDatum:
-    """One datum: its input tokens (the text chunks, in order) and its loss inputs."""
+    """One datum: its input tokens (the text chunks, in order), its loss inputs, and its
+    provenance (None when the datum carries none)."""
 
     tokens: list[int]
     inputs: dict[str, WireTensor]
     other_chunks: list[str] = field(default_factory=list)  # image, dmel: not served
+    model_input_spans: list[WireSpan] | None = None
+    loss_fn_input_spans: list[WireSpan] | None = None
 
 
 @dataclass
@@ -255,7 +278,31 @@ class _Reader:
             datum.tokens += np.frombuffer(tokens, dtype=np.int32).tolist()
         for name, entry, entry_where in self.entries(fields.get(2, []), f"{where}.loss_fn_inputs"):
             datum.inputs[name] = self.tensor(_blob(entry, 2, entry_where), entry_where)
+        if 3 in fields or 4 in fields:
+            datum.model_input_spans = self.spans(fields.get(3, []), f"{where}.model_input_spans")
+            datum.loss_fn_input_spans = self.spans(
+                fields.get(4, []), f"{where}.loss_fn_input_spans"
+            )
         return datum
+
+    def spans(self, values: list[FieldValue], where: str) -> list[WireSpan]:
+        """A datum's provenance runs, in order."""
+        spans = []
+        for index, value in enumerate(values):
+            span_where = f"{where}[{index}]"
+            kinds = self.message(_as_message(value, span_where), span_where, SPAN_KINDS)
+            sampled = 2 in kinds
+            arm_where = f"{span_where}.{SPAN_KINDS[2 if sampled else 1]}"
+            arm = self.message(_blob(kinds, 2 if sampled else 1, arm_where), arm_where, SPAN_FIELDS)
+            spans.append(
+                WireSpan(
+                    sampled=sampled,
+                    sequence_id=_text(arm, 1, f"{arm_where}.sequence_id"),
+                    offset=_integer(arm, 2, f"{arm_where}.offset"),
+                    length=_integer(arm, 3, f"{arm_where}.length"),
+                )
+            )
+        return spans
 
     def count_tokens(self, datum_tokens: int, added: int, where: str) -> None:
         """Refuse tokens past a datum's or the request's bound, before they are read."""

@@ -9,7 +9,8 @@ the engine computes them anyway) and why it stopped.
 Served: num_samples, max_tokens, temperature, top_p, top_k, seed, stop strings, and stop token
 ids that are the model's own end tokens (the engine stops at those anyway). Refused by name:
 prompt logprobs, top-k logprobs, target prompt logprobs, alternative prompt tokens, other stop
-token ids, and `stop=[]` (generation past the end tokens).
+token ids, and `stop=[]` (generation past the end tokens). With `record_stability_info` each
+sampled sequence is recorded under its `sequence_id` for `stable_reinforce` (`_stability`).
 """
 
 from __future__ import annotations
@@ -176,11 +177,12 @@ class TinkerSampling:
             adapter=sampler.adapter,
             stream_tokens=False,
         )
-        request_id = self.training.futures.start(self._generate(sampler, generation))
-        return {
-            "request_id": request_id,
-            "sample_sequence_ids": [f"{request_id}-{i}" for i in range(request.num_samples)],
-        }
+        batch = f"seq-{uuid.uuid4().hex}"
+        sequence_ids = [f"{batch}-{i}" for i in range(request.num_samples)]
+        # record_stability_info: each sequence kept for training on it by id (`_stability`).
+        recorded = sequence_ids if request.record_stability_info else None
+        request_id = self.training.futures.start(self._generate(sampler, generation, recorded))
+        return {"request_id": request_id, "sample_sequence_ids": sequence_ids}
 
     def _prompt(self, request: SampleRequest) -> list[int]:
         tokens: list[int] = []
@@ -237,7 +239,9 @@ class TinkerSampling:
             )
         return []
 
-    async def _generate(self, sampler: Sampler, generation: GenerationRequest) -> Answer:
+    async def _generate(
+        self, sampler: Sampler, generation: GenerationRequest, recorded: list[str] | None
+    ) -> Answer:
         if sampler.adapter is not None and sampler.adapter not in self.engine.adapters:
             assert sampler.run is not None and sampler.step is not None
             # An older sampler step, out of the served window: served again for this request,
@@ -256,6 +260,10 @@ class TinkerSampling:
             if event.finish_reason not in ("stop", "length"):
                 raise BackendError(f"Generation failed: {event.error or event.finish_reason}")
             sequences.append(WireSequence(event.finish_reason, event.token_ids, event.logprobs))
+            if recorded is not None:
+                self.training.stability.record(
+                    recorded[index], generation.prompt_ids, event.token_ids, event.logprobs
+                )
         return Answer(proto=encode_sample_response(sequences))
 
 
@@ -268,7 +276,6 @@ def _refuse_unserved(request: SampleRequest) -> None:
         "target_prompt_logprobs": request.target_prompt_logprobs is not None,
         "prompt_alt_tokens_k": request.prompt_alt_tokens_k > 0,
         "prompt_logprobs_last_n": request.prompt_logprobs_last_n is not None,
-        "record_stability_info": bool(request.record_stability_info),
     }
     named = [name for name, asked in unserved.items() if asked]
     if named:

@@ -4,8 +4,9 @@
                                   a LoRA on the served base model, checkpoint 0, served `<id>@0`
     forward_backward           -> `LoraTrainer.forward_backward`: the datums as the trainer's rows
                                   (`_datums`), a loss of `training._losses.LOSSES` (cross_entropy,
-                                  importance_sampling, ppo, cispo): gradients add up until the
-                                  next optim_step
+                                  importance_sampling, ppo, cispo, dro, gspo, stable_reinforce:
+                                  its datums' provenance resolved by `_stability`): gradients
+                                  add up until the next optim_step
     optim_step                 -> `LoraTrainer.optim_step` with the step's AdamW settings
     save_weights_for_sampler   -> checkpoint N+1, served `<id>@<N+1>` (`TrainingService.save_step`),
                                   named `tinker://<id>/sampler_weights/<name>` (`_sampling`)
@@ -35,6 +36,7 @@ from art_backend.tinker._futures import Answer, Futures, RunOrder
 from art_backend.tinker._proto import ForwardBackwardWire, encode_forward_backward_output
 from art_backend.tinker._run_index import PROJECT, RunIndex, RunRecord
 from art_backend.tinker._schemas import CreateModelRequest, OptimStepRequest
+from art_backend.tinker._stability import StabilityRecords, resolve_provenance
 from art_backend.training._losses import (
     LOSSES,
     NOT_SERVED_YET,
@@ -131,6 +133,7 @@ class TinkerTraining:
         self.futures = Futures()
         self.runs: dict[str, TrainingRun] = {}
         self.index = RunIndex(training.registry.art_path)
+        self.stability = StabilityRecords()  # samplers' records, for provenance (`_stability`)
 
     def run(self, model_id: str) -> TrainingRun:
         """The training run `model_id` names, to train: 404 when it is unknown (naming only the
@@ -301,6 +304,8 @@ class TinkerTraining:
         thread for a large request)."""
         run = self.run(wire.model_id)
         loss, config = self._loss(wire)
+        if loss.provenance:
+            resolve_provenance(wire, self.stability)
         context, vocabulary = self.engine.context_length, self.engine.vocab_size
         rows = datum_rows(wire, loss, vocabulary=vocabulary, context=context)
         return PreparedForwardBackward(wire, run, loss, config, rows)

@@ -17,13 +17,29 @@ r[t] = exp(lp[t] - q[t]):
     importance_sampling  -r[t] * A[t]
     ppo                  -min(r[t] A[t], clip(r[t], low, high) A[t])      low, high: 0.8, 1.2
     cispo                -sg(clip(r[t], low, high)) * lp[t] * A[t]        low, high: 0.0, 4.0
+    dro                  -(lp[t] A[t] - beta/2 (lp[t] - q[t])^2)          beta: 0.05
+    gspo                 ppo's, with r[t] = sg(s) * exp(lp[t] - sg(lp[t])),  low, high: 0.8, 1.2
+                         s = exp(mean of lp - q over sequence_ratio_mask)   (all tokens if absent)
+    stable_reinforce     -sg(clip(r[t], low, high)) * lp[t] * A[t] over     low, high: 0.0, 2.0
+                         the sampled tokens, q[t] the sampler's recorded logprob
+
+Sources, Tinker's loss pages: https://tinker-docs.thinkingmachines.ai/tinker/losses/dro (DRO;
+the page states no default beta: ours is its example's 0.05), .../losses/gspo (GSPO-token: the
+sequence ratio's value with each token's own gradient), .../losses/stable-reinforce (which
+publishes the inputs, not the objective). Our `stable_reinforce` is truncated importance-sampled
+REINFORCE (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
+training": the weight sg(min(r, C)), C = 2) on what the sampler recorded at sampling time
+(`tinker._stability`): q is the logprob the engine answered for each sampled token, and only
+tokens a datum's provenance names as sampled are trained; its datums must carry provenance.
 
 `low`, `high` are `loss_fn_config`'s `clip_low_threshold`, `clip_high_threshold` (Tinker's
-defaults above). The three policy losses are our own per-token objective
+defaults above). The token-level policy losses are our own per-token objective
 (`training._grpo.token_objective`) with the `ppo` and `cispo` presets at eps_low = 1 - low and
-eps_high = high - 1 (importance sampling: PPO with no clip). `forward_backward` answers each
-datum's `logprobs` and `elementwise_loss`, and the metric `loss:sum`. A new loss is a row of
-`LOSSES`; the SDK's other names are refused by name (`NOT_SERVED_YET`).
+eps_high = high - 1 (importance sampling: PPO with no clip; gspo: PPO on the sequence ratio;
+stable_reinforce: cispo at low 0). `forward_backward` answers each datum's `logprobs` and
+`elementwise_loss`, and the metric `loss:sum`. A new loss is a row of `LOSSES`; the SDK's other
+name, `custom` (which the SDK computes itself and sends as cross_entropy), is refused by name
+(`NOT_SERVED_YET`).
 """
 
 from __future__ import annotations
@@ -48,12 +64,14 @@ CLIP_KEYS = ("clip_low_threshold", "clip_high_threshold")
 
 @dataclass(frozen=True)
 class TinkerLoss:
-    """One served loss: the loss_fn_inputs it reads, its config keys (with defaults), its formula."""
+    """One served loss: the loss_fn_inputs it reads, its config keys (with defaults), its formula,
+    and whether its datums name the sampled sequences behind their tokens (`provenance`)."""
 
     required: tuple[str, ...]
     optional: tuple[str, ...]
     config_defaults: dict[str, float]
     elementwise: Elementwise
+    provenance: bool = False
 
 
 def cross_entropy(
@@ -82,6 +100,31 @@ def elementwise_policy_loss(preset: str, clipped: bool) -> Elementwise:
     return elementwise
 
 
+def dro(
+    logprobs: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict[str, float | str]
+) -> torch.Tensor:
+    """DRO's per-token loss: the policy gradient less a quadratic pull towards the sampler."""
+    penalty = (logprobs - inputs["logprobs"]) ** 2
+    return -(logprobs * inputs["advantages"] - 0.5 * float(config["beta"]) * penalty)
+
+
+def gspo(
+    logprobs: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict[str, float | str]
+) -> torch.Tensor:
+    """GSPO-token: every token carries the datum's sequence ratio (the geometric mean of its
+    marked tokens' ratios) as its value and its own log-probability's gradient, PPO-clipped."""
+    mask = inputs.get("sequence_ratio_mask")
+    marked = torch.ones_like(logprobs, dtype=torch.bool) if mask is None else mask != 0
+    token_log_ratio = logprobs.detach() - inputs["logprobs"]
+    # A datum with no marked token has no sequence ratio: ratio 1 (the sampler's own policy).
+    log_ratio = torch.where(marked, token_log_ratio, 0.0).sum() / marked.sum().clamp(min=1)
+    ratio = torch.exp(log_ratio + logprobs - logprobs.detach())
+    low, high = (float(config[key]) for key in CLIP_KEYS)
+    settings = loss_preset("ppo", eps_low=1 - low, eps_high=high - 1)
+    per_token, _ = token_objective(settings, ratio, ratio.detach(), inputs["advantages"], logprobs)
+    return per_token
+
+
 POLICY_INPUTS = ("target_tokens", "logprobs", "advantages")
 LOSSES: dict[str, TinkerLoss] = {
     "cross_entropy": TinkerLoss(("target_tokens",), ("weights",), {}, cross_entropy),
@@ -100,10 +143,27 @@ LOSSES: dict[str, TinkerLoss] = {
         {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
         elementwise_policy_loss("cispo", clipped=True),
     ),
+    "dro": TinkerLoss(POLICY_INPUTS, (), {"beta": 0.05}, dro),
+    "gspo": TinkerLoss(
+        POLICY_INPUTS,
+        ("sequence_ratio_mask",),
+        {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+        gspo,
+    ),
+    # `logprobs` optional: the sampler's recorded ones replace what a datum sends
+    # (`tinker._stability.resolve_provenance`), and its advantages count on sampled tokens only.
+    "stable_reinforce": TinkerLoss(
+        ("target_tokens", "advantages"),
+        ("logprobs",),
+        {"clip_low_threshold": 0.0, "clip_high_threshold": 2.0},
+        elementwise_policy_loss("cispo", clipped=True),
+        provenance=True,
+    ),
 }
 
-# The SDK's other loss names (tinker 0.38's LossFnType): refused, named, until they are rows.
-NOT_SERVED_YET = ("dro", "gspo", "stable_reinforce", "custom")
+# The SDK's other loss name (tinker 0.38's LossFnType): `forward_backward_custom` computes the
+# loss in the SDK and sends cross_entropy; `custom` itself is refused by name.
+NOT_SERVED_YET = ("custom",)
 
 
 def resolved_config(loss: TinkerLoss, config: dict[str, float | str]) -> dict[str, float | str]:
@@ -118,6 +178,8 @@ def resolved_config(loss: TinkerLoss, config: dict[str, float | str]) -> dict[st
     for key, value in resolved.items():
         if isinstance(value, str) or not math.isfinite(value):
             raise ValueError(f"loss_fn_config[{key!r}] must be a finite number, not {value!r}")
+    if float(resolved.get("beta", 0.0)) < 0:
+        raise ValueError(f"beta must be at least 0 (a penalty's weight); got {resolved['beta']}")
     if CLIP_KEYS[0] in resolved:
         low, high = (float(resolved[key]) for key in CLIP_KEYS)
         if not 0 <= low <= 1 <= high:

@@ -398,7 +398,7 @@ def hostile_bodies(model_id: str, seq_id: int) -> dict[str, tuple[bytes, bool]]:
             True,
         ),
         "an unknown loss": (ppo(policy(), loss="nope"), True),
-        "a loss not served yet": (ppo(policy(), loss="dro"), True),
+        "a loss not served yet": (ppo(policy(), loss="custom"), True),
         "forward_only of 2**64 - 1": (ppo(policy(), extra=wire.varint_field(6, 2**64 - 1)), True),
         "unknown fields": (
             ppo(policy(), extra=wire.varint_field(99, 1) + wire.length_delimited(2**29 - 1, b"x")),

@@ -366,8 +366,10 @@ def test_bad_input_is_the_sdks_error_with_our_message(
 ):
     training = service.create_lora_training_client(base_model="tiny", rank=4).result()
     assert training.get_tokenizer().encode("hello")  # the served model's own tokenizer
-    with pytest.raises(tinker.BadRequestError, match=r"'dro' is not served.*Served: cross_entropy"):
-        training.forward_backward(datums(), "dro").result()
+    with pytest.raises(
+        tinker.BadRequestError, match=r"'custom' is not served.*Served: cross_entropy"
+    ):
+        training.forward_backward(datums(), "custom").result()
     with pytest.raises(tinker.BadRequestError, match="clip_low_threshold <= 1"):
         training.forward_backward(
             policy_datums([[0.0] * 20, [0.0] * 19]),
