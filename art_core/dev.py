@@ -83,6 +83,7 @@ class EngineArgs(TypedDict, total=False):
     gpu_memory_utilization: float
     enforce_eager: bool
     num_scheduler_steps: int
+    tensor_parallel_size: int  # warned and ignored: art-server places the engine
 
 
 class LoRAConfig(TypedDict, total=False):
@@ -115,6 +116,8 @@ class InternalModelConfig(TypedDict, total=False):
     peft_args: PeftArgs
     trainer_gpu_ids: list[int]
     inference_gpu_ids: list[int]
+    # ART's key, so ART's configs build; a model given one refuses it by name (_SECTION_NOTES).
+    tinker_args: Mapping[str, object]
 
 
 BackendModelConfig = InternalModelConfig

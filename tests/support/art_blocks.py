@@ -14,13 +14,14 @@ hashes are recorded: no text of ART's code. Every Python block is read with `ast
 
 - `art_imports`: the ART dotted names it imports (`import art.rewards as r` -> `art.rewards`,
   `from art.local import LocalBackend` -> `art.local.LocalBackend`);
-- `calls`: each call of an ART name (`name`, `positional`, `keywords`, `star_args`,
+- `calls`: each call of an ART name (on a docs page, also a name an earlier block of the page
+  imported and this one does not bind: the page is read as its reader reads it) (`name`, `positional`, `keywords`, `star_args`,
   `star_kwargs`, `line` in the source file, or within the cell for notebooks), including method
   calls on a name whose ART class the block makes plain (assigned from an ART constructor, bound by
   `with`, or annotated with an ART class). Every scope is read as one namespace: a name bound
   anywhere in the block to something else, or unannotated, has no type, so nothing is guessed;
 - `hosted`: the hosted services it needs, by label (a provider-prefixed judge or generator model,
-  RULER's default judge, W&B, S3, Together);
+  ART's default judge or generator, W&B, S3, Together);
 - `imports`: the top-level non-ART modules it imports.
 """
 
@@ -52,13 +53,16 @@ PROVIDERS = (
     "azure",
     "fireworks_ai",
 )
-# Calls whose model argument names a judge or generator: (ART name suffix, positional index, keywords).
+# Calls whose model argument names a judge or generator:
+# ART name suffix -> (positional index, keywords, ART 0.5.23's default).
 MODEL_ARGUMENTS = {
-    "ruler": (1, ("judge_model",)),
-    "ruler_score_group": (1, ("judge_model",)),
-    "generate_scenarios": (None, ("generator_model",)),
+    "ruler": (1, ("judge_model",), "openai/o3"),
+    "ruler_score_group": (1, ("judge_model",), "openai/o3"),
+    "generate_scenarios": (None, ("generator_model",), "openai/gpt-4.1-mini"),
 }
-RULER_DEFAULT_JUDGE = "openai/o3"
+OPENAI_MODELS = ("gpt-", "o1", "o3", "o4", "chatgpt-")
+# A judge or generator named by a variable: maybe hosted, maybe not; said so, never guessed.
+UNRESOLVED_MODEL = "judge or generator model (named by a variable)"
 HOSTED_MODULES = {"wandb": "W&B", "weave": "W&B Weave", "boto3": "S3", "together": "Together"}
 HOSTED_METHODS = {
     "_experimental_pull_from_s3": "S3",
@@ -196,7 +200,7 @@ def _plain_targets(node: ast.AST) -> list[ast.expr]:
 class Reader:
     """Resolves expressions of one block to ART dotted names and ART classes."""
 
-    def __init__(self, tree: ast.Module) -> None:
+    def __init__(self, tree: ast.Module, page_aliases: dict[str, str] | None = None) -> None:
         imports: dict[str, set[str | None]] = {}
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -211,6 +215,10 @@ class Reader:
             for name, dotted in imports.items()
             if len(dotted) == 1 and None not in dotted and name not in rebound
         }
+        # A docs page's block uses what the page's earlier blocks imported, where it binds nothing itself.
+        for name, dotted_name in (page_aliases or {}).items():
+            if name not in imports and name not in rebound:
+                self.aliases[name] = dotted_name
         self.plain_targets = {
             id(target) for node in ast.walk(tree) for target in _plain_targets(node)
         }
@@ -307,20 +315,26 @@ def _string(node: ast.expr | None) -> str | None:
 
 def _model_argument(name: str, call: ast.Call) -> tuple[bool, str | None]:
     """(whether `name` takes a judge or generator model, the one this call names if a string)."""
-    for suffix, (index, keywords) in MODEL_ARGUMENTS.items():
+    for suffix, (index, keywords, default) in MODEL_ARGUMENTS.items():
         if name.endswith(f".{suffix}"):
             for keyword in call.keywords:
                 if keyword.arg in keywords:
                     return True, _string(keyword.value)
             if index is not None and len(call.args) > index:
                 return True, _string(call.args[index])
-            return True, RULER_DEFAULT_JUDGE if index is not None else None
+            return True, default
     return False, None
 
 
 def _provider(model: str | None) -> str | None:
-    prefix = (model or "").split("/", 1)[0].lower()
-    return prefix if "/" in (model or "") and prefix in PROVIDERS else None
+    """The hosted provider a LiteLLM-style model name calls: its prefix, or OpenAI for a bare
+    OpenAI model name (LiteLLM's default), else None."""
+    if model is None:
+        return None
+    prefix = model.split("/", 1)[0].lower()
+    if "/" in model:
+        return prefix if prefix in PROVIDERS else None
+    return "openai" if model.lower().startswith(OPENAI_MODELS) else None
 
 
 def hosted_services(
@@ -333,6 +347,8 @@ def hosted_services(
         provider = _provider(model)
         if takes_model and provider:
             found.add(f"{provider} model")
+        elif takes_model and model is None:
+            found.add(UNRESOLVED_MODEL)
         method = name.rsplit(".", 1)[-1]
         if method in HOSTED_METHODS:
             found.add(HOSTED_METHODS[method])
@@ -358,8 +374,11 @@ def hosted_services(
     return sorted(found)
 
 
-def analyse(text: str, language: str, line_offset: int) -> dict[str, Any]:
-    """The record of one block: hash, language, whether it parses, its ART imports and calls."""
+def analyse(
+    text: str, language: str, line_offset: int, page_aliases: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The record of one block: hash, language, whether it parses, its ART imports and calls.
+    `page_aliases` (updated here) are the ART imports of the page's earlier blocks."""
     record: dict[str, Any] = {
         "language": language,
         "sha": hashlib.sha256(text.encode()).hexdigest()[:12],
@@ -370,7 +389,9 @@ def analyse(text: str, language: str, line_offset: int) -> dict[str, Any]:
     record["parses"] = tree is not None
     if tree is None:
         return record
-    reader = Reader(tree)
+    reader = Reader(tree, page_aliases)
+    if page_aliases is not None:
+        page_aliases.update(_art_imports(tree))
     calls: list[tuple[str, ast.Call]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -400,7 +421,11 @@ def source_blocks(path: str, text: str, form: str) -> list[dict[str, Any]]:
     """The records of every block of one source file."""
     if path.endswith(".mdx"):
         # A fence's body starts on the line after it: call lines are the page's own.
-        return [{"line": b.line, **analyse(b.text, b.language, b.line)} for b in mdx_blocks(text)]
+        page_aliases: dict[str, str] = {}
+        return [
+            {"line": b.line, **analyse(b.text, b.language, b.line, page_aliases)}
+            for b in mdx_blocks(text)
+        ]
     if form == "cells":
         return [{"line": b.line, **analyse(b.text, "python", 0)} for b in notebook_cells(text)]
     return [{"line": 1, **analyse(text, "python", 0)}]
