@@ -20,7 +20,7 @@ import inspect
 import json
 import os
 import typing
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -54,29 +54,21 @@ ENGINE_INTERNALS = (
 
 # Blocks that tests run (with the import changed), by (path, line): the test and the block's sha.
 _PAGES = "docs/src/content/docs"
-_RULER_TESTS = "tests/core/test_ruler_art_signature.py"
+_RULER = "tests/core/test_ruler_art_signature.py"
 RUN_IN_TESTS: dict[tuple[str, int], tuple[str, str]] = {
-    (f"{_PAGES}/fundamentals/ruler.mdx", 69): (_RULER_TESTS, "1a7fbc15e262"),  # the joke example
-    (f"{_PAGES}/fundamentals/ruler.mdx", 185): (
-        _RULER_TESTS,
-        "d619fcbe7b42",
-    ),  # extra LiteLLM params
-    (f"{_PAGES}/fundamentals/ruler.mdx", 205): (_RULER_TESTS, "affeaadd37f5"),  # custom rubric
-    (f"{_PAGES}/fundamentals/ruler.mdx", 223): (_RULER_TESTS, "24a33905c84b"),  # raw message lists
-    (f"{_PAGES}/features/mcp-rl.mdx", 32): (
-        "tests/mcp/test_art_generate_scenarios.py",
-        "03a6d582db1e",
-    ),
-    (f"{_PAGES}/fundamentals/sft-training.mdx", 130): (
-        "tests/core/test_sft_file.py",
-        "8f0a4974c628",
-    ),
-}
+    (f"{_PAGES}/fundamentals/ruler.mdx", 69): (_RULER, "1a7fbc15e262"),  # the joke example
+    (f"{_PAGES}/fundamentals/ruler.mdx", 185): (_RULER, "d619fcbe7b42"),  # extra LiteLLM params
+    (f"{_PAGES}/fundamentals/ruler.mdx", 205): (_RULER, "affeaadd37f5"),  # custom rubric
+    (f"{_PAGES}/fundamentals/ruler.mdx", 223): (_RULER, "24a33905c84b"),  # raw message lists
+    (f"{_PAGES}/features/mcp-rl.mdx", 32): ("tests/mcp/test_art_generate_scenarios.py", "03a6d582db1e"),
+    (f"{_PAGES}/fundamentals/sft-training.mdx", 130): ("tests/core/test_sft_file.py", "8f0a4974c628"),
+}  # fmt: skip
 
 # ART names its docs or examples use that are not served here, and why (a test checks each is
 # still used and still missing, so the list shrinks as they are served).
 _BEFORE_0_5 = "ART's name before 0.5 (now art.LocalBackend); not served here"
 _GONE = "not in ART 0.5.23 (an example older than it); not served here"
+_MAIN = "ART main (after 0.5.23)"
 KNOWN_GAPS: dict[str, str] = {
     "art.LocalAPI": _BEFORE_0_5,
     "art.local.LocalAPI": _BEFORE_0_5,
@@ -84,38 +76,33 @@ KNOWN_GAPS: dict[str, str] = {
     "art.TuneConfig": _GONE,
     "art.UnslothAPI": _GONE,
     "art.local.backend.LocalBackend.down": _GONE,
-    "art.skypilot": "ART's SkyPilot backend (not in ART 0.5.23); clusters here: docs/cluster.md",
-    "art.TrainingObjectives": "ART main (after 0.5.23): on-policy distillation is not served here",
-    "art.distill": "ART main (after 0.5.23): on-policy distillation is not served here",
+    "art.utils.get_trajectory_messages": _GONE + ": art.Trajectory.messages() here",
+    "art.skypilot": _GONE + ": clusters here are docs/cluster.md",
+    "art.TrainingObjectives": f"{_MAIN}: on-policy distillation is not served here",
+    "art.distill": f"{_MAIN}: on-policy distillation is not served here",
+    "art.verifiers": f"{_MAIN}: the verifiers integration is not served here",
     "art.metrics": "ART 0.5.23's API cost tracking (art.metrics) is not served here",
-    "art.utils.benchmarking": "ART 0.5.23's benchmark tables of its own output folders are not served here",
-    "art.utils.get_trajectory_messages": "ART before 0.5.23: art.Trajectory.messages() here",
-    "art.verifiers": "ART main (after 0.5.23): the verifiers integration is not served here",
-    "art.serverless.backend": (
-        "ART 0.5.23's module path is not served; `art_core.serverless.ServerlessBackend` refuses by name"
-    ),
-}
+    "art.utils.benchmarking": "ART 0.5.23's benchmark tables of its own output folders: not served here",
+    "art.utils.benchmark_rollout": "ART 0.5.23's benchmark helper: not served here (run the rollouts with art.gather_trajectories)",
+    "art.utils.get_repo_root_path": "ART 0.5.23's helper locating ART's own checkout: not served here",
+    "art.serverless.backend": "ART 0.5.23's module path is not served; `art_core.serverless.ServerlessBackend` refuses by name",
+}  # fmt: skip
 
 # Documented calls that do not bind on ART 0.5.23 either (the example predates a change):
 # (ART name, keyword; "" for any call) -> why. They do not count against a name's support.
 STALE_IN_ART: dict[tuple[str, str], str] = {
-    (
-        "art.utils.iterate_dataset",
-        "initial_iteration",
-    ): "ART 0.5.23's iterate_dataset takes initial_step",
-    ("art.TrainableModel.train", "trajectory_groups"): (
-        "ART 0.5.23's TrainableModel has no train() (backend.train(model, groups)); ART before 0.5's took trajectory_groups"
-    ),
+    ("art.utils.iterate_dataset", "initial_iteration"): "ART 0.5.23's iterate_dataset takes initial_step",
+    ("art.TrainableModel.train", "trajectory_groups"): "ART 0.5.23's TrainableModel has no train(); ART before 0.5's took trajectory_groups",
     ("art.TrainableModel.set_temperature_annealer", ""): "not in ART 0.5.23",
-}
+    ("art.gather_trajectories", "stream_chat_completions"): "not in ART 0.5.23",
+    ("art.gather_trajectories", "return_exceptions"): "not in ART 0.5.23 (max_exceptions)",
+}  # fmt: skip
 
 # Supported names with a documented call that does not bind here, not fixed yet: the table and
 # the page say so (test_art_names reads documented_call_failures); the binding test xfails them.
 NOT_YET: dict[str, str] = {
-    "art.Trajectory": (
-        "ART's Trajectory ignores unknown keywords (pydantic's default), ours refuses them by name: "
-        "`Trajectory(scenario=...)` in examples/just-the-facts"
-    ),
+    "art.Trajectory": "ART's Trajectory ignores unknown keywords (pydantic's default), ours refuses them "
+    "by name: `Trajectory(scenario=...)` in examples/just-the-facts",
 }
 
 
@@ -346,155 +333,6 @@ def name_status(art_name: str) -> tuple[str, str]:
     return "supported", ""
 
 
-def block_status(source: dict[str, Any], block: dict[str, Any]) -> str:
-    """The block's status, derived from its names, its calls' binding and what it needs hosted."""
-    if block["language"] not in PYTHON:
-        return "not Python"
-    if not block["parses"]:
-        return "does not parse"
-    names = names_used(block)
-    statuses = {name: name_status(name) for name in names}
-    missing = [gap_root(name) for name, (status, _) in statuses.items() if status == "missing"]
-    broken = [f"`{name}` missing" for name in dict.fromkeys(missing)]
-    broken += [
-        f"`{call['name']}` call does not bind (line {call['line']})"
-        for call in block["calls"]
-        if statuses[call["name"]][0] in {"supported", "partly", "mapped"}
-        and not stale_in_art(call["name"], call)
-        and call_failure(call["name"], call)
-    ]
-    broken += [
-        f"`{call['name']}` call is stale in ART too (line {call['line']})"
-        for call in block["calls"]
-        if stale_in_art(call["name"], call)
-    ]
-    if broken:
-        return "does not run: " + "; ".join(dict.fromkeys(broken))
-    refused = [f"`{name}`" for name, (status, _) in statuses.items() if status == "refused"]
-    if refused:
-        return "refused: " + ", ".join(refused)
-    run_in = RUN_IN_TESTS.get((source["path"], block["line"]))
-    if run_in:
-        stand_in = (
-            f" (a local server for the hosted {', '.join(block['hosted'])})"
-            if block["hosted"]
-            else ""
-        )
-        return f"runs in {run_in[0]}{stand_in}"
-    differences = [
-        f"`{name}` mapped" for name, (status, _) in statuses.items() if status == "mapped"
-    ]
-    differences += [f"hosted {service}" for service in block["hosted"]]
-    if differences:
-        return "runs with these differences: " + ", ".join(differences)
-    return "runs unchanged" if names else "no ART name"
-
-
-def render() -> str:
-    """docs/art-docs-blocks.md from the recorded blocks."""
-    rows = [(source, block, block_status(source, block)) for source, block in blocks()]
-    counts = Counter(
-        "runs in tests" if s.startswith("runs in") else s.split(":")[0] for _, _, s in rows
-    )
-    commits = Counter(
-        (source["path"].split("/")[0], source["commit"]) for source in BLOCKS["sources"]
-    )
-    lines = [
-        "# ART's documentation and examples, block by block",
-        "",
-        "Every code block of OpenPipe ART's documentation site and every script of its `examples/` and",
-        "`dev/` folders, read statically (nothing of ART's code is copied here: only the names each",
-        "block imports and calls, with their arguments' count and keywords) and checked against",
-        "art_core with `import art` changed to `import art_core as art`. See",
-        "[ART compatibility](art-compatibility.md) for every name ART exports.",
-        "",
-        "Generated by `tests/compat/test_art_docs_blocks.py` from `tests/compat/art_docs_blocks.json`",
-        "(written by `python -m tests.support.art_blocks <copy of ART>`); refresh it with",
-        "`ART_UPDATE_COMPAT=1 .venv/bin/python -m pytest tests/compat/test_art_docs_blocks.py`.",
-        "",
-        "A block's status: **runs unchanged** (every ART name it uses is supported, every call binds, nothing",
-        "hosted), **runs in tests/...** (a test runs it), **runs with these differences** (a mapped name, or",
-        "a hosted service it needs), **refused** (it uses a name art_core refuses, or ART's engine",
-        "internals), **does not run** (a name missing here, or a call that does not bind), **not Python**,",
-        "**does not parse** (a fragment), **no ART name** (none it can name: a method called on a",
-        "receiver whose ART class the block does not show is not counted).",
-        "",
-        "## Sources",
-        "",
-        "| folder | commit of OpenPipe/ART | files |",
-        "| --- | --- | --- |",
-        *(
-            f"| `{folder}/` | [`{commit[:12]}`]({ART_REPOSITORY}/tree/{commit}) | {count} |"
-            for (folder, commit), count in sorted(commits.items())
-        ),
-        "",
-        "## Summary",
-        "",
-        f"{len(BLOCKS['sources'])} files, {len(rows)} blocks:",
-        "",
-        "| status | blocks |",
-        "| --- | --- |",
-        *(f"| {status} | {count} |" for status, count in sorted(counts.items())),
-    ]
-    lines += _source_tables(rows)
-    lines += _notes(rows)
-    return "\n".join(lines) + "\n"
-
-
-def _short(name: str) -> str:
-    return name.removeprefix("art.") if name != "art" else name
-
-
-def _source_tables(rows: list[tuple[dict[str, Any], dict[str, Any], str]]) -> list[str]:
-    lines: list[str] = []
-    for source in BLOCKS["sources"]:
-        truncated = " (copy truncated)" if source["truncated"] else ""
-        unit = "cell" if source["form"] == "cells" else "line"
-        form = {"imports": " (import lines only)", "cells": " (notebook)"}.get(source["form"], "")
-        lines += ["", f"### `{source['path']}`{form}{truncated}", ""]
-        if not source["blocks"]:
-            lines.append("No code blocks.")
-            continue
-        lines += [f"| {unit} | language | status | ART names |", "| --- | --- | --- | --- |"]
-        for row_source, block, status in rows:
-            if row_source is not source:
-                continue
-            names = names_used(block)
-            shown = [f"`{_short(name)}`" for name in names][:MAX_NAMES_SHOWN]
-            used = ", ".join(shown) + (
-                f" and {len(names) - len(shown)} more" if len(names) > len(shown) else ""
-            )
-            lines.append(f"| {block['line']} | {block['language'] or '-'} | {status} | {used} |")
-    return lines
-
-
-def _note_key(art_name: str) -> str:
-    """The name a note is about: the engine module, the names-table name, or the gap."""
-    engine = next(
-        (m for m in ENGINE_INTERNALS if art_name == m or art_name.startswith(f"{m}.")), None
-    )
-    return engine or locate(art_name)[0] or gap_root(art_name)
-
-
-def _notes(rows: list[tuple[dict[str, Any], dict[str, Any], str]]) -> list[str]:
-    """The reasons behind the refused, mapped and missing names the blocks use, once each."""
-    used = sorted({name for _, block, _ in rows for name in names_used(block)})
-    notes = [(_note_key(name), *name_status(name)) for name in used]
-    notes = list(dict.fromkeys(notes))
-    notes = [(name, status, note) for name, status, note in notes if status != "supported"]
-    if not notes:
-        return []
-    lines = [
-        "",
-        "## Names these blocks use that are not plainly supported",
-        "",
-        "| ART name | status | why |",
-        "| --- | --- | --- |",
-    ]
-    escaped = [(name, status, note.replace("|", "\\|")) for name, status, note in notes]
-    return lines + [f"| `{name}` | {status} | {note} |" for name, status, note in escaped]
-
-
 # ------------------------------------------------------------------ the tests
 
 
@@ -584,6 +422,8 @@ def test_the_blocks_said_to_run_in_tests_are_recorded_and_named_there():
 
 
 def test_the_blocks_page_is_up_to_date():
+    from tests.compat.art_docs_page import render  # it reads this module's tables
+
     generated = render()
     if os.environ.get("ART_UPDATE_COMPAT") == "1":
         PAGE.write_text(generated)

@@ -144,7 +144,8 @@ def classify(art_module: str, name: str) -> dict[str, str]:
 
         failing = documented_call_failures(f"{art_module}.{name}")
         if failing:
-            note = "ART's documented calls that do not bind here: " + "; ".join(failing)
+            more = f"; and {len(failing) - 2} more" if len(failing) > 2 else ""
+            note = "ART's documented calls that do not bind here: " + "; ".join(failing[:2]) + more
             return {"status": "partly", "ours": ours.replace(":", "."), "note": note}
         return {"status": "supported", "ours": ours.replace(":", "."), "note": ""}
     assert _refused_art_names.refused(art_module, name) is not None, (

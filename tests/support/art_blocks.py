@@ -5,7 +5,8 @@
 scripts (commits and forms in `SOURCES-code.json`) and writes `tests/compat/art_docs_blocks.json`:
 
     {"sources": [{"path", "commit", "form", "truncated", "blocks": [
-        {"line", "language", "sha", "parses", "art_imports", "calls", "hosted", "imports"}]}]}
+        {"line", "language", "sha", "parses", "art_imports", "calls", "hosted", "imports"}]}],
+     "unread": [the paths the copy could not read]}
 
 A block is a fenced code block of an .mdx page (`line`: its opening fence), a whole .py file
 (`line` 1), a notebook's code cell (form "cells", `line`: the cell's number) or a file of which
@@ -419,15 +420,19 @@ def analyse(
 
 def source_blocks(path: str, text: str, form: str) -> list[dict[str, Any]]:
     """The records of every block of one source file."""
+    # A page's (or a notebook's) later blocks use what its earlier ones imported.
+    page_aliases: dict[str, str] = {}
     if path.endswith(".mdx"):
         # A fence's body starts on the line after it: call lines are the page's own.
-        page_aliases: dict[str, str] = {}
         return [
             {"line": b.line, **analyse(b.text, b.language, b.line, page_aliases)}
             for b in mdx_blocks(text)
         ]
     if form == "cells":
-        return [{"line": b.line, **analyse(b.text, "python", 0)} for b in notebook_cells(text)]
+        return [
+            {"line": b.line, **analyse(b.text, "python", 0, page_aliases)}
+            for b in notebook_cells(text)
+        ]
     return [{"line": 1, **analyse(text, "python", 0)}]
 
 
@@ -469,7 +474,8 @@ def collect(root: Path) -> dict[str, Any]:
                 ),
             }
         )
-    return {"sources": sorted(sources, key=lambda s: s["path"])}
+    unread = sorted(path for path, entry in manifest.items() if "error" in entry)
+    return {"sources": sorted(sources, key=lambda s: s["path"]), "unread": unread}
 
 
 def main(argv: list[str]) -> None:
