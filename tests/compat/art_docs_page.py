@@ -79,9 +79,9 @@ def render() -> str:
     counts = Counter(
         "runs in tests" if s.startswith("runs in") else s.split(":")[0] for _, _, s in rows
     )
-    commits = Counter(
-        (source["path"].split("/")[0], source["commit"]) for source in BLOCKS["sources"]
-    )
+    folders: dict[str, list[str]] = {}
+    for source in BLOCKS["sources"]:
+        folders.setdefault(source["path"].split("/")[0], []).append(source["commit"])
     lines = [
         "# ART's documentation and examples, block by block",
         "",
@@ -104,11 +104,14 @@ def render() -> str:
         "",
         "## Sources",
         "",
-        "| folder | commit of OpenPipe/ART | files |",
+        f"Each file was read at the commit of [OpenPipe/ART]({ART_REPOSITORY}) linked beside its",
+        "name below.",
+        "",
+        "| folder | files | commits |",
         "| --- | --- | --- |",
         *(
-            f"| `{folder}/` | [`{commit[:12]}`]({ART_REPOSITORY}/tree/{commit}) | {count} |"
-            for (folder, commit), count in sorted(commits.items())
+            f"| `{folder}/` | {len(commits)} | {len(set(commits))} |"
+            for folder, commits in sorted(folders.items())
         ),
         "",
         "## Summary",
@@ -141,7 +144,9 @@ def _source_tables(rows: list[tuple[dict[str, Any], dict[str, Any], str]]) -> li
         truncated = " (copy truncated)" if source["truncated"] else ""
         unit = "cell" if source["form"] == "cells" else "line"
         form = {"imports": " (import lines only)", "cells": " (notebook)"}.get(source["form"], "")
-        lines += ["", f"### `{source['path']}`{form}{truncated}", ""]
+        commit = source["commit"]
+        at = f"[`{commit[:12]}`]({ART_REPOSITORY}/blob/{commit}/{source['path']})"
+        lines += ["", f"### `{source['path']}`{form}{truncated}", "", f"At {at}.", ""]
         if not source["blocks"]:
             lines.append("No code blocks.")
             continue
