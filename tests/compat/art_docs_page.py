@@ -19,6 +19,7 @@ from tests.compat.test_art_docs_blocks import (
     RUN_IN_TESTS,
     blocks,
     call_failure,
+    engine_internal,
     gap_root,
     locate,
     name_status,
@@ -34,6 +35,9 @@ def block_status(source: dict[str, Any], block: dict[str, Any]) -> str:
     if not block["parses"]:
         return "does not parse"
     names = names_used(block)
+    engine = list(dict.fromkeys(_note_key(name) for name in names if engine_internal(name)))
+    if engine:
+        return "refused: ART's engine internals " + ", ".join(f"`{name}`" for name in engine)
     statuses = {name: name_status(name) for name in names}
     missing = [gap_root(name) for name, (status, _) in statuses.items() if status == "missing"]
     broken = [f"`{name}` missing" for name in dict.fromkeys(missing)]

@@ -15,8 +15,8 @@ hashes are recorded: no text of ART's code. Every Python block is read with `ast
 
 - `art_imports`: the ART dotted names it imports (`import art.rewards as r` -> `art.rewards`,
   `from art.local import LocalBackend` -> `art.local.LocalBackend`);
-- `calls`: each call of an ART name (on a docs page, also a name an earlier block of the page
-  imported and this one does not bind: the page is read as its reader reads it) (`name`, `positional`, `keywords`, `star_args`,
+- `calls`: each call of an ART name (on a docs page or in a notebook, also through what an
+  earlier block bound and this one does not rebind: read in order, as its reader reads it) (`name`, `positional`, `keywords`, `star_args`,
   `star_kwargs`, `line` in the source file, or within the cell for notebooks), including method
   calls on a name whose ART class the block makes plain (assigned from an ART constructor, bound by
   `with`, or annotated with an ART class). Every scope is read as one namespace: a name bound
@@ -34,7 +34,7 @@ import json
 import re
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -198,10 +198,20 @@ def _plain_targets(node: ast.AST) -> list[ast.expr]:
     return []
 
 
+@dataclass
+class Page:
+    """What a page's (or a notebook's) earlier blocks left bound, as its reader reads them in
+    order: ART import aliases and the names' kinds."""
+
+    aliases: dict[str, str] = field(default_factory=dict)
+    kinds: dict[str, set[str | None]] = field(default_factory=dict)
+
+
 class Reader:
     """Resolves expressions of one block to ART dotted names and ART classes."""
 
-    def __init__(self, tree: ast.Module, page_aliases: dict[str, str] | None = None) -> None:
+    def __init__(self, tree: ast.Module, page: Page | None = None) -> None:
+        page = page or Page()
         imports: dict[str, set[str | None]] = {}
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -216,8 +226,8 @@ class Reader:
             for name, dotted in imports.items()
             if len(dotted) == 1 and None not in dotted and name not in rebound
         }
-        # A docs page's block uses what the page's earlier blocks imported, where it binds nothing itself.
-        for name, dotted_name in (page_aliases or {}).items():
+        # A block uses what the page's earlier blocks bound, where it binds nothing itself.
+        for name, dotted_name in page.aliases.items():
             if name not in imports and name not in rebound:
                 self.aliases[name] = dotted_name
         self.plain_targets = {
@@ -230,6 +240,10 @@ class Reader:
         for node in ast.walk(tree):
             for name, kind in self._bindings(node):
                 self.kinds.setdefault(name, set()).add(kind)
+        for name, kinds in page.kinds.items():
+            if name not in self.kinds and name not in self.aliases:
+                self.kinds[name] = kinds
+        page.aliases, page.kinds = dict(self.aliases), dict(self.kinds)
 
     def _bindings(self, node: ast.AST) -> list[tuple[str, str | None]]:
         """(name, what this binding makes it: `instance:ArtClass` or None, unknown)."""
@@ -375,11 +389,9 @@ def hosted_services(
     return sorted(found)
 
 
-def analyse(
-    text: str, language: str, line_offset: int, page_aliases: dict[str, str] | None = None
-) -> dict[str, Any]:
+def analyse(text: str, language: str, line_offset: int, page: Page | None = None) -> dict[str, Any]:
     """The record of one block: hash, language, whether it parses, its ART imports and calls.
-    `page_aliases` (updated here) are the ART imports of the page's earlier blocks."""
+    `page` (updated here) is what the page's earlier blocks bound."""
     record: dict[str, Any] = {
         "language": language,
         "sha": hashlib.sha256(text.encode()).hexdigest()[:12],
@@ -390,9 +402,7 @@ def analyse(
     record["parses"] = tree is not None
     if tree is None:
         return record
-    reader = Reader(tree, page_aliases)
-    if page_aliases is not None:
-        page_aliases.update(_art_imports(tree))
+    reader = Reader(tree, page)
     calls: list[tuple[str, ast.Call]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -421,17 +431,15 @@ def analyse(
 def source_blocks(path: str, text: str, form: str) -> list[dict[str, Any]]:
     """The records of every block of one source file."""
     # A page's (or a notebook's) later blocks use what its earlier ones imported.
-    page_aliases: dict[str, str] = {}
+    page = Page()
     if path.endswith(".mdx"):
         # A fence's body starts on the line after it: call lines are the page's own.
         return [
-            {"line": b.line, **analyse(b.text, b.language, b.line, page_aliases)}
-            for b in mdx_blocks(text)
+            {"line": b.line, **analyse(b.text, b.language, b.line, page)} for b in mdx_blocks(text)
         ]
     if form == "cells":
         return [
-            {"line": b.line, **analyse(b.text, "python", 0, page_aliases)}
-            for b in notebook_cells(text)
+            {"line": b.line, **analyse(b.text, "python", 0, page)} for b in notebook_cells(text)
         ]
     return [{"line": 1, **analyse(text, "python", 0)}]
 
