@@ -83,7 +83,6 @@ class EngineArgs(TypedDict, total=False):
     gpu_memory_utilization: float
     enforce_eager: bool
     num_scheduler_steps: int
-    tensor_parallel_size: int  # warned and ignored: art-server places the engine
 
 
 class LoRAConfig(TypedDict, total=False):
