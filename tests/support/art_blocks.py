@@ -44,16 +44,17 @@ FENCE = re.compile(r"^(?P<indent>[ \t>]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 CELL = re.compile(r"^# %% cell (\d+)\s*$")
 
 # LiteLLM-style provider prefixes: a model named so is called on that provider's hosted API.
-PROVIDERS = (
-    "openai",
-    "anthropic",
-    "openrouter",
-    "gemini",
-    "together_ai",
-    "groq",
-    "azure",
-    "fireworks_ai",
-)
+PROVIDERS = {
+    "openai": "OpenAI",
+    "anthropic": "Anthropic",
+    "openrouter": "OpenRouter",
+    "gemini": "Gemini",
+    "together_ai": "Together",
+    "groq": "Groq",
+    "azure": "Azure OpenAI",
+    "fireworks_ai": "Fireworks",
+}
+LITELLM_CALLS = {"acompletion", "completion"}
 # Calls whose model argument names a judge or generator:
 # ART name suffix -> (positional index, keywords, ART 0.5.23's default).
 MODEL_ARGUMENTS = {
@@ -342,14 +343,28 @@ def _model_argument(name: str, call: ast.Call) -> tuple[bool, str | None]:
 
 
 def _provider(model: str | None) -> str | None:
-    """The hosted provider a LiteLLM-style model name calls: its prefix, or OpenAI for a bare
-    OpenAI model name (LiteLLM's default), else None."""
+    """`<Provider> model` for the hosted API a LiteLLM-style model name calls (its prefix, or
+    OpenAI for a bare OpenAI model name, LiteLLM's default), else None."""
     if model is None:
         return None
     prefix = model.split("/", 1)[0].lower()
-    if "/" in model:
-        return prefix if prefix in PROVIDERS else None
-    return "openai" if model.lower().startswith(OPENAI_MODELS) else None
+    if "/" not in model:
+        prefix = "openai" if model.lower().startswith(OPENAI_MODELS) else ""
+    return f"{PROVIDERS[prefix]} model" if prefix in PROVIDERS else None
+
+
+def _litellm_models(tree: ast.Module) -> set[str]:
+    """The hosted models of the block's own LiteLLM calls (`acompletion(model="openai/...")`)."""
+    found: set[str | None] = set()
+    for node in ast.walk(tree):
+        name = getattr(node, "func", None)
+        if (
+            isinstance(node, ast.Call)
+            and getattr(name, "attr", getattr(name, "id", "")) in LITELLM_CALLS
+        ):
+            found |= {_provider(_string(k.value)) for k in node.keywords if k.arg == "model"}
+            found |= {_provider(_string(node.args[0]))} if node.args else set()
+    return {label for label in found if label}
 
 
 def hosted_services(
@@ -361,7 +376,7 @@ def hosted_services(
         takes_model, model = _model_argument(name, call)
         provider = _provider(model)
         if takes_model and provider:
-            found.add(f"{provider} model")
+            found.add(provider)
         elif takes_model and model is None:
             found.add(UNRESOLVED_MODEL)
         method = name.rsplit(".", 1)[-1]
@@ -369,18 +384,8 @@ def hosted_services(
             found.add(HOSTED_METHODS[method])
         if name.endswith("TogetherDeploymentConfig"):
             found.add("Together")
+    found |= _litellm_models(tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(
-            node.func, "attr", getattr(node.func, "id", "")
-        ) in {
-            "acompletion",
-            "completion",
-        }:
-            for keyword in node.keywords:
-                if keyword.arg == "model" and _provider(_string(keyword.value)):
-                    found.add(f"{_provider(_string(keyword.value))} model")
-            if node.args and _provider(_string(node.args[0])):
-                found.add(f"{_provider(_string(node.args[0]))} model")
         text = _string(node) if isinstance(node, ast.Constant) else None
         if text and text.startswith("s3://"):
             found.add("S3")
