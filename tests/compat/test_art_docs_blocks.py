@@ -52,6 +52,7 @@ ENGINE_INTERNALS = (
     "art.tau_bench",
     "art.test",
     "art.skills",
+    "art.trainer_rank",  # the trainer process's own commands
     "art.multidevice",  # ART before 0.5's multi-GPU runtime
     "art.config",
     "art.local.service",
