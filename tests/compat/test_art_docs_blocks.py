@@ -97,6 +97,7 @@ KNOWN_GAPS: dict[str, str] = {
     "art.TrainingObjectives": f"{_MAIN}: on-policy distillation is not served here",
     "art.distill": f"{_MAIN}: on-policy distillation is not served here",
     "art.verifiers": f"{_MAIN}: the verifiers integration is not served here",
+    "art.training": f"{_MAIN}: its training client is not served yet (issue 51, part 3)",
     "art.metrics": "ART 0.5.23's API cost tracking (art.metrics) is not served here",
     "art.utils.benchmarking": "ART 0.5.23's benchmark tables of its own output folders: not served here",
     "art.utils.benchmark_rollout": "ART 0.5.23's benchmark helper: not served here (run the rollouts with art.gather_trajectories)",
@@ -525,3 +526,14 @@ for model in []:
     ]
     assert art_blocks.analyse("await x(...", "python", 0)["parses"] is False
     assert "parses" not in art_blocks.analyse("pip install art", "bash", 0)
+
+
+def test_a_notebooks_html_cell_is_not_python_and_a_cut_import_reads_as_its_module():
+    cells = art_blocks.notebook_cells(
+        "# %% cell 1\n%%html\n<style>\n# %% cell 2\n%%capture\nimport art\n"
+    )
+    assert [(cell.line, cell.language) for cell in cells] == [(1, "html"), (2, "python")]
+    record = art_blocks.source_blocks(
+        "dev/x.py", "import os\nfrom art.megatron.x import (  # noqa\n", "imports"
+    )
+    assert record[0]["parses"] and record[0]["art_imports"] == ["art.megatron.x"]

@@ -42,6 +42,7 @@ OUTPUT = Path(__file__).parents[1] / "compat" / "art_docs_blocks.json"
 PYTHON_LANGUAGES = {"python", "py", "python3", "py3"}
 FENCE = re.compile(r"^(?P<indent>[ \t>]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 CELL = re.compile(r"^# %% cell (\d+)\s*$")
+PYTHON_CELL_MAGICS = {"capture", "time", "timeit", "prun"}  # the rest of the cell is Python
 
 # LiteLLM-style provider prefixes: a model named so is called on that provider's hosted API.
 PROVIDERS = {
@@ -108,7 +109,8 @@ def mdx_blocks(text: str) -> list[Block]:
 
 
 def notebook_cells(text: str) -> list[Block]:
-    """A notebook's code cells, each after its `# %% cell K` line; `line` is K."""
+    """A notebook's code cells, each after its `# %% cell K` line; `line` is K. A cell magic
+    other than a timing or capturing one (`%%html`, `%%bash`) makes the cell that language."""
     blocks: list[Block] = []
     for row in text.splitlines():
         header = CELL.match(row)
@@ -116,7 +118,22 @@ def notebook_cells(text: str) -> list[Block]:
             blocks.append(Block(int(header[1]), "python", ""))
         elif blocks:
             blocks[-1].text += row + "\n"
+    for block in blocks:
+        first = next((row.strip() for row in block.text.splitlines() if row.strip()), "")
+        magic = first[2:].split()[0] if first.startswith("%%") and len(first) > 2 else ""
+        if magic and magic not in PYTHON_CELL_MAGICS:
+            block.language = magic
     return blocks
+
+
+def import_lines(text: str) -> str:
+    """A file's copied import lines as Python: an import whose names ran on past its line
+    (`from art.x import (`) is read as an import of its module."""
+    rows = []
+    for row in text.splitlines():
+        opened = re.match(r"^(\s*)from\s+([\w.]+)\s+import\s*[(\\]\s*(#.*)?$", row)
+        rows.append(f"{opened[1]}import {opened[2]}" if opened else row)
+    return "\n".join(rows)
 
 
 def parse(text: str) -> ast.Module | None:
@@ -444,8 +461,10 @@ def source_blocks(path: str, text: str, form: str) -> list[dict[str, Any]]:
         ]
     if form == "cells":
         return [
-            {"line": b.line, **analyse(b.text, "python", 0, page)} for b in notebook_cells(text)
+            {"line": b.line, **analyse(b.text, b.language, 0, page)} for b in notebook_cells(text)
         ]
+    if form == "imports":
+        return [{"line": 1, **analyse(import_lines(text), "python", 0)}]
     return [{"line": 1, **analyse(text, "python", 0)}]
 
 
