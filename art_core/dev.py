@@ -115,6 +115,8 @@ class InternalModelConfig(TypedDict, total=False):
     peft_args: PeftArgs
     trainer_gpu_ids: list[int]
     inference_gpu_ids: list[int]
+    # ART's key, so ART's configs build; a model given one refuses it by name (_SECTION_NOTES).
+    tinker_args: Mapping[str, object]
 
 
 BackendModelConfig = InternalModelConfig

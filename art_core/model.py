@@ -160,6 +160,10 @@ class Model:
             f"{self!r} is a prompted Model: only a TrainableModel has a history to log into."
         )
 
+    async def get_step(self) -> int:
+        """0: a prompted Model is never trained (ART's `Model.get_step`); TrainableModel asks its backend."""
+        return 0
+
     async def train(self, *args: Any, **kwargs: Any) -> TrainResult:
         raise NotTrainableError(
             f"{self!r} is a prompted Model and cannot be trained: use art.TrainableModel."

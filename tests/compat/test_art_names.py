@@ -2,7 +2,8 @@
 
 `art_0_5_23_names.json` is the list (read from the 0.5.23 wheel; how, in its `source`). Each name
 is one of: supported (the same name at our module path works), mapped (it works under another
-name or path, given in MAPPED), refused (it imports from our module, and using it raises
+name or path, given in MAPPED), partly (supported, but one of ART's documented calls of it, in
+tests/compat/art_docs_blocks.json, does not bind to ours), refused (it imports from our module, and using it raises
 UnsupportedOptionError with the reason; `art_core/_refused_art_names.py`). A name that is none of these
 fails the test, and so does a refused name our module does not serve: every ART module has ours.
 
@@ -138,6 +139,14 @@ def classify(art_module: str, name: str) -> dict[str, str]:
             note += f"; `{ours.replace(':', '.')}` works too"
         return {"status": "mapped", "ours": target.replace(":", "."), "note": note}
     if found is not None and not isinstance(found, _refused_art_names.RefusedName):
+        # Supported only if ART's documented calls of it bind here (test_art_docs_blocks.py).
+        from tests.compat.test_art_docs_blocks import documented_call_failures
+
+        failing = documented_call_failures(f"{art_module}.{name}")
+        if failing:
+            more = f"; and {len(failing) - 2} more" if len(failing) > 2 else ""
+            note = "ART's documented calls that do not bind here: " + "; ".join(failing[:2]) + more
+            return {"status": "partly", "ours": ours.replace(":", "."), "note": note}
         return {"status": "supported", "ours": ours.replace(":", "."), "note": ""}
     assert _refused_art_names.refused(art_module, name) is not None, (
         f"{art_module}.{name}: not at {ours}, not mapped, not refused"
@@ -166,13 +175,18 @@ def all_rows() -> list[tuple[str, str, dict[str, str]]]:
 def render(rows: list[tuple[str, str, dict[str, str]]]) -> str:
     counts = {
         status: sum(row["status"] == status for _, _, row in rows)
-        for status in ("supported", "mapped", "refused")
+        for status in ("supported", "partly", "mapped", "refused")
     }
     earlier = {name for module in NAMES["earlier_modules"].values() for name in module["names"]}
     lines = [
         START,
         f"{len(rows)} names ({len(rows) - len(earlier)} from ART 0.5.23, {len(earlier)} from earlier ART): "
-        f"{counts['supported']} supported, {counts['mapped']} mapped, {counts['refused']} refused.",
+        f"{counts['supported']} supported, {counts['mapped']} mapped, {counts['refused']} refused"
+        + (
+            f", {counts['partly']} partly (a documented call does not bind)."
+            if counts["partly"]
+            else "."
+        ),
         "",
         "| ART name | status | ours | note |",
         "| --- | --- | --- | --- |",
