@@ -97,12 +97,10 @@ KNOWN_GAPS: dict[str, str] = {
     "art.TrainingObjectives": f"{_MAIN}: on-policy distillation is not served here",
     "art.distill": f"{_MAIN}: on-policy distillation is not served here",
     "art.verifiers": f"{_MAIN}: the verifiers integration is not served here",
-    "art.training": f"{_MAIN}: its training client is not served yet (issue 51, part 3)",
     "art.metrics": "ART 0.5.23's API cost tracking (art.metrics) is not served here",
     "art.utils.benchmarking": "ART 0.5.23's benchmark tables of its own output folders: not served here",
     "art.utils.benchmark_rollout": "ART 0.5.23's benchmark helper: not served here (run the rollouts with art.gather_trajectories)",
     "art.utils.get_repo_root_path": "ART 0.5.23's helper locating ART's own checkout: not served here",
-    "art.serverless.backend": "ART 0.5.23's module path is not served; `art_core.serverless.ServerlessBackend` refuses by name",
 }  # fmt: skip
 
 # Documented calls that do not bind on ART 0.5.23 either (the example predates a change):
