@@ -34,7 +34,7 @@ class _Model(Protocol):
 
 
 class CheckpointLeases:
-    """RemoteBackend's lease calls (ART main's `backend.adapter_lease` / `exact_adapter_lease`)."""
+    """RemoteBackend's lease calls (ART's `backend.adapter_lease` / `exact_adapter_lease`)."""
 
     if TYPE_CHECKING:
 

@@ -1,4 +1,4 @@
-"""ART main's `art.local.adapter_leases`: the lease counter and the pins, at ART's path.
+"""ART's `art.local.adapter_leases`: the lease counter and the pins, at ART's path.
 
 One implementation for every backend lives in `art_core.adapter_leases`; ART's LocalBackend
 module imports the same names from its own.
