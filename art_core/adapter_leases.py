@@ -1,4 +1,4 @@
-"""Adapter leases (ART's `art.adapter_leases`, in 0.5.23 beside its exported names): pin a rollout to the adapter of one step.
+"""Adapter leases (ART's `art.adapter_leases`, in 0.5.23): pin a rollout to one step's adapter.
 
 A pin is a context variable (model name -> `InferenceTarget`), so each asyncio task keeps its
 own: two rollouts running side by side may be pinned to different steps, and a nested pin
