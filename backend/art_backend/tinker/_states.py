@@ -119,7 +119,7 @@ class TinkerStates:
             base_model=state.base_model,
             lora=LoRAConfig(**state.lora),
         )
-        run = await self.training.register(model_id, register)
+        run = await self.training.register(model_id, register, request.session_id)
         await self._load(run, state, request.optimizer)
         return Answer({"path": request.path, "model_id": model_id, "type": "load_weights"})
 
