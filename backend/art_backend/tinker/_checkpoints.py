@@ -20,7 +20,8 @@ and the SDK's `RestClient` docstrings):
   once). It has one API key, so every caller is the run's owner: publishing changes what the
   listings say, not who may read it.
 - TTL: `ttl_seconds` from 1 hour to 10 years sets `expires_at` (now + ttl); None removes it.
-  An expired checkpoint is deleted when anything next lists, reads or changes checkpoints.
+  `save_state` and `save_weights_for_sampler` take a `ttl_seconds` too. An expired checkpoint
+  is deleted when anything next lists, reads or changes checkpoints.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from art_backend._errors import InvalidRequestError, NotFoundError
 from art_backend.store._checkpoints import ModelStore
-from art_backend.tinker._run_index import RunRecord
+from art_backend.tinker._run_index import RunRecord, check_ttl, expiry
 from art_backend.tinker._sampling import SAMPLER_PATH
 from art_backend.tinker._service import ATTENTION_MODULES, MLP_MODULES, TinkerTraining
 from art_backend.tinker._states import TinkerStates
@@ -42,8 +43,6 @@ from art_core.wire import DeleteCheckpointsRequest
 
 OWNER = "art-server"  # every run belongs to whoever holds this server's key
 KINDS = {"weights": "training", "sampler_weights": "sampler"}  # path segment -> checkpoint type
-TTL_MIN_SECONDS = 3600  # Tinker's bounds (the SDK's set_checkpoint_ttl_from_tinker_path)
-TTL_MAX_SECONDS = 10 * 365 * 24 * 3600
 
 
 class TinkerCheckpoints:
@@ -216,15 +215,12 @@ class TinkerCheckpoints:
         self.existing(record, checkpoint_id)
         if ttl_seconds is None:
             record.expires.pop(checkpoint_id, None)
-        elif not TTL_MIN_SECONDS <= ttl_seconds <= TTL_MAX_SECONDS:
-            raise InvalidRequestError(
-                f"ttl_seconds {ttl_seconds} is out of range: give {TTL_MIN_SECONDS} (an hour) to "
-                f"{TTL_MAX_SECONDS} (10 years), or None to keep the checkpoint.",
-                param="ttl_seconds",
-            )
         else:
-            expiry = self.clock() + timedelta(seconds=ttl_seconds)
-            record.expires[checkpoint_id] = expiry.isoformat()
+            try:
+                check_ttl(ttl_seconds)
+            except ValueError as error:
+                raise InvalidRequestError(f"{error}.", param="ttl_seconds") from None
+            record.expires[checkpoint_id] = expiry(ttl_seconds, self.clock())
         self.training.index.put(record)
 
     async def expire_due(self) -> list[str]:
@@ -233,8 +229,8 @@ class TinkerCheckpoints:
         due = [
             (record.model_id, checkpoint_id)
             for record in list(self.training.index.records.values())
-            for checkpoint_id, expiry in list(record.expires.items())
-            if datetime.fromisoformat(expiry) <= now
+            for checkpoint_id, expires_at in list(record.expires.items())
+            if datetime.fromisoformat(expires_at) <= now
         ]
         for model_id, checkpoint_id in due:
             record = self.record(model_id)

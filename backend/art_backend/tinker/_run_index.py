@@ -20,7 +20,7 @@ import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,29 @@ INDEX_FILE = "runs.json"
 PROJECT = "tinker"  # the store's project of a run, unless its user_metadata names one
 
 
+# A checkpoint's TTL: Tinker's bounds (the SDK's set_checkpoint_ttl_from_tinker_path docstring).
+TTL_MIN_SECONDS = 3600
+TTL_MAX_SECONDS = 10 * 365 * 24 * 3600
+
+
 def now() -> str:
     """The time as the index keeps it (UTC, ISO 8601)."""
     return datetime.now(UTC).isoformat()
+
+
+def check_ttl(ttl_seconds: int) -> int:
+    """`ttl_seconds` within Tinker's bounds (a ValueError that says them otherwise)."""
+    if not TTL_MIN_SECONDS <= ttl_seconds <= TTL_MAX_SECONDS:
+        raise ValueError(
+            f"ttl_seconds {ttl_seconds} is out of range: give {TTL_MIN_SECONDS} (an hour) to "
+            f"{TTL_MAX_SECONDS} (10 years), or None to keep the checkpoint"
+        )
+    return ttl_seconds
+
+
+def expiry(ttl_seconds: int, start: datetime | None = None) -> str:
+    """When a checkpoint given `ttl_seconds` at `start` (now) expires, as the index keeps it."""
+    return ((start or datetime.now(UTC)) + timedelta(seconds=ttl_seconds)).isoformat()
 
 
 @dataclass

@@ -23,6 +23,7 @@ from art_backend.engines._engine import FinishEvent, GenerationRequest, Sampling
 from art_backend.tinker._datums import check_vocabulary
 from art_backend.tinker._futures import Answer
 from art_backend.tinker._proto import WireSequence, encode_sample_response
+from art_backend.tinker._run_index import check_ttl, expiry
 from art_backend.tinker._schemas import (
     CreateSamplingSessionRequest,
     SampleRequest,
@@ -72,6 +73,10 @@ class TinkerSampling:
                 check_name(name, "sampler name")
             except ValueError as error:
                 raise InvalidRequestError(str(error), param="path") from error
+        try:  # a TTL, as `_checkpoints` sets one later
+            ttl = None if request.ttl_seconds is None else check_ttl(request.ttl_seconds)
+        except ValueError as error:
+            raise InvalidRequestError(f"{error}.", param="ttl_seconds") from None
 
         async def work() -> Answer:
             step = await self.training.training.save_step(
@@ -87,6 +92,9 @@ class TinkerSampling:
                     {"sampling_session_id": session_id, "type": "save_weights_for_sampler"}
                 )
             run.samplers[name] = step
+            run.record.expires.pop(f"sampler_weights/{name}", None)  # a name saved again
+            if ttl is not None:
+                run.record.expires[f"sampler_weights/{name}"] = expiry(ttl)
             self.training.index.put(run.record)  # the path outlives this process
             path = SAMPLER_PATH.format(model_id=run.model_id, name=name)
             return Answer({"path": path, "type": "save_weights_for_sampler"})

@@ -188,3 +188,20 @@ def test_sessions_list_with_their_runs_samplers_and_metadata(
     assert rest.list_sessions(limit=1).result().sessions == listed[:1]
     with pytest.raises(tinker.NotFoundError, match="No session 'session-none'"):
         rest.get_session("session-none").result()
+
+
+def test_a_ttl_given_at_save_time_is_the_checkpoints_expiry(
+    service: tinker.ServiceClient, rest: tinker.RestClient
+):
+    training = trained_run(service)
+    start = datetime.now(UTC)
+    state = training.save_state("saved-with-ttl", ttl_seconds=7200).result().path
+    sampler = training.save_weights_for_sampler("sampled-with-ttl", ttl_seconds=3600).result().path
+    listed = {
+        c.tinker_path: c.expires_at
+        for c in rest.list_checkpoints(training.model_id).result().checkpoints
+    }
+    assert start + timedelta(hours=2) <= listed[state] <= datetime.now(UTC) + timedelta(hours=2)
+    assert start + timedelta(hours=1) <= listed[sampler] <= datetime.now(UTC) + timedelta(hours=1)
+    with pytest.raises(tinker.BadRequestError, match="ttl_seconds 5 is out of range"):
+        training.save_state("too-short", ttl_seconds=5).result()
