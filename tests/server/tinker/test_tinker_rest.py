@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 
 tinker = pytest.importorskip(
@@ -205,3 +206,46 @@ def test_a_ttl_given_at_save_time_is_the_checkpoints_expiry(
     assert start + timedelta(hours=1) <= listed[sampler] <= datetime.now(UTC) + timedelta(hours=1)
     with pytest.raises(tinker.BadRequestError, match="ttl_seconds 5 is out of range"):
         training.save_state("too-short", ttl_seconds=5).result()
+
+
+@pytest.mark.parametrize(
+    ("method", "route", "body", "named"),
+    [
+        ("POST", "weights_info", {}, "tinker_path"),
+        ("POST", "weights_info", {"tinker_path": 5}, "tinker_path"),
+        ("POST", "weights_info", {"tinker_path": "tinker://run/weights"}, "not a checkpoint path"),
+        ("POST", "weights_info", {"tinker_path": "s3://run/weights/x"}, "not a checkpoint path"),
+        ("POST", "weights_info", {"tinker_path": "tinker://nobody/weights/x"}, "No training run"),
+        ("PUT", "training_runs/nobody/checkpoints/weights/x/ttl", {}, "ttl_seconds"),
+        (
+            "PUT",
+            "training_runs/nobody/checkpoints/weights/x/ttl",
+            {"ttl_seconds": "9"},
+            "ttl_seconds",
+        ),
+        ("DELETE", "training_runs/nobody/checkpoints/weights/x", None, "No training run"),
+        ("GET", "checkpoints?limit=0", None, "limit must be at least 1"),
+        ("GET", "sessions?offset=-1", None, "offset at least 0"),
+    ],
+)
+def test_bad_rest_input_is_a_4xx_naming_what_is_wrong(
+    server: RunningServer, method: str, route: str, body: object, named: str
+):
+    answer = httpx.request(
+        method, f"{server.url}/api/v1/{route}", json=body, headers={"X-API-Key": API_KEY}
+    )
+    assert 400 <= answer.status_code < 500, answer.text
+    assert named in answer.json()["detail"]
+
+
+def test_a_checkpoint_id_of_another_kind_is_refused_by_name(
+    service: tinker.ServiceClient, server: RunningServer
+):
+    training = trained_run(service)
+    for kind in ("external_weights", "other"):
+        answer = httpx.delete(
+            f"{server.url}/api/v1/training_runs/{training.model_id}/checkpoints/{kind}/x",
+            headers={"X-API-Key": API_KEY},
+        )
+        assert answer.status_code == 400, answer.text
+        assert "is not weights/<name> or sampler_weights/<name>" in answer.json()["detail"]
