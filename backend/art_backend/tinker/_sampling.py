@@ -173,6 +173,7 @@ class TinkerSampling:
         """Check the request, then sample in a future; the future with one id per sample."""
         if request.sampling_session_id is not None:
             sampler = self.session(request.sampling_session_id)
+            _check_not_deleted(sampler)
         else:
             sampler = await self.resolve(request.model_path, request.base_model)
         _refuse_unserved(request)
@@ -265,6 +266,19 @@ class TinkerSampling:
                 raise BackendError(f"Generation failed: {event.error or event.finish_reason}")
             sequences.append(WireSequence(event.finish_reason, event.token_ids, event.logprobs))
         return Answer(proto=encode_sample_response(sequences))
+
+
+def _check_not_deleted(sampler: Sampler) -> None:
+    """A session on sampler weights deleted since (`RestClient.delete_checkpoint`) is a 404."""
+    if sampler.run is None or sampler.model_path is None:
+        return
+    name = sampler.model_path.rsplit("/", 1)[-1]
+    if sampler.run.samplers.get(name) != sampler.step:
+        raise NotFoundError(
+            f"The sampler weights {sampler.model_path} were deleted (or saved again under that "
+            "name) after this sampling client was created; create a sampling client on "
+            "weights that exist."
+        )
 
 
 def _refuse_unserved(request: SampleRequest) -> None:

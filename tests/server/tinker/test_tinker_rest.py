@@ -98,6 +98,7 @@ def test_a_deleted_checkpoint_is_gone_from_disk_and_listings(
     state = training.save_state("doomed").result().path
     older = training.save_weights_for_sampler("older").result().path
     training.save_weights_for_sampler("newer").result()
+    sampling_before = service.create_sampling_client(model_path=older).result()
     state_folder = server.app.state.tinker_checkpoints.states.saved[state].folder
     run = server.app.state.tinker.runs[training.model_id]
     older_folder = run.registered.store.checkpoint_dir(run.samplers["older"])
@@ -114,6 +115,9 @@ def test_a_deleted_checkpoint_is_gone_from_disk_and_listings(
         service.create_training_client_from_state(state).result()
     with pytest.raises(tinker.NotFoundError, match="no sampler weights named 'older'"):
         service.create_sampling_client(model_path=older).result()
+    prompt = types.ModelInput.from_ints(TOKENS[:3])
+    with pytest.raises(tinker.NotFoundError, match=f"The sampler weights {older} were deleted"):
+        sampling_before.sample(prompt, 1, types.SamplingParams(max_tokens=2)).result()
     with pytest.raises(tinker.NotFoundError, match="no checkpoint 'weights/doomed'"):
         rest.delete_checkpoint_from_tinker_path(state).result()
 
