@@ -58,6 +58,17 @@ $(VENV)/.installed-trackio: pyproject.toml $(call locked_by,$(LOCK_TRACKIO))
 	$(EDITABLE) $(VENV)/trackio/bin/python -m pip install -q $(call pinned,$(LOCK_TRACKIO)) -e ".[trackio]"
 	touch $@
 
+# The next tinker SDK beside the locked one: an environment holding only the SDK (no torch, none
+# of ours), on which tests/server/tinker/test_tinker_versions.py runs a user's whole walk against
+# the suite's server (that case skips when it is not built). Not a prerequisite of `make test`
+# yet: the index this was written against serves tinker up to 0.38.0 only. `make
+# .venv/.installed-tinker-next TINKER_NEXT=<version>` builds it for another release.
+TINKER_NEXT ?= 0.39.0
+$(VENV)/.installed-tinker-next:
+	test -x $(VENV)/tinker-next/bin/python || $(PYTHON) -m venv $(VENV)/tinker-next
+	$(VENV)/tinker-next/bin/python -m pip install -q "tinker==$(TINKER_NEXT)"
+	touch $@
+
 # The review page's browser tests drive Debian's chromium through Playwright (Playwright's own
 # browser download is never used): installed here when missing, as root or with sudo, without
 # Debian's recommended packages (only what chromium needs to run headless). Without root or sudo

@@ -9,7 +9,7 @@ the losses of `_losses.LOSSES`, save sampler weights and sample):
     POST create_model, get_info, forward_backward (protobuf), optim_step,
          save_weights, load_weights (`_states`), save_weights_for_sampler,
          create_sampling_session, asample, retrieve_future
-    GET  training_runs, training_runs/{id}, training_runs/{id}/checkpoints (`_checkpoints`)
+    RestClient's calls: training runs, checkpoints, sessions (`_rest_routes`)
 
 Every other /api/v1 route is refused with 404, naming it and what is served. Errors take the
 SDK's shape, `{"detail": message}` (the SDK raises `BadRequestError`, `NotFoundError`, ... with
@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -51,6 +50,7 @@ from art_backend.engines._engine import Engine
 from art_backend.tinker._checkpoints import TinkerCheckpoints
 from art_backend.tinker._futures import Answer
 from art_backend.tinker._proto_decode import decode_forward_backward, request_turn
+from art_backend.tinker._rest_routes import REST_SERVED, attach_rest_routes
 from art_backend.tinker._sampling import TinkerSampling
 from art_backend.tinker._schemas import (
     CreateModelRequest,
@@ -66,6 +66,7 @@ from art_backend.tinker._schemas import (
     SessionHeartbeatRequest,
 )
 from art_backend.tinker._service import TinkerTraining
+from art_backend.tinker._sessions import TinkerSessions
 from art_backend.tinker._states import TinkerStates
 from art_backend.training._training_service import TrainingService
 
@@ -75,8 +76,7 @@ SERVED = (
     "create_session, session_heartbeat, sessions/{id}/finish, create_model, get_info, "
     "forward_backward (forward too), optim_step, save_weights, load_weights, "
     "save_weights_for_sampler, "
-    "create_sampling_session, samplers/{id}, asample, retrieve_future, training_runs, "
-    "training_runs/{id}, training_runs/{id}/checkpoints"
+    f"create_sampling_session, samplers/{{id}}, asample, retrieve_future, {REST_SERVED}"
 )
 Parsed = TypeVar("Parsed", bound=BaseModel)
 # A protobuf body is decoded in Python (about a microsecond a field, where `json.loads` is C):
@@ -161,14 +161,16 @@ def attach_tinker_routes(
     tinker = TinkerTraining(engine, base_names, training)
     app.state.tinker = tinker  # its runs, by model id (tests look inside)
     sampling = TinkerSampling(tinker)
+    sessions = TinkerSessions(tinker.index)
     # Not in /openapi.json: the SDK's own types describe these routes (`_schemas`, `_proto`).
     router = APIRouter(prefix=TINKER_PREFIX.rstrip("/"), include_in_schema=False)
-    _attach_session_routes(router, tinker)
+    _attach_session_routes(router, tinker, sessions)
     _attach_training_routes(router, tinker, sampling)
     states = TinkerStates(tinker)
     _attach_state_routes(router, states)
-    _attach_sampling_routes(router, tinker, sampling)
-    _attach_listing_routes(router, TinkerCheckpoints(tinker, states))
+    _attach_sampling_routes(router, sampling, sessions)
+    checkpoints = app.state.tinker_checkpoints = TinkerCheckpoints(tinker, states)
+    attach_rest_routes(router, checkpoints, sessions)
 
     @router.api_route("/{rest:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def not_served(rest: str) -> Any:
@@ -180,7 +182,9 @@ def attach_tinker_routes(
     app.include_router(router)
 
 
-def _attach_session_routes(router: APIRouter, tinker: TinkerTraining) -> None:
+def _attach_session_routes(
+    router: APIRouter, tinker: TinkerTraining, sessions: TinkerSessions
+) -> None:
     @router.get("/healthz")
     async def healthz() -> Any:
         return {"status": "ok"}
@@ -215,8 +219,8 @@ def _attach_session_routes(router: APIRouter, tinker: TinkerTraining) -> None:
 
     @router.post("/create_session")
     async def create_session(request: Request) -> Any:
-        await parsed(request, CreateSessionRequest)
-        session_id = f"session-{uuid.uuid4().hex[:16]}"
+        body = await parsed(request, CreateSessionRequest)
+        session_id = sessions.create(body.user_metadata)
         return {"type": "create_session", "session_id": session_id}
 
     @router.post("/session_heartbeat")
@@ -317,11 +321,14 @@ def _attach_state_routes(router: APIRouter, states: TinkerStates) -> None:
 
 
 def _attach_sampling_routes(
-    router: APIRouter, tinker: TinkerTraining, sampling: TinkerSampling
+    router: APIRouter, sampling: TinkerSampling, sessions: TinkerSessions
 ) -> None:
     @router.post("/create_sampling_session")
     async def create_sampling_session(request: Request) -> Any:
-        return await sampling.create_session(await parsed(request, CreateSamplingSessionRequest))
+        body = await parsed(request, CreateSamplingSessionRequest)
+        answer = await sampling.create_session(body)
+        sessions.add_sampler(body.session_id, answer["sampling_session_id"])
+        return answer
 
     @router.get("/samplers/{sampler_id}")
     async def describe_sampler(sampler_id: str) -> Any:
@@ -330,22 +337,6 @@ def _attach_sampling_routes(
     @router.post("/asample")
     async def asample(request: Request) -> Any:
         return await sampling.sample(await parsed(request, SampleRequest))
-
-
-def _attach_listing_routes(router: APIRouter, listings: TinkerCheckpoints) -> None:
-    @router.get("/training_runs")
-    async def training_runs(limit: int = 20, offset: int = 0) -> Any:
-        if limit < 1 or offset < 0:
-            raise InvalidRequestError("limit must be at least 1 and offset at least 0.")
-        return listings.training_runs(limit, offset)
-
-    @router.get("/training_runs/{model_id}")
-    async def training_run(model_id: str) -> Any:
-        return listings.training_run(model_id)
-
-    @router.get("/training_runs/{model_id}/checkpoints")
-    async def checkpoints(model_id: str) -> Any:
-        return {"checkpoints": listings.checkpoints(model_id)}
 
 
 def _add_ordered_operation(

@@ -24,6 +24,7 @@ from art_backend.engines._engine import FinishEvent, GenerationRequest, Sampling
 from art_backend.tinker._datums import check_vocabulary
 from art_backend.tinker._futures import Answer
 from art_backend.tinker._proto import WireSequence, encode_sample_response
+from art_backend.tinker._run_index import check_ttl, expiry
 from art_backend.tinker._schemas import (
     CreateSamplingSessionRequest,
     SampleRequest,
@@ -73,6 +74,10 @@ class TinkerSampling:
                 check_name(name, "sampler name")
             except ValueError as error:
                 raise InvalidRequestError(str(error), param="path") from error
+        try:  # a TTL, as `_checkpoints` sets one later
+            ttl = None if request.ttl_seconds is None else check_ttl(request.ttl_seconds)
+        except ValueError as error:
+            raise InvalidRequestError(f"{error}.", param="ttl_seconds") from None
 
         async def work() -> Answer:
             step = await self.training.training.save_step(
@@ -88,6 +93,9 @@ class TinkerSampling:
                     {"sampling_session_id": session_id, "type": "save_weights_for_sampler"}
                 )
             run.samplers[name] = step
+            run.record.expires.pop(f"sampler_weights/{name}", None)  # a name saved again
+            if ttl is not None:
+                run.record.expires[f"sampler_weights/{name}"] = expiry(ttl)
             self.training.index.put(run.record)  # the path outlives this process
             path = SAMPLER_PATH.format(model_id=run.model_id, name=name)
             return Answer({"path": path, "type": "save_weights_for_sampler"})
@@ -166,6 +174,7 @@ class TinkerSampling:
         """Check the request, then sample in a future; the future with one id per sample."""
         if request.sampling_session_id is not None:
             sampler = self.session(request.sampling_session_id)
+            _check_not_deleted(sampler)
         else:
             sampler = await self.resolve(request.model_path, request.base_model)
         _refuse_unserved(request)
@@ -265,6 +274,19 @@ class TinkerSampling:
                     recorded[index], generation.prompt_ids, event.token_ids, event.logprobs
                 )
         return Answer(proto=encode_sample_response(sequences))
+
+
+def _check_not_deleted(sampler: Sampler) -> None:
+    """A session on sampler weights deleted since (`RestClient.delete_checkpoint`) is a 404."""
+    if sampler.run is None or sampler.model_path is None:
+        return
+    name = sampler.model_path.rsplit("/", 1)[-1]
+    if sampler.run.samplers.get(name) != sampler.step:
+        raise NotFoundError(
+            f"The sampler weights {sampler.model_path} were deleted (or saved again under that "
+            "name) after this sampling client was created; create a sampling client on "
+            "weights that exist."
+        )
 
 
 def _refuse_unserved(request: SampleRequest) -> None:

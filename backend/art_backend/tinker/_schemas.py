@@ -200,3 +200,11 @@ class LoadWeightsRequest(_Wire):
     optimizer: StrictBool = False
     optimizer_config: OptimizerConfig | None = None
     weights_access_token: str | None = None
+
+
+class WeightsInfoRequest(_Wire):
+    tinker_path: str
+
+
+class CheckpointTtlRequest(_Wire):
+    ttl_seconds: StrictInt | None

@@ -217,14 +217,19 @@ class TinkerTraining:
             lora=LoRAConfig(r=rank, alpha=LORA_ALPHA, target_modules=modules),
             seed=(lora.seed if lora is not None and lora.seed is not None else 0),
         )
-        return self.futures.start(self._answer_created(model_id, register))
+        return self.futures.start(self._answer_created(model_id, register, request.session_id))
 
-    async def _answer_created(self, model_id: str, register: RegisterRequest) -> Answer:
-        await self.register(model_id, register)
+    async def _answer_created(
+        self, model_id: str, register: RegisterRequest, session_id: str
+    ) -> Answer:
+        await self.register(model_id, register, session_id)
         return Answer({"model_id": model_id, "type": "create_model"})
 
-    async def register(self, model_id: str, register: RegisterRequest) -> TrainingRun:
-        """Register a new training run: its model in the store (`register.name`), its LoRA."""
+    async def register(
+        self, model_id: str, register: RegisterRequest, session_id: str | None = None
+    ) -> TrainingRun:
+        """Register a new training run of `session_id`: its model in the store
+        (`register.name`), its LoRA."""
         if self.training.team is not None:
             raise InvalidRequestError(
                 "The Tinker API trains on one process; this server runs several "
@@ -235,7 +240,12 @@ class TinkerTraining:
         await self.training.registry.register(register)
         registered = self.training.registry.get(register.project, register.name)
         record = RunRecord(
-            model_id, register.name, register.base_model, registered.lora, register.project
+            model_id,
+            register.name,
+            register.base_model,
+            registered.lora,
+            register.project,
+            session_id=session_id,
         )
         self.index.put(record)
         run = self.runs[model_id] = TrainingRun(model_id, registered, record)

@@ -29,6 +29,7 @@ from typing import Any
 from art_backend._errors import InvalidRequestError, NotFoundError
 from art_backend.store._checkpoints import fault_point, inside
 from art_backend.tinker._futures import Answer
+from art_backend.tinker._run_index import check_ttl, expiry
 from art_backend.tinker._schemas import LoadWeightsRequest, SaveWeightsRequest
 from art_backend.tinker._service import PROJECT, TinkerTraining, TrainingRun, new_store_name
 from art_backend.training._trainer import LoraTrainer
@@ -69,6 +70,7 @@ class TinkerStates:
                 raise ValueError(f"state {path} exists; save with overwrite=True to replace it")
         except ValueError as error:
             raise InvalidRequestError(str(error), param="path") from error
+        ttl = _checked_ttl(request.ttl_seconds)
         art_path = self.training.training.registry.art_path
         folder = inside(art_path, PROJECT, "states", run.registered.name, name)
         state = SavedState(folder, run.registered.base_model, run.registered.lora)
@@ -78,6 +80,10 @@ class TinkerStates:
             trainer = run.registered.trainer
             await self.training.training.step_part(write_state, trainer, folder, record)
             self.saved[path] = state
+            run.record.expires.pop(f"weights/{name}", None)  # an overwrite starts afresh
+            if ttl is not None:
+                run.record.expires[f"weights/{name}"] = expiry(ttl)
+            self.training.index.put(run.record)
             return Answer({"path": path, "type": "save_weights"})
 
         return self.training.in_order(run, request.seq_id, work)
@@ -119,7 +125,7 @@ class TinkerStates:
             base_model=state.base_model,
             lora=LoRAConfig(**state.lora),
         )
-        run = await self.training.register(model_id, register)
+        run = await self.training.register(model_id, register, request.session_id)
         await self._load(run, state, request.optimizer)
         return Answer({"path": request.path, "model_id": model_id, "type": "load_weights"})
 
@@ -132,6 +138,14 @@ class TinkerStates:
         await self.training.training.step_part(
             read_state, run.registered.trainer, state.folder, optimizer
         )
+
+
+def _checked_ttl(ttl_seconds: int | None) -> int | None:
+    """A save's `ttl_seconds` within Tinker's bounds (a 400 naming it otherwise)."""
+    try:
+        return None if ttl_seconds is None else check_ttl(ttl_seconds)
+    except ValueError as error:
+        raise InvalidRequestError(f"{error}.", param="ttl_seconds") from None
 
 
 def write_state(trainer: LoraTrainer, folder: Path, record: dict[str, Any]) -> None:
