@@ -311,13 +311,15 @@ class TrainingClient:
         )
         return SamplerWeightsResult(
             operation_id=ref.operation_id,
-            checkpoint=CheckpointRef(
-                run_id=self.run_id,
-                learner_version=ref.learner_parent_version,
-                checkpoint_id=saved.path,
-            ),
+            checkpoint=self._saved(ref, saved.path),
             lora=saved.path,
             served_model=served,
+        )
+
+    def _saved(self, ref: OperationRef, path: str) -> CheckpointRef:
+        """What a save wrote: the learner version it saved, at `path`."""
+        return CheckpointRef(
+            run_id=self.run_id, learner_version=ref.learner_parent_version, checkpoint_id=path
         )
 
     async def _save_state(
@@ -330,11 +332,7 @@ class TrainingClient:
         saved = await future
         return SaveStateResult(
             operation_id=ref.operation_id,
-            checkpoint=CheckpointRef(
-                run_id=self.run_id,
-                learner_version=ref.learner_parent_version,
-                checkpoint_id=saved.path,
-            ),
+            checkpoint=self._saved(ref, saved.path),
             optimizer_state=saved.path,
         )
 

@@ -8,7 +8,6 @@ id refused); an input object trains the exact rows it stored, and refuses bytes 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from art_core.training import (
     TrainingClient,
 )
 from tests.support.rollouts import groups_for, varied_group
-from tests.support.servers import RunningServer, running_server
+from tests.support.servers import RunningServer, running_tinker_server
 
 API_KEY = "tml-training-client"
 
@@ -43,8 +42,7 @@ API_KEY = "tml-training-client"
 def server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
-    os.environ.setdefault("TINKER_TELEMETRY", "0")
-    with running_server(
+    with running_tinker_server(
         tiny_model_dir, tmp_path_factory.mktemp("art-training"), api_key=API_KEY
     ) as running:
         yield running

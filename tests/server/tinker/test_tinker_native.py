@@ -7,7 +7,6 @@ advantages, the server then serves `<name>@1`, and the step is in the model's hi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from art_core.tinker_native import (
     turn_datum,
 )
 from tests.support.rollouts import groups_for, varied_group
-from tests.support.servers import RunningServer, running_server
+from tests.support.servers import RunningServer, running_tinker_server
 
 API_KEY = "tml-native-key"
 
@@ -33,8 +32,7 @@ API_KEY = "tml-native-key"
 def server(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
-    os.environ.setdefault("TINKER_TELEMETRY", "0")
-    with running_server(
+    with running_tinker_server(
         tiny_model_dir, tmp_path_factory.mktemp("art-native"), api_key=API_KEY
     ) as running:
         yield running
