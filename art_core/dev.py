@@ -33,11 +33,10 @@ to use here); docs/art-compatibility.md lists them:
 
 from __future__ import annotations
 
-import sys
-import warnings
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict
 
+from art_core._caller_warnings import warn_at_caller
 from art_core._refused_art_names import module_getattr
 from art_core.errors import IgnoredSettingWarning, UnsupportedOptionError
 from art_core.types import _ONLY_DEFAULT, ART_TRAIN_DEFAULTS
@@ -236,12 +235,7 @@ def _ignore(path: str, value: Any, why: str) -> None:
     """Warn, pointing at the caller's line outside art_core."""
     flag = path.rpartition(".")[2].replace("_", "-")
     why = why.replace("{flag}", flag).replace("{value}", str(value))
-    frame, level = sys._getframe(1), 2
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("art_core"):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(
-        f"art.dev {path}={value!r} is ignored here: {why}.", IgnoredSettingWarning, stacklevel=level
-    )
+    warn_at_caller(f"art.dev {path}={value!r} is ignored here: {why}.", IgnoredSettingWarning)
 
 
 def model_settings(config: Mapping[str, Any]) -> dict[str, Any]:

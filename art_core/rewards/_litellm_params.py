@@ -22,12 +22,11 @@ reasoning models (o1, o3, o4-mini, gpt-5), which refuse any temperature but 1, a
 from __future__ import annotations
 
 import re
-import sys
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from art_core._caller_warnings import warn_at_caller
 from art_core.errors import IgnoredSettingWarning, UnsupportedOptionError
 from art_core.model import Model
 from art_core.rewards._judge_models import resolve_model
@@ -137,12 +136,8 @@ def _warn_ignored(params: Mapping[str, Any]) -> None:
         f"{name} ({_WHY_IGNORED.get(name, 'not a setting of this judge client')})"
         for name in params
     ]
-    frame, level = sys._getframe(1), 2
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("art_core"):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(
+    warn_at_caller(
         f"RULER ignores extra_litellm_params {', '.join(reasons)}: the judge is called through "
         "its OpenAI-compatible API, without LiteLLM.",
         IgnoredSettingWarning,
-        stacklevel=level,
     )
