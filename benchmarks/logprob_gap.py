@@ -127,15 +127,31 @@ def _differences(sampler: Any, sequences: list[tuple[list[int], Any]]) -> dict[s
         sampler.compute_logprobs(types.ModelInput.from_ints(prompt + list(sequence.tokens)))
         for prompt, sequence in sequences
     ]
+    # The first sampled token again, scored by a forward that ends with it: the trainer's own
+    # forward of the same prefix at another length.
+    firsts = [
+        sampler.compute_logprobs(
+            types.ModelInput.from_ints(prompt + list(sequence.tokens[:1])),
+            prompt_logprobs_last_n=1,
+        )
+        for prompt, sequence in sequences
+    ]
     prefill: list[float] = []
     decode: list[float] = []
-    for (_, sequence), future in zip(sequences, futures, strict=True):
+    same_length: list[float] = []
+    length_drift: list[float] = []
+    for (_, sequence), future, first in zip(sequences, futures, firsts, strict=True):
         trainer = future.result()[-len(sequence.tokens) :]
         signed = [q - p for q, p in zip(sequence.logprobs, trainer, strict=True)]
         prefill.append(signed[0])
         decode += signed[1:]
+        first_alone = first.result()[-1]
+        same_length.append(sequence.logprobs[0] - first_alone)
+        length_drift.append(trainer[0] - first_alone)
     every = prefill + decode
     return {
+        "prefill_vs_trainer_at_its_length": _summary(same_length),
+        "trainer_length_drift": _summary(length_drift),
         "sequences": len(sequences),
         "tokens": len(every),
         "prefill": _summary(prefill),
@@ -214,7 +230,10 @@ def section(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> s
         f"{result['settings']['max_tokens']} tokens at temperature 1; single = one row in the "
         f"engine's batch, batched = every prompt with {result['settings']['group']} samples at "
         "once. |Δ| = |sampler − trainer| per sampled token (prefill: the first token, decode: "
-        "the rest); KL = mean(sampler − trainer) on the sampler's own samples.",
+        "the rest); KL = mean(sampler − trainer) on the sampler's own samples. Prefill = trainer: "
+        "the first token's max |sampler − trainer| when the trainer's forward ends at that "
+        "token; trainer drift: the max change of the trainer's logprob of that token between "
+        "that forward and the forward of the whole sample (the same prefix, another length).",
         "",
         *_table(result),
         *(["", *_table(baseline)] if baseline is not None else []),
@@ -228,8 +247,8 @@ def _table(result: dict[str, Any]) -> list[str]:
         f"{result['label'] or 'This run'} ({result['machine'].get('date', '')})",
         "",
         "| dtype | sampler | mode | tokens | mean abs Δ | max abs Δ | prefill max | decode max "
-        "| KL |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| KL | prefill = trainer | trainer drift |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for dtype, samplers in result["dtypes"].items():
         for sampler, modes in samplers.items():
@@ -238,9 +257,16 @@ def _table(result: dict[str, Any]) -> list[str]:
                     f"| {dtype} | {sampler} | {mode} | {gap['tokens']} "
                     f"| {gap['all']['mean_abs']:.2e} | {gap['all']['max_abs']:.2e} "
                     f"| {gap['prefill']['max_abs']:.2e} | {gap['decode']['max_abs']:.2e} "
-                    f"| {gap['kl_sampler_trainer']:.1e} |"
+                    f"| {gap['kl_sampler_trainer']:.1e} "
+                    f"| {_maximum(gap, 'prefill_vs_trainer_at_its_length')} "
+                    f"| {_maximum(gap, 'trainer_length_drift')} |"
                 )
     return lines
+
+
+def _maximum(gap: dict[str, Any], key: str) -> str:
+    """A summary's max |Δ|, or a dash for a run made before it was measured."""
+    return f"{gap[key]['max_abs']:.2e}" if key in gap else "–"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
