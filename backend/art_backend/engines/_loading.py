@@ -43,6 +43,7 @@ import torch
 from art_backend._errors import ModelLoadError
 from art_backend._phases import announce
 from art_backend.engines._dtype_probe import choose_cpu_dtype, cpu_flags
+from art_backend.engines._float32_logits import compute_logits_in_float32
 from art_backend.engines._gguf import (
     CONVERSION_FORMAT,
     GgufDefaults,
@@ -130,6 +131,7 @@ def load_model(
     logger.info("dtype %s -> %s: %s", dtype, str(torch_dtype).removeprefix("torch."), reason)
     model.to(torch_device)
     model.eval()
+    compute_logits_in_float32(model)  # sampler and trainer logprobs agree in bf16 too
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

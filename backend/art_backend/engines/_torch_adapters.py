@@ -96,6 +96,19 @@ class AdapterSlots:
             self.model.eval()
 
     @contextlib.contextmanager
+    def routed_through(self, served_name: str | None) -> Iterator[None]:
+        """One forward of the held model (`exclusive`) through a served adapter, or through the
+        base model (None): a scorer outside the decode loop, routed as the loop routes a row."""
+        if not hasattr(self.model, "peft_config"):
+            yield  # no adapter loaded: the model is the base model
+        elif served_name is None:
+            with self._adapters_off():
+                yield
+        else:
+            self.model.set_adapter(self.adapters[served_name])
+            yield
+
+    @contextlib.contextmanager
     def _adapters_off(self) -> Iterator[None]:
         """The base model for one forward: every LoRA layer bypassed, nothing else touched.
 

@@ -12,7 +12,9 @@ bytes, or a length and bytes), which keeps the server free of the SDK and of a p
                             3 metrics (map str -> double)
     ArrayRecord             2 fields (map str -> BatchedTensor)  3 num_datums
     BatchedTensor           1 data  2 offsets (int64 byte offsets, datums + 1)  3 dtype
-    SampleResponse          1 sequences (SampledSequence)
+    SampleResponse          1 sequences (SampledSequence)  2 prompt_logprobs (f32, NaN: none)
+                            3 topk_prompt_logprobs (TopkLogprobs)
+    TopkLogprobs            1 token_ids (int32 [length, k])  2 logprobs (f32)  3 k  4 length
     SampledSequence         1 stop_reason (0 stop, 1 length)  2 tokens (int32)  3 logprobs (f32)
 """
 
@@ -110,9 +112,22 @@ class WireSequence:
     logprobs: list[float] | None
 
 
-def encode_sample_response(sequences: list[WireSequence]) -> bytes:
-    """A `SampleResponse` with its sequences (logprobs where asked for)."""
+def encode_sample_response(
+    sequences: list[WireSequence],
+    prompt_logprobs: np.ndarray | None = None,
+    top_prompt_logprobs: tuple[np.ndarray, np.ndarray] | None = None,
+) -> bytes:
+    """A `SampleResponse` with its sequences (logprobs where asked for), and the prompt's
+    logprobs [T] and top (ids, logprobs), each [T, k], where asked for."""
     body = b""
+    if prompt_logprobs is not None:
+        body += _field_bytes(2, np.asarray(prompt_logprobs, dtype=np.float32).tobytes())
+    if top_prompt_logprobs is not None:
+        ids, logprobs = top_prompt_logprobs
+        length, k = ids.shape
+        top = _field_bytes(1, np.asarray(ids, dtype=np.int32).tobytes())
+        top += _field_bytes(2, np.asarray(logprobs, dtype=np.float32).tobytes())
+        body += _field_bytes(3, top + _field_int(3, k) + _field_int(4, length))
     for sequence in sequences:
         message = _field_int(1, STOP_REASONS[sequence.stop_reason])
         message += _field_bytes(2, np.asarray(sequence.tokens, dtype=np.int32).tobytes())

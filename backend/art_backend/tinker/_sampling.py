@@ -6,15 +6,17 @@ session points at such a path, or at the base model; `asample` completes the pro
 on the engine with that adapter and answers each sequence's tokens, their logprobs (always:
 the engine computes them anyway) and why it stopped.
 
-Served: num_samples, max_tokens, temperature, top_p, top_k, seed, stop strings, and stop token
-ids that are the model's own end tokens (the engine stops at those anyway). Refused by name:
-prompt logprobs, top-k logprobs, target prompt logprobs, alternative prompt tokens, other stop
-token ids, and `stop=[]` (generation past the end tokens). With `record_stability_info` each
-sampled sequence is recorded under its `sequence_id` for `stable_reinforce` (`_stability`).
+Served: num_samples, max_tokens, temperature, top_p, top_k, seed, stop strings, stop token
+ids that are the model's own end tokens (the engine stops at those anyway), and the prompt's
+logprobs and top k (`compute_logprobs`; `_prompt_logprobs`: the trainer's forward). Refused by
+name: top-k sample logprobs, target prompt logprobs, alternative prompt tokens, other stop token
+ids, and `stop=[]` (generation past the end tokens). With `record_stability_info` each sampled
+sequence is recorded under its `sequence_id` for `stable_reinforce` (`_stability`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,13 @@ from art_backend._errors import BackendError, ContextLengthError, InvalidRequest
 from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams
 from art_backend.tinker._datums import check_vocabulary
 from art_backend.tinker._futures import Answer
+from art_backend.tinker._prompt_logprobs import (
+    PromptLogprobs,
+    PromptLogprobsAsked,
+    check_scorable,
+    prompt_logprobs_asked,
+    score_prompt,
+)
 from art_backend.tinker._proto import WireSequence, encode_sample_response
 from art_backend.tinker._run_index import check_ttl, expiry
 from art_backend.tinker._schemas import (
@@ -179,6 +188,9 @@ class TinkerSampling:
             sampler = await self.resolve(request.model_path, request.base_model)
         _refuse_unserved(request)
         prompt = self._prompt(request)
+        asked = prompt_logprobs_asked(request, len(prompt))
+        if asked.anything:
+            check_scorable(self.engine)
         generation = GenerationRequest(
             prompt_ids=prompt,
             params=self._params(request, len(prompt)),
@@ -190,7 +202,9 @@ class TinkerSampling:
         sequence_ids = [f"{batch}-{i}" for i in range(request.num_samples)]
         # record_stability_info: each sequence kept for training on it by id (`_stability`).
         recorded = sequence_ids if request.record_stability_info else None
-        request_id = self.training.futures.start(self._generate(sampler, generation, recorded))
+        request_id = self.training.futures.start(
+            self._generate(sampler, generation, asked, recorded)
+        )
         return {"request_id": request_id, "sample_sequence_ids": sequence_ids}
 
     def _prompt(self, request: SampleRequest) -> list[int]:
@@ -249,7 +263,11 @@ class TinkerSampling:
         return []
 
     async def _generate(
-        self, sampler: Sampler, generation: GenerationRequest, recorded: list[str] | None
+        self,
+        sampler: Sampler,
+        generation: GenerationRequest,
+        asked: PromptLogprobsAsked,
+        recorded: list[str] | None,
     ) -> Answer:
         if sampler.adapter is not None and sampler.adapter not in self.engine.adapters:
             assert sampler.run is not None and sampler.step is not None
@@ -258,11 +276,21 @@ class TinkerSampling:
             registry = self.training.training.registry
             await registry.serve_again(sampler.run.registered, sampler.step)
         events = self.engine.submit(generation)
+        scoring = (
+            asyncio.create_task(
+                asyncio.to_thread(
+                    score_prompt, self.engine, sampler.adapter, generation.prompt_ids, asked
+                )
+            )
+            if asked.anything
+            else None
+        )
         finished: dict[int, FinishEvent] = {}
         while len(finished) < generation.n:
             event = await events.get()
             if isinstance(event, FinishEvent):
                 finished[event.choice_index] = event
+        scored: PromptLogprobs | None = await scoring if scoring is not None else None
         sequences = []
         for index in range(generation.n):
             event = finished[index]
@@ -273,7 +301,16 @@ class TinkerSampling:
                 self.training.stability.record(
                     recorded[index], generation.prompt_ids, event.token_ids, event.logprobs
                 )
-        return Answer(proto=encode_sample_response(sequences))
+        return Answer(proto=_sample_response(sequences, scored))
+
+
+def _sample_response(sequences: list[WireSequence], scored: PromptLogprobs | None) -> bytes:
+    if scored is None:
+        return encode_sample_response(sequences)
+    top = None
+    if scored.top_ids is not None and scored.top_logprobs is not None:
+        top = (scored.top_ids, scored.top_logprobs)
+    return encode_sample_response(sequences, scored.logprobs, top)
 
 
 def _check_not_deleted(sampler: Sampler) -> None:
@@ -292,12 +329,9 @@ def _check_not_deleted(sampler: Sampler) -> None:
 def _refuse_unserved(request: SampleRequest) -> None:
     """Sampling options this server does not serve yet, refused by their SDK names."""
     unserved = {
-        "include_prompt_logprobs": bool(request.prompt_logprobs),
-        "topk_prompt_logprobs": request.topk_prompt_logprobs > 0,
         "topk_sample_logprobs": request.topk_sample_logprobs > 0,
         "target_prompt_logprobs": request.target_prompt_logprobs is not None,
         "prompt_alt_tokens_k": request.prompt_alt_tokens_k > 0,
-        "prompt_logprobs_last_n": request.prompt_logprobs_last_n is not None,
     }
     named = [name for name, asked in unserved.items() if asked]
     if named:

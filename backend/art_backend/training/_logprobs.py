@@ -90,3 +90,11 @@ def packed_logprobs_and_entropy(
         entropy = entropy_flat[index]
     trained = packed.rows.trained_mask.to(flat.device)
     return torch.where(trained, chosen, 0.0), torch.where(trained, entropy, 0.0)
+
+
+def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k most likely tokens of each position's distribution: (logprobs, ids), each [..., k],
+    most likely first, in float32 as `chosen_logprobs_and_entropy` computes them."""
+    logits = logits.float()
+    values, ids = torch.topk(logits, k, dim=-1)
+    return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids

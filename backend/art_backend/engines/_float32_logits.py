@@ -1,0 +1,43 @@
+"""Float32 logits from a bf16 or fp16 model: the LM head computed in float32.
+
+A bf16 logit of size 16 to 32 is rounded to a multiple of 0.125, so a token's logprob carries up
+to ~0.06 of rounding, and two forwards of the same tokens that differ only in reduction order
+(the decode loop's one-row KV-cached step, the trainer's full forward) can round to different
+neighbours. Computing the head's matmul in float32 removes that rounding: on SmolLM2 in bf16 the
+mean |sampler - trainer| fell from 0.028-0.040 to 0.025-0.032 and the first token's largest gap
+by half (`benchmarks/logprob_gap.py`); the rest comes from the bf16 layers below the head. The
+engine and the trainer share the model, so both sides get the same head (MiniMax-M1's report,
+arXiv 2506.13585, traces its RL's train/inference probability mismatch to the LM head's
+precision and computes it in float32).
+
+The float32 copy of the head's weight is made once (the base weights never train: LoRA adapts
+other layers) and made again if the weight is replaced or changed in place.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+
+def compute_logits_in_float32(model: Any) -> None:
+    """Make `model`'s output embeddings (its LM head) answer float32 logits; a float32 model is
+    left as it is."""
+    head = model.get_output_embeddings()
+    if head is None or head.weight.dtype == torch.float32:
+        return
+    head._float32_weight = None
+    head._float32_key = None
+    head.forward = types.MethodType(_float32_forward, head)
+
+
+def _float32_forward(head: Any, hidden: torch.Tensor) -> torch.Tensor:
+    weight = head.weight
+    key = (weight.data_ptr(), weight._version, weight.device)
+    if head._float32_key != key:
+        head._float32_weight = weight.detach().float()
+        head._float32_key = key
+    bias = head.bias.float() if head.bias is not None else None
+    return torch.nn.functional.linear(hidden.float(), head._float32_weight, bias)
