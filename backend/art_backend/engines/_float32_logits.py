@@ -37,7 +37,10 @@ def _float32_forward(head: Any, hidden: torch.Tensor) -> torch.Tensor:
     weight = head.weight
     key = (weight.data_ptr(), weight._version, weight.device)
     if head._float32_key != key:
-        head._float32_weight = weight.detach().float()
+        # Made outside inference mode even when the first call is the engine's (inference)
+        # forward: an inference tensor cannot be saved for the trainer's backward.
+        with torch.inference_mode(False):
+            head._float32_weight = weight.detach().float()
         head._float32_key = key
     bias = head.bias.float() if head.bias is not None else None
     return torch.nn.functional.linear(hidden.float(), head._float32_weight, bias)

@@ -34,3 +34,16 @@ def test_gradients_flow_through_the_float32_head_in_the_models_dtype(
     torch.log_softmax(logits, dim=-1)[0, -1, 7].backward()
     assert embeddings.weight.grad is not None and embeddings.weight.grad.dtype == torch.bfloat16
     assert torch.isfinite(embeddings.weight.grad.float()).all()
+
+
+def test_a_head_first_used_for_inference_still_trains(tiny_model_dir: Path) -> None:
+    """The engine's forward runs in inference mode; the float32 copy it makes must still serve
+    the trainer's backward after it (an inference tensor cannot be saved for backward)."""
+    model = load_model(str(tiny_model_dir), dtype="bfloat16").model
+    ids = torch.tensor([[5, 17, 230]])
+    with torch.inference_mode():
+        model(input_ids=ids)
+    embeddings = model.get_input_embeddings()
+    embeddings.weight.requires_grad_(True)
+    torch.log_softmax(model(input_ids=ids).logits, dim=-1)[0, -1, 7].backward()
+    assert embeddings.weight.grad is not None
