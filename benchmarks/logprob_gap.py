@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _art_server import start_art_server
 from _machine import machine_info
 from _markdown import publish
 
@@ -61,26 +59,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--label", default="", help="a name for this run in the results")
     parser.add_argument("--baseline", type=Path, help="an earlier run's JSON, shown beside")
     return parser.parse_args(argv)
-
-
-def start_server(path: Path, dtype: str) -> tuple[subprocess.Popen, str]:
-    """art-server on SmolLM2 in `dtype`, on a free port; its URL once it accepts connections."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "art_backend.cli", "--model", MODEL, "--port", str(port)]
-    command += ["--path", str(path), "--api-key", KEY, "--log-level", "warning", "--dtype", dtype]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return process, f"http://127.0.0.1:{port}"
-        except OSError:
-            if process.poll() is not None:
-                raise RuntimeError(f"art-server exited with {process.returncode}") from None
-            time.sleep(0.5)
-    process.kill()
-    raise RuntimeError("art-server did not start")
 
 
 def prompts_of(tokenizer: Any, count: int) -> list[list[int]]:
@@ -178,7 +156,7 @@ def measure_dtype(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
     from tinker import types
 
     with tempfile.TemporaryDirectory() as folder:
-        process, url = start_server(Path(folder), dtype)
+        process, url = start_art_server(MODEL, Path(folder), KEY, "--dtype", dtype)
         try:
             service = tinker.ServiceClient(base_url=url, api_key=KEY)
             training = service.create_lora_training_client(

@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
+from _art_server import start_art_server
 from _machine import OtherLoad, machine_info
 from _markdown import publish
 from tinker_rl_loop import group_datums, load, prompt_tokens
@@ -60,23 +59,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16)
     return parser.parse_args(argv)
-
-
-def start_server(path: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "art_backend.cli", "--model", MODEL, "--port", str(port)]
-    command += ["--path", str(path), "--api-key", KEY, "--log-level", "warning"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return process, f"http://127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.5)
-    process.kill()
-    raise RuntimeError("art-server did not start")
 
 
 class ArtCoreStep:
@@ -224,7 +206,7 @@ def main() -> None:
     args = parse_args()
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     with tempfile.TemporaryDirectory() as folder:
-        process, url = start_server(Path(folder))
+        process, url = start_art_server(MODEL, Path(folder), KEY)
         try:
             result = asyncio.run(measure(args, url))
         finally:
