@@ -117,6 +117,13 @@ REFUSED: dict[str, dict[str, str]] = {
         ),
     },
     "art.serverless": {"ServerlessBackend": _HOSTED},
+    "art.adapter_leases": {
+        "in_flight_lora_name": (
+            "there is no in-flight LoRA here (weights swapped under a running rollout): every step "
+            "is served immutably as <name>@<step>; pin a rollout to one with "
+            "backend.adapter_lease(model, step)"
+        ),
+    },
     "art.yield_trajectory": {
         "capture_yielded_trajectory": _CAPTURE_YIELDED,
         "yield_trajectory": _YIELD,
@@ -264,6 +271,7 @@ SERVED_BY = {
     "art_core.utils": "art.utils",
     "art_core.pipeline_trainer": "art.pipeline_trainer",
     "art_core.errors": "art.errors",
+    "art_core.adapter_leases": "art.adapter_leases",
 }
 
 

@@ -57,6 +57,8 @@ MODULES: dict[str, str] = {
     "art.yield_trajectory": "art_core.yield_trajectory",
     "art.local.LocalBackend": "art_core.local:LocalBackend",
     "art.auto_trajectory": "art_core.auto_trajectory",
+    "art.adapter_leases": "art_core.adapter_leases",
+    "art.local.adapter_leases": "art_core.local.adapter_leases",
 }
 
 _CAPTURE = "capture scopes live in art_core.capture (also `art.<name>`)"

@@ -82,6 +82,13 @@ async def test_concurrent_rollouts_each_keep_their_own_pin():
     assert pinned_inference_step("agent") is None
 
 
+def test_arts_in_flight_lora_name_imports_and_is_refused_on_use():
+    from art_core.adapter_leases import in_flight_lora_name
+
+    with pytest.raises(art.UnsupportedOptionError, match="served immutably as <name>@<step>"):
+        in_flight_lora_name("agent")
+
+
 async def test_the_lease_manager_counts_overlapping_leases():
     manager = local_adapter_leases.AdapterLeaseManager()  # ART's path, our one class
     assert manager.__class__ is AdapterLeaseManager
