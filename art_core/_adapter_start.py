@@ -18,6 +18,7 @@ the same machine).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,7 @@ def lora_for_adapter(start: AdapterStart, given: Any, default: Any) -> dict[str,
     differ from them are refused (the adapter's weights have its shapes)."""
     if given is not None and given != default:
         theirs = given.model_dump() if hasattr(given, "model_dump") else dict(given)
-        mismatched = {
-            key: (theirs.get(key), value)
-            for key, value in start.lora.items()
-            if key in theirs and _differs(theirs.get(key), value)
-        }
+        mismatched = lora_differences(theirs, start)
         if mismatched:
             raise UnsupportedOptionError(
                 f"The model's LoRA settings differ from those of the adapter it starts from "
@@ -106,7 +103,12 @@ def lora_for_adapter(start: AdapterStart, given: Any, default: Any) -> dict[str,
     return dict(start.lora)
 
 
-def _differs(given: Any, adapter: Any) -> bool:
-    if isinstance(adapter, list):
-        return sorted(given or []) != adapter
-    return given != adapter
+def lora_differences(given: Mapping[str, Any], start: AdapterStart) -> dict[str, Any]:
+    """The LoRA settings in `given` that differ from the adapter's: key -> (given, adapter's)
+    (target modules compared as sets)."""
+    return {
+        key: (given[key], value)
+        for key, value in start.lora.items()
+        if key in given
+        and (sorted(given[key] or []) if isinstance(value, list) else given[key]) != value
+    }

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from art_backend._errors import InvalidRequestError
-from art_core._adapter_start import ADAPTER_FILES, read_adapter_start
+from art_core._adapter_start import ADAPTER_FILES, lora_differences, read_adapter_start
 from art_core.errors import UnsupportedOptionError
 from art_core.wire import RegisterRequest
 
@@ -35,13 +35,7 @@ def adapter_source(request: RegisterRequest) -> Path:
             "config.json).",
             param="init_adapter",
         )
-    registered = request.lora.model_dump()
-    differing = {
-        key: (registered.get(key), value)
-        for key, value in start.lora.items()
-        if (sorted(registered.get(key) or []) if key == "target_modules" else registered.get(key))
-        != value
-    }
+    differing = lora_differences(request.lora.model_dump(), start)
     if differing:
         raise InvalidRequestError(
             f"init_adapter {start.folder}: the registered LoRA settings differ from the "
