@@ -69,6 +69,18 @@ $(VENV)/.installed-tinker-next:
 	$(VENV)/tinker-next/bin/python -m pip install -q "tinker==$(TINKER_NEXT)"
 	touch $@
 
+# The Tinker cookbook's recipes (tests/server/tinker/cookbook/, benchmarks/cookbook_recipes.py):
+# tinker-cookbook without its dependencies (it requires tml-renderers>=0.4.1, which the index does
+# not serve and which only its Inkling and Kimi tokenizers load), then what its chat_sl, math_rl,
+# preference (DPO) and distillation recipes import that [backend,dev] lacks: chz (their configs),
+# blobfile (the data readers), termcolor (the logs' colours) and pylatexenc (math_rl's grader).
+# The rest they import (datasets, rich, sympy, torch, transformers...) the lock already pins.
+COOKBOOK_PACKAGES := "chz>=0.4,<0.5" "blobfile>=3,<4" "termcolor>=3,<4" "pylatexenc>=2.10,<3"
+$(VENV)/.installed-cookbook: $(VENV)/.installed
+	$(PIP) install -q $(call pinned,$(LOCK)) $(COOKBOOK_PACKAGES)
+	$(PIP) install -q --no-deps $(call pinned,$(LOCK)) "tinker-cookbook>=0.6.1,<0.7"
+	touch $@
+
 # The review page's browser tests drive Debian's chromium through Playwright (Playwright's own
 # browser download is never used): installed here when missing, as root or with sudo, without
 # Debian's recommended packages (only what chromium needs to run headless). Without root or sudo
@@ -89,7 +101,8 @@ chromium:
 # 2 cores the suite's waits (servers starting, heartbeats, child processes) overlap the other
 # worker's computing. `make test TEST_WORKERS=0` runs it in one process.
 TEST_WORKERS ?= 2
-test: $(VENV)/.installed $(VENV)/.installed-mcp1 $(VENV)/.installed-trackio chromium
+test: $(VENV)/.installed $(VENV)/.installed-mcp1 $(VENV)/.installed-trackio \
+	$(VENV)/.installed-cookbook chromium
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
