@@ -1,8 +1,8 @@
-"""The Tinker cookbook's own recipes (tinker-cookbook, `make test` installs it) run through their
-entry points against a real server on the tiny model, a few steps each, with local data
-(examples/cookbook_recipes.py; on SmolLM2 in BENCHMARKS.md). Each test checks the steps ran and
-logged, and one thing the recipe's numbers show only when the server serves it right: the tiny
-model runs in float32, where the sampler's logprobs are the trainer's."""
+"""The Tinker cookbook's own recipes (tinker-cookbook, `make test` installs it) run through
+their entry points against a real server on the tiny model, a few steps each, with local data
+(examples/tinker_cookbook_recipes.py; on SmolLM2 in BENCHMARKS.md). Each test checks the steps
+ran and logged, and one thing the recipe's numbers show only when the server serves it right:
+the tiny model runs in float32, where the sampler's logprobs are the trainer's."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ pytest.importorskip(
 
 from tests.support.servers import RunningServer, running_tinker_server  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "cookbook_recipes.py"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tinker_cookbook_recipes.py"
 API_KEY = "tml-cookbook-key"
 STEPS = 3
 
@@ -41,13 +41,13 @@ def server(
 
 @pytest.fixture(scope="module")
 def recipes() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("cookbook_recipes", EXAMPLE)
+    spec = importlib.util.spec_from_file_location("tinker_cookbook_recipes", EXAMPLE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["cookbook_recipes"] = module
+    sys.modules["tinker_cookbook_recipes"] = module
     spec.loader.exec_module(module)
     yield module
-    del sys.modules["cookbook_recipes"]
+    del sys.modules["tinker_cookbook_recipes"]
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Four of the Tinker cookbook's own recipes (tinker-cookbook 0.6.1) against art-server, on local data.
+"""Four of the Tinker cookbook's recipes (tinker-cookbook 0.6.1) against art-server, local data.
 
 Each recipe runs through its own entry point (`cli_main` of its CLI) with its own defaults:
 
@@ -16,7 +16,7 @@ template token for token; the cookbook knows no renderer for models outside its 
 sizes (batch, steps, tokens), the log folder, and the data (the hub downloads above replaced by
 small local sets). The recipes write their metrics to `<log>/metrics.jsonl`, one row per step.
 
-    .venv/bin/python examples/cookbook_recipes.py --base-url http://127.0.0.1:8000 \\
+    .venv/bin/python examples/tinker_cookbook_recipes.py --base-url http://127.0.0.1:8000 \\
         --model HuggingFaceTB/SmolLM2-135M-Instruct --tokenizer <the model's folder> \\
         --api-key <key> chat_sl math_rl dpo distillation
 
@@ -65,7 +65,7 @@ def chats() -> list[dict[str, Any]]:
              ("What is frozen water?", "Ice."), ("Say hello.", "Hello!")]  # fmt: skip
     return [
         {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-        for q, a in pairs * 4
+        for q, a in pairs * 8
     ]
 
 
@@ -75,13 +75,14 @@ def preference_pairs() -> list[dict[str, str]]:
     rows = [("What is 3 + 4?", "3 + 4 is 7.", "No."), ("Name a colour.", "Red.", "Whatever."),
             ("Is water wet?", "Yes, water is wet.", "Go away."),
             ("What is the capital of France?", "Paris.", "Don't care."),
-            ("Say thanks.", "Thank you!", "No."), ("What is 10 - 3?", "10 - 3 is 7.", "Later.")]  # fmt: skip
+            ("Say thanks.", "Thank you!", "No."),
+            ("What is 10 - 3?", "10 - 3 is 7.", "Later.")]  # fmt: skip
     return [
         {
             "chosen": f"\n\nHuman: {question}\n\nAssistant: {good}",
             "rejected": f"\n\nHuman: {question}\n\nAssistant: {bad}",
         }
-        for question, good, bad in rows * 4
+        for question, good, bad in rows * 8
     ]
 
 
@@ -111,7 +112,8 @@ def local_datasets() -> Iterator[None]:
     try:
         yield
     finally:
-        hhh.get_train_and_test_datasets, distillation_data.load_deepmath_prompts = saved  # type: ignore[method-assign]
+        hhh.get_train_and_test_datasets = saved[0]  # type: ignore[method-assign]
+        distillation_data.load_deepmath_prompts = saved[1]
 
 
 def use_local_tokenizer(model_name: str, folder: Path | str) -> None:
