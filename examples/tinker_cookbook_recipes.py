@@ -92,12 +92,15 @@ def distillation_prompts() -> list[str]:
 
 
 @contextlib.contextmanager
-def local_datasets() -> Iterator[None]:
-    """Replace the recipes' hub downloads (hh-rlhf for DPO, DeepMath for distillation) by the
-    local sets above, for the length of a block."""
+def offline() -> Iterator[None]:
+    """For the length of a block, the recipes download nothing: the local sets above replace
+    their hub datasets (hh-rlhf for DPO, DeepMath for distillation), and the price list of
+    Tinker's hosted service, which they fetch to log costs, is taken as unavailable (as after a
+    failed fetch: they log token counts only)."""
     import datasets
     from tinker_cookbook.distillation import datasets as distillation_data
     from tinker_cookbook.recipes.preference import datasets as preference_data
+    from tinker_cookbook.utils import cost_estimation
 
     def hh_rlhf(self: Any) -> tuple[datasets.Dataset, datasets.Dataset | None]:
         return datasets.Dataset.from_list(preference_pairs()), None
@@ -107,13 +110,16 @@ def local_datasets() -> Iterator[None]:
 
     hhh = preference_data.HHHComparisonBuilder
     saved = hhh.get_train_and_test_datasets, distillation_data.load_deepmath_prompts
+    fetched = cost_estimation._pricing_fetched  # the cookbook's own "fetched once" flag
     hhh.get_train_and_test_datasets = hh_rlhf  # type: ignore[method-assign]
     distillation_data.load_deepmath_prompts = deepmath
+    cost_estimation._pricing_fetched = True
     try:
         yield
     finally:
         hhh.get_train_and_test_datasets = saved[0]  # type: ignore[method-assign]
         distillation_data.load_deepmath_prompts = saved[1]
+        cost_estimation._pricing_fetched = fetched
 
 
 def use_local_tokenizer(model_name: str, folder: Path | str) -> None:
@@ -136,7 +142,8 @@ def run_chat_sl(run: RecipeRun) -> None:
     data = run.log_path.parent / f"{run.log_path.name}-chats.jsonl"
     data.write_text("".join(json.dumps(chat) + "\n" for chat in chats()))
     config = train.CLIConfig(**common(run), dataset=str(data), batch_size=run.batch)
-    train.cli_main(config)
+    with offline():
+        train.cli_main(config)
 
 
 def run_math_rl(run: RecipeRun) -> None:
@@ -144,14 +151,15 @@ def run_math_rl(run: RecipeRun) -> None:
     from tinker_cookbook.recipes.math_rl import train
 
     config = train.CLIConfig(**common(run), groups_per_batch=run.batch)
-    asyncio.run(train.cli_main(config))
+    with offline():
+        asyncio.run(train.cli_main(config))
 
 
 def run_dpo(run: RecipeRun) -> None:
     """recipes/preference/dpo/train.py on the local pairs (its default dataset, hhh)."""
     from tinker_cookbook.recipes.preference.dpo import train
 
-    with local_datasets():
+    with offline():
         train.cli_main(train.CLIConfig(**common(run), batch_size=run.batch))
 
 
@@ -167,7 +175,7 @@ def run_distillation(run: RecipeRun) -> None:
         max_tokens=run.max_tokens,
         **({} if run.lora_rank is None else {"lora_rank": run.lora_rank}),
     )
-    with local_datasets():
+    with offline():
         asyncio.run(recipe.cli_main(config))
 
 
