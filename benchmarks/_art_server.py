@@ -3,6 +3,7 @@ connections (the Tinker benchmarks' shared start)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -10,15 +11,23 @@ import time
 from pathlib import Path
 
 
-def start_art_server(model: str, path: Path, key: str, *extra: str) -> tuple[subprocess.Popen, str]:
-    """`art-server --model MODEL --path PATH --api-key KEY EXTRA...` on a free port; the
-    process and its URL once it accepts connections (RuntimeError if it exits or never does)."""
+def start_art_server(
+    model: str, path: Path, key: str, *extra: str, environment: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
+    """`art-server --model MODEL --path PATH --api-key KEY EXTRA...` on a free port, with
+    `environment` added to this process's; the process and its URL once it accepts connections
+    (RuntimeError if it exits or never does)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "art_backend.cli", "--model", model, "--port", str(port)]
     command += ["--path", str(path), "--api-key", key, "--log-level", "warning", *extra]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(environment or {})},
+    )
     for _ in range(600):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()

@@ -42,6 +42,7 @@ import torch
 
 from art_backend._errors import ModelLoadError
 from art_backend._phases import announce
+from art_backend.engines._batch_invariant import make_batch_invariant
 from art_backend.engines._dtype_probe import choose_cpu_dtype, cpu_flags
 from art_backend.engines._float32_logits import compute_logits_in_float32
 from art_backend.engines._gguf import (
@@ -132,6 +133,7 @@ def load_model(
     model.to(torch_device)
     model.eval()
     compute_logits_in_float32(model)  # sampler and trainer logprobs agree in bf16 too
+    make_batch_invariant(model)  # ... bit for bit (bf16/fp16 on a CPU)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -1,0 +1,224 @@
+"""Batch-invariant forwards for a bf16 or fp16 model on a CPU: a token's logprob is the same
+whichever tokens share its forward, so the sampler's logprobs are the trainer's.
+
+The engine scores a sampled token in a KV-cached decode step (one query per row, rows
+left-padded to a common length); the trainer scores it in one forward of the whole sequence
+(rows right-padded, or packed behind a shared prefix). In bf16 every op rounds its output to 8
+bits of mantissa, so any two computations of the same value that differ in summation order can
+round to neighbouring bf16 values, and one such difference grows through the layers: on
+SmolLM2 the sampler's logprobs and the trainer's differed by 0.025-0.033 on average
+(`benchmarks/logprob_gap.py`). Measured op by op (layer outputs of a decode step against the full
+forward), the differences come from exactly two places:
+
+- **Linear layers with a single row.** oneDNN's bf16 matmul takes another kernel (another
+  summation order) for one row than for two or more, and a decode step of one sequence, or one
+  adapter's rows in a mixed-adapter batch, is one row. Its results for two rows or more were
+  equal bit for bit, whatever the row count (2 to 2,048). So a one-row call here runs as two equal
+  rows and keeps the first.
+- **Attention.** SDPA's CPU kernel blocks its reductions by the key length, and the softmax
+  and the probabilities-times-values sums of a left-padded decode row, a right-padded trainer
+  row and a packed row run over the same terms in different orders. Here scores, softmax and
+  the weighted sum are computed in float64: the dot products of bf16 values are exact there, and
+  a float64 sum's order changes it by ~1e-16, far below a bf16 rounding step, so every layout
+  rounds to the same bf16 output. The backward (training) recomputes the attention with
+  transformers' own SDPA forward and takes its gradient: only the forward's values need to be
+  the same everywhere.
+
+With both, the engine's logprobs of its own samples equal the trainer's forward on the same
+tokens bit for bit in bf16 on SmolLM2 (single and batched, left-padded decode against right-
+padded and packed training rows). This is the batch invariance of "Defeating Nondeterminism in
+LLM Inference" (Thinking Machines, 2025: https://thinkingmachines.ai/blog/defeating-
+nondeterminism-in-llm-inference/), obtained here from float64 attention and a two-row floor
+instead of custom kernels. A float32 model is left as it is: its gap is ~1e-5.
+
+`ART_BATCH_INVARIANT=0` (or false/no/off) keeps SDPA and the one-row kernel, for a measurement
+of what the invariance costs (`benchmarks/logprob_gap.py`); any other value than those and
+1/true/yes/on is refused at start, naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any
+
+import torch
+from torch import nn
+
+ATTENTION = "art_batch_invariant"
+VARIABLE = "ART_BATCH_INVARIANT"
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True}
+_SWITCH |= {"0": False, "false": False, "no": False, "off": False}
+REDUCED = (torch.bfloat16, torch.float16)
+
+
+def make_batch_invariant(model: Any) -> bool:
+    """Switch a bf16/fp16 model on a CPU to batch-invariant attention and linear layers; returns
+    whether it did (False for a float32 model, a GPU, or attention other than SDPA)."""
+    if not wants_batch_invariance(model) or not switched_on():
+        return False
+    _register()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.set_attn_implementation(ATTENTION)
+    floor_linear_rows(model)
+    return True
+
+
+def wants_batch_invariance(model: Any) -> bool:
+    """Whether `model` runs in reduced precision on a CPU with transformers' SDPA attention."""
+    parameter = next(model.parameters(), None)
+    if parameter is None or parameter.device.type != "cpu" or parameter.dtype not in REDUCED:
+        return False
+    return getattr(model.config, "_attn_implementation", None) in ("sdpa", ATTENTION)
+
+
+def switched_on() -> bool:
+    """`ART_BATCH_INVARIANT`: on unless 0/false/no/off; another value is a `ModelLoadError`."""
+    from art_backend._errors import ModelLoadError
+
+    value = os.environ.get(VARIABLE, "1").strip().lower()
+    if value not in _SWITCH:
+        raise ModelLoadError(
+            f"{VARIABLE}={os.environ[VARIABLE]!r} is neither on (1, true, yes, on) nor off "
+            "(0, false, no, off); unset it to keep the default (on)"
+        )
+    return _SWITCH[value]
+
+
+def is_batch_invariant(model: Any) -> bool:
+    """Whether `make_batch_invariant` switched `model`."""
+    return getattr(model.config, "_attn_implementation", None) == ATTENTION
+
+
+def floor_linear_rows(model: Any) -> None:
+    """Give every plain `nn.Linear` of a batch-invariant model a two-row floor (see the module
+    docstring); called again after PEFT adds adapter layers. Idempotent."""
+    if not is_batch_invariant(model):
+        return
+    for module in model.modules():
+        # A layer whose forward is already replaced (the float32 LM head) keeps it.
+        if type(module) is nn.Linear and "forward" not in vars(module):
+            module.forward = types.MethodType(_two_row_forward, module)  # type: ignore[method-assign]
+
+
+def _two_row_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if x.dtype in REDUCED and x.numel() == x.shape[-1]:
+        pair = x.reshape(1, -1).repeat(2, 1)
+        out = nn.functional.linear(pair, self.weight, self.bias)[:1]
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+    return nn.functional.linear(x, self.weight, self.bias)
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION, _attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # SDPA's masks, as the backward uses
+
+
+def _attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if (dropout and module.training) or kwargs.get("position_bias") is not None:
+        # Not batch-invariant, and never used by the decoder-only models served here.
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
+        )
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    causal = bool(causal and attention_mask is None and query.shape[2] > 1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        output = _InvariantAttention.apply(module, query, key, value, attention_mask, scale, causal)
+    else:
+        output = float64_attention(query, key, value, attention_mask, scale, causal)
+    return output.transpose(1, 2).contiguous(), None
+
+
+def float64_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    causal: bool,
+) -> torch.Tensor:
+    """Attention of [B, H, Q, D] queries over [B, Hkv, K, D] keys and values, computed in
+    float64 and rounded once to the queries' dtype. `mask`: SDPA's (boolean, True = attend, or
+    additive), broadcast over heads; `causal` aligns the queries with the last keys."""
+    batch, heads, queries, dim = query.shape
+    groups = heads // key.shape[1]
+    # Grouped-query attention without repeating the keys: each key head's query heads become
+    # rows of one matmul ([B, Hkv, G * Q, D]).
+    grouped = query.double().reshape(batch, key.shape[1], groups * queries, dim)
+    scores = grouped @ key.double().transpose(-1, -2) * scale
+    scores = scores.view(batch, key.shape[1], groups, queries, -1)
+    keys = key.shape[2]
+    if causal:
+        allowed = torch.ones(queries, keys, dtype=torch.bool, device=query.device)
+        scores = scores.masked_fill(~allowed.tril(keys - queries), float("-inf"))
+    if mask is not None:
+        mask = mask[..., :keys]
+        if mask.shape[1] == 1:
+            mask = mask.unsqueeze(2)  # [B, 1, 1, Q, K]: the same for every head
+        else:  # a per-head mask: [B, H, Q, K] -> [B, Hkv, G, Q, K]
+            mask = mask.reshape(mask.shape[0], key.shape[1], groups, *mask.shape[-2:])
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.double()
+    # A query that may attend to nothing (a padding row) gets zeros, not NaN.
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    out = probs.view(batch, key.shape[1], groups * queries, keys) @ value.double()
+    return out.view(batch, heads, queries, dim).to(query.dtype)
+
+
+class _InvariantAttention(torch.autograd.Function):
+    """Forward: `float64_attention`. Backward: the gradient of transformers' SDPA forward on the
+    same inputs (recomputed; nothing of the float64 forward is kept)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float,
+        causal: bool,
+    ) -> torch.Tensor:
+        ctx.module, ctx.scale, ctx.causal = module, scale, causal
+        ctx.save_for_backward(query, key, value, mask)
+        return float64_attention(query, key, value, mask, scale, causal)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        query, key, value, mask = ctx.saved_tensors
+        inputs = [t.detach().requires_grad_(t.requires_grad) for t in (query, key, value)]
+        with torch.enable_grad():
+            output, _ = sdpa_attention_forward(
+                ctx.module,
+                inputs[0],
+                inputs[1],
+                inputs[2],
+                mask,
+                dropout=0.0,
+                scaling=ctx.scale,
+                is_causal=ctx.causal,
+            )
+            wanted = [t for t in inputs if t.requires_grad]
+            grads = iter(torch.autograd.grad(output.transpose(1, 2), wanted, grad))
+        return (None, *(next(grads) if t.requires_grad else None for t in inputs), None, None, None)

@@ -1,0 +1,206 @@
+"""In bf16 on a CPU the sampler's logprobs are the trainer's, bit for bit (`_batch_invariant`).
+
+For every family of the architecture matrix, in bf16: the engine samples two groups of four
+(rows of different lengths decode left-padded in one batch) and one request alone (a one-row
+decode); the trainer scores the same tokens packed behind the shared prompt and padded, through
+the Tinker path and through a GRPO step. Every logprob is equal, not close, and the step's ratio
+is exactly 1. Without the batch-invariant attention and the linear layers' two-row floor the same
+comparison differs by ~1e-2 (SmolLM2: `benchmarks/logprob_gap.py`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from art_backend._errors import ModelLoadError
+from art_backend.engines._batch_invariant import (
+    float64_attention,
+    is_batch_invariant,
+    make_batch_invariant,
+)
+from art_backend.engines._engine import GenerationRequest, SamplingParams
+from art_backend.engines._loading import load_model
+from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
+from art_backend.training._rows import Sequence, pack_rows
+from tests.server.engines.test_architectures import (
+    finished,
+    prompt,
+    sampled_sequence,
+    tinker_scores,
+)
+from tests.support.tiny_families import FAMILIES, Family, build_family_model
+
+pytestmark = pytest.mark.torch_engine
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=str)
+def family(request: pytest.FixtureRequest) -> Family:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def family_dir(family: Family, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_family_model(family, tmp_path_factory.mktemp(family.name))
+
+
+async def test_engine_and_trainer_logprobs_are_equal_in_bf16(family_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(family_dir)
+    loaded = load_model(str(family_dir), dtype="bfloat16", device="cpu")
+    if not is_batch_invariant(loaded.model):
+        # Only models on transformers' SDPA attention are switched; the rest keep theirs.
+        assert loaded.model.config._attn_implementation != "sdpa"
+        pytest.skip(f"attention {loaded.model.config._attn_implementation!r} is not switched")
+    engine = TorchEngine(
+        loaded.model,
+        tokenizer,
+        eos_token_ids=[],
+        context_length=2048,
+        max_batch_size=16,
+    )
+    engine.start()
+    try:
+        suffixes = {name.rsplit(".", 1)[-1] for name in engine.adaptable_modules}
+        targets = [n for n in ("q_proj", "v_proj", "o_proj", "qkv_proj") if n in suffixes]
+        lora = {"r": 4, "alpha": 8, "target_modules": targets}
+        packed, padded = (LoraTrainer(engine, name, lora, seed=1) for name in ("packed", "padded"))
+        padded.packs_prefixes = False
+        sequences = await _samples(engine, tokenizer)
+        scores = [tinker_scores(trainer, sequences, engine) for trainer in (packed, padded)]
+        rows, _ = pack_rows(sequences, max_length=4096, mask_truncated=False)
+        settings = OptimizerSettings(learning_rate=1e-3, micro_batch_tokens=4096)
+        metrics = packed.grpo_step(rows, loss_preset("grpo"), settings, beta=0.0)
+    finally:
+        engine.stop()
+    for sequence, from_pack, from_padding in zip(sequences, *scores, strict=True):
+        sampled = sequence.trained_mask[1:]
+        expected = sequence.old_logprobs[1:][sampled]
+        # Equal up to float32's rounding of the head's logits and log-softmax (a few 1e-7).
+        assert torch.allclose(from_pack[sampled], expected, rtol=0, atol=2e-6)
+        assert torch.allclose(from_padding[sampled], expected, rtol=0, atol=2e-6)
+    assert metrics["ratio_mean"] == 1.0
+    assert metrics["logprob_abs_diff"] < 1e-6
+    assert metrics["grad_norm"] > 0
+
+
+async def _samples(engine: TorchEngine, tokenizer) -> list[Sequence]:
+    """Two groups of four, submitted together (one batch, rows of two prompt lengths), then
+    one request alone (a one-row batch)."""
+    requests = [
+        GenerationRequest(
+            prompt_ids=prompt(tokenizer, words),
+            params=SamplingParams(max_new_tokens=12, temperature=1.0, seed=group),
+            n=4 if group < 2 else 1,
+        )
+        for group, words in enumerate((2, 9, 5))
+    ]
+    sequences: list[Sequence] = []
+    queues = [engine.submit(request) for request in requests[:2]]
+    for group, (request, queue) in enumerate(zip(requests[:2], queues, strict=True)):
+        choices = await finished(queue, n=4)
+        for index, choice in choices.items():
+            sequences.append(
+                sampled_sequence(request.prompt_ids, choice, group, advantage=index - 1.5)
+            )
+    alone = (await finished(engine.submit(requests[2])))[0]
+    sequences.append(sampled_sequence(requests[2].prompt_ids, alone, 2, advantage=1.0))
+    return sequences
+
+
+def test_a_float32_model_keeps_its_attention(tiny_model_dir: Path) -> None:
+    loaded = load_model(str(tiny_model_dir), dtype="float32", device="cpu")
+    assert not make_batch_invariant(loaded.model)
+    assert loaded.model.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "bool", "additive", "per_head"])
+def test_float64_attention_is_attention(mask_kind: str) -> None:
+    """The same values as SDPA in float64 for grouped-query heads and each kind of mask."""
+    generator = torch.Generator().manual_seed(0)
+    batch, heads, kv_heads, length, dim = 2, 6, 2, 7, 8
+    query = torch.randn(batch, heads, length, dim, generator=generator, dtype=torch.float64)
+    key, value = (
+        torch.randn(batch, kv_heads, length, dim, generator=generator, dtype=torch.float64)
+        for _ in range(2)
+    )
+    allowed = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed = allowed.expand(batch, 1, length, length).clone()
+    allowed[1, :, :, :2] = False  # the second row is left-padded by two
+    allowed[1, :, :2, 0] = True  # ... and its padding queries see one key (no empty row)
+    mask: torch.Tensor | None
+    if mask_kind == "causal":
+        mask, reference_mask = None, None
+    elif mask_kind == "bool":
+        mask = reference_mask = allowed
+    elif mask_kind == "additive":
+        mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, -1e30)
+        reference_mask = mask
+    else:
+        mask = reference_mask = allowed.expand(batch, heads, length, length)
+    got = float64_attention(query, key, value, mask, dim**-0.5, causal=mask_kind == "causal")
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=reference_mask,
+        is_causal=mask_kind == "causal",
+        enable_gqa=True,
+    )
+    assert torch.allclose(got, expected, atol=1e-12)
+
+
+def test_a_left_padded_row_attends_as_it_does_alone_bit_for_bit() -> None:
+    """bf16 inputs: the row padded on the left by 5 keys gives the unpadded row's output."""
+    generator = torch.Generator().manual_seed(1)
+    length, pad, dim = 19, 5, 16
+    query = torch.randn(1, 4, 1, dim, generator=generator).bfloat16()
+    key, value = (torch.randn(1, 2, length, dim, generator=generator).bfloat16() for _ in range(2))
+    alone = float64_attention(query, key, value, None, 0.25, causal=False)
+    padding = torch.randn(1, 2, pad, dim, generator=generator).bfloat16()
+    mask = torch.ones(1, 1, 1, pad + length, dtype=torch.bool)
+    mask[..., :pad] = False
+    padded = float64_attention(
+        query,
+        torch.cat([padding, key], dim=2),
+        torch.cat([padding, value], dim=2),
+        mask,
+        0.25,
+        causal=False,
+    )
+    assert torch.equal(alone, padded)
+
+
+def test_the_switch_turns_it_off_and_a_wrong_value_is_refused_by_name(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ART_BATCH_INVARIANT", "off")
+    loaded = load_model(str(tiny_model_dir), dtype="bfloat16", device="cpu")
+    assert not is_batch_invariant(loaded.model)
+    assert loaded.model.config._attn_implementation == "sdpa"
+    monkeypatch.setenv("ART_BATCH_INVARIANT", "sometimes")
+    with pytest.raises(ModelLoadError, match="ART_BATCH_INVARIANT='sometimes'"):
+        load_model(str(tiny_model_dir), dtype="bfloat16", device="cpu")
+
+
+def test_its_gradient_is_sdpas_gradient(tiny_model_dir: Path) -> None:
+    """The backward recomputes transformers' SDPA attention: the same gradients, for every input."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from art_backend.engines._batch_invariant import _attention
+
+    module = load_model(str(tiny_model_dir), dtype="bfloat16").model.model.layers[0].self_attn
+    generator = torch.Generator().manual_seed(2)
+    shapes = [(2, 4, 6, 16), (2, 2, 6, 16), (2, 2, 6, 16)]
+    inputs = [torch.randn(shape, generator=generator).bfloat16() for shape in shapes]
+    upstream = torch.randn(2, 6, 4, 16, generator=generator).bfloat16()
+    gradients = []
+    for attention in (_attention, sdpa_attention_forward):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        output, _ = attention(module, *leaves, None, scaling=0.25)
+        output.backward(upstream)
+        gradients.append([leaf.grad for leaf in leaves])
+    for ours, theirs in zip(*gradients, strict=True):
+        assert ours is not None and theirs is not None and torch.equal(ours, theirs)
