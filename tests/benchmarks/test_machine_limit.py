@@ -1,0 +1,57 @@
+"""benchmarks/machine_limit.py on the tiny model: the JSON the published section is made from
+carries every figure, its share of the peak, the load around it and the profiles (no timing is
+asserted: tiny figures mean nothing)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUCKETS = {
+    "matmul", "attention", "lora", "sampling", "rows", "loss", "optimizer", "copies", "views",
+    "elementwise", "python",
+}  # fmt: skip
+
+
+def test_the_tiny_run_writes_every_figure_as_a_share_of_the_peak_and_the_profiles(tmp_path):
+    out = tmp_path / "machine_limit.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/machine_limit.py", "--shape", "tiny", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+
+    assert set(result["matmul_peak"]) == {"float32", "bfloat16"}
+    assert all(peak["flops_per_s"] > 0 for peak in result["matmul_peak"].values())
+    assert len(result["machine"]["torch_threads"]) == 1  # every figure on one thread count
+
+    decoded = {
+        (f["contender"], f["dtype"], f["rows"], bool(f.get("adapter"))) for f in result["decode"]
+    }
+    for dtype in ("float32", "bfloat16"):
+        for rows in result["workload"]["rows"]:
+            assert {("ours", dtype, rows, False), ("hf", dtype, rows, False)} <= decoded
+    assert ("ours", "float32", result["workload"]["rows"][0], True) in decoded
+    assert {f["dtype"] for f in result["train"]} == {"float32", "bfloat16"}
+    for figure in [*result["decode"], *result["train"]]:
+        for key in ("conventional_share_of_peak", "counted_share_of_peak", "other_cores"):
+            assert figure[key] >= 0, (key, figure)
+        assert len(figure["loadavg_before"]) == len(figure["loadavg_after"]) == 3
+
+    assert set(result["profiles"]) == {"decode", "decode_lora", "train"}
+    for name, profile in result["profiles"].items():
+        assert set(profile["buckets"]) == BUCKETS, name
+        assert 0.99 <= sum(b["share"] for b in profile["buckets"].values()) <= 1.01, name
+        assert 0 < len(profile["top_ops"]) <= 20
+    assert result["profiles"]["decode_lora"]["buckets"]["lora"]["share"] > 0
+    assert result["profiles"]["decode"]["buckets"]["lora"]["share"] == 0
+    assert result["profiles"]["train"]["buckets"]["optimizer"]["share"] > 0
+
+    assert "<!-- machine_limit:start -->" in done.stdout  # the section renders from it
