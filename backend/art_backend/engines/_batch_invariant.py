@@ -10,11 +10,14 @@ SmolLM2 the sampler's logprobs and the trainer's differed by 0.025-0.033 on aver
 (`benchmarks/logprob_gap.py`). Measured op by op (layer outputs of a decode step against the full
 forward), the differences come from exactly two places:
 
-- **Linear layers with a single row.** oneDNN's bf16 matmul takes another kernel (another
+- **Linear layers with few rows.** oneDNN's bf16 matmul takes another kernel (another
   summation order) for one row than for two or more, and a decode step of one sequence, or one
   adapter's rows in a mixed-adapter batch, is one row. Its results for two rows or more were
-  equal bit for bit, whatever the row count (2 to 2,048). So a one-row call here runs as two equal
-  rows and keeps the first.
+  equal bit for bit, whatever the row count (2 to 2,048). A LoRA adapter's layers run in float32
+  (PEFT keeps adapter weights in float32 under a bf16 model), where 1, 2, 3 and 7 rows take other
+  kernels than 16 or more (measured on SmolLM2's and its LoRAs' shapes). So a call with fewer rows
+  than its dtype's floor (2 in bf16 and fp16, 16 in float32) runs padded with zero rows to it and
+  keeps its own.
 - **Attention.** SDPA's CPU kernel blocks its reductions by the key length, and the softmax
   and the probabilities-times-values sums of a left-padded decode row, a right-padded trainer
   row and a packed row run over the same terms in different orders. Here scores, softmax and
@@ -28,7 +31,7 @@ With both, the engine's logprobs of its own samples equal the trainer's forward 
 tokens bit for bit in bf16 on SmolLM2 (single and batched, left-padded decode against right-
 padded and packed training rows). This is the batch invariance of "Defeating Nondeterminism in
 LLM Inference" (Thinking Machines, 2025: https://thinkingmachines.ai/blog/defeating-
-nondeterminism-in-llm-inference/), obtained here from float64 attention and a two-row floor
+nondeterminism-in-llm-inference/), obtained here from float64 attention and row floors
 instead of custom kernels. A float32 model is left as it is: its gap is ~1e-5.
 
 `ART_BATCH_INVARIANT=0` (or false/no/off) keeps SDPA and the one-row kernel, for a measurement
@@ -50,6 +53,8 @@ VARIABLE = "ART_BATCH_INVARIANT"
 _SWITCH = {"1": True, "true": True, "yes": True, "on": True}
 _SWITCH |= {"0": False, "false": False, "no": False, "off": False}
 REDUCED = (torch.bfloat16, torch.float16)
+# The fewest rows a linear layer's matmul runs with, by its input's dtype (module docstring).
+ROW_FLOOR = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 16}
 
 
 def make_batch_invariant(model: Any) -> bool:
@@ -91,20 +96,23 @@ def is_batch_invariant(model: Any) -> bool:
 
 
 def floor_linear_rows(model: Any) -> None:
-    """Give every plain `nn.Linear` of a batch-invariant model a two-row floor (see the module
-    docstring); called again after PEFT adds adapter layers. Idempotent."""
+    """Give every plain `nn.Linear` of a batch-invariant model its dtype's row floor (see the
+    module docstring); called again after PEFT adds adapter layers. Idempotent."""
     if not is_batch_invariant(model):
         return
     for module in model.modules():
         # A layer whose forward is already replaced (the float32 LM head) keeps it.
         if type(module) is nn.Linear and "forward" not in vars(module):
-            module.forward = types.MethodType(_two_row_forward, module)  # type: ignore[method-assign]
+            module.forward = types.MethodType(_floored_forward, module)  # type: ignore[method-assign]
 
 
-def _two_row_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype in REDUCED and x.numel() == x.shape[-1]:
-        pair = x.reshape(1, -1).repeat(2, 1)
-        out = nn.functional.linear(pair, self.weight, self.bias)[:1]
+def _floored_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    floor = ROW_FLOOR.get(x.dtype, 0)
+    if 0 < rows < floor:
+        padded = x.new_zeros((floor, x.shape[-1]))
+        padded[:rows] = x.reshape(rows, -1)
+        out = nn.functional.linear(padded, self.weight, self.bias)[:rows]
         return out.reshape(*x.shape[:-1], out.shape[-1])
     return nn.functional.linear(x, self.weight, self.bias)
 

@@ -4,7 +4,7 @@ For every family of the architecture matrix, in bf16: the engine samples two gro
 (rows of different lengths decode left-padded in one batch) and one request alone (a one-row
 decode); the trainer scores the same tokens packed behind the shared prompt and padded, through
 the Tinker path and through a GRPO step. Every logprob is equal, not close, and the step's ratio
-is exactly 1. Without the batch-invariant attention and the linear layers' two-row floor the same
+is exactly 1. Without the batch-invariant attention and the linear layers' row floors the same
 comparison differs by ~1e-2 (SmolLM2: `benchmarks/logprob_gap.py`).
 """
 
@@ -204,3 +204,29 @@ def test_its_gradient_is_sdpas_gradient(tiny_model_dir: Path) -> None:
         gradients.append([leaf.grad for leaf in leaves])
     for ours, theirs in zip(*gradients, strict=True):
         assert ours is not None and theirs is not None and torch.equal(ours, theirs)
+
+
+def test_a_loras_one_row_decode_is_its_full_forward(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A served LoRA's layers run in float32 under the bf16 model: one row decoding through
+    them scores as the whole sequence's forward does."""
+    from transformers import DynamicCache
+
+    from tests.support.adapters import make_random_adapter
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    loaded = load_model(str(tiny_model_dir), dtype="bfloat16", device="cpu")
+    engine = TorchEngine(loaded.model, tokenizer, eos_token_ids=[], context_length=2048)
+    engine.load_adapter("agent@1", make_random_adapter(tiny_model_dir, tmp_path / "lora", seed=3))
+    model = engine.model
+    model.set_adapter(engine.adapters["agent@1"])
+    tokens = torch.randint(5, len(tokenizer), (1, 40), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        whole = torch.log_softmax(model(input_ids=tokens).logits[0, 19:-1].float(), dim=-1)
+        cache = DynamicCache()
+        model(input_ids=tokens[:, :19], past_key_values=cache, use_cache=True)
+        steps = [
+            model(input_ids=tokens[:, i : i + 1], past_key_values=cache, use_cache=True).logits
+            for i in range(19, 39)
+        ]
+    decoded = torch.log_softmax(torch.cat(steps, dim=1)[0].float(), dim=-1)
+    assert torch.allclose(decoded, whole, rtol=0, atol=2e-6)
