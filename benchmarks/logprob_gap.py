@@ -24,13 +24,14 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _art_server import start_art_server
-from _machine import machine_info
+from _machine import OtherLoad, machine_info
 from _markdown import publish
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +53,12 @@ QUESTIONS = [
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "bfloat16", "bfloat16+sdpa"],
+        help="dtypes to serve; DTYPE+sdpa: with ART_BATCH_INVARIANT=0 (SDPA, one-row kernels)",
+    )
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
@@ -150,13 +156,18 @@ def _summary(signed: list[float]) -> dict[str, float]:
     }
 
 
-def measure_dtype(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Every sampler and mode on one server in `dtype`."""
+def measure_dtype(spec: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Every sampler and mode on one server in `spec`'s dtype (DTYPE or DTYPE+sdpa), and what
+    sampling and scoring cost there."""
     import tinker
     from tinker import types
 
+    dtype, _, attention = spec.partition("+")
+    environment = {"ART_BATCH_INVARIANT": "0"} if attention == "sdpa" else {}
     with tempfile.TemporaryDirectory() as folder:
-        process, url = start_art_server(MODEL, Path(folder), KEY, "--dtype", dtype)
+        process, url = start_art_server(
+            MODEL, Path(folder), KEY, "--dtype", dtype, environment=environment
+        )
         try:
             service = tinker.ServiceClient(base_url=url, api_key=KEY)
             training = service.create_lora_training_client(
@@ -176,11 +187,55 @@ def measure_dtype(dtype: str, args: argparse.Namespace) -> dict[str, Any]:
                     "single": single_gaps(sampler, prompts, params),
                     "batched": gaps(sampler, prompts, args.group, params),
                 }
+            results["cost"] = cost(samplers["lora"], training, prompts, args.group, params)
             service.close("success")
             return results
         finally:
             process.terminate()
             process.wait(timeout=60)
+
+
+def cost(
+    sampler: Any, training: Any, prompts: list[list[int]], group: int, params: Any
+) -> dict[str, Any]:
+    """Seconds to sample every prompt `group` times at once (the batched mode's load) and to
+    score the samples with a forward_backward, best of two, with the other load beside."""
+    from tinker import types
+
+    samples, scoring = [], []
+    with OtherLoad() as load:
+        for _ in range(2):
+            started = time.perf_counter()
+            futures = [
+                sampler.sample(types.ModelInput.from_ints(prompt), group, params)
+                for prompt in prompts
+            ]
+            sequences = [
+                (prompt, list(s.tokens))
+                for prompt, future in zip(prompts, futures, strict=True)
+                for s in future.result().sequences
+            ]
+            samples.append(time.perf_counter() - started)
+            data = [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints((prompt + tokens)[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": (prompt + tokens)[1:],
+                        "weights": [0.0] * (len(prompt) - 1) + [1.0] * len(tokens),
+                    },
+                )
+                for prompt, tokens in sequences
+            ]
+            started = time.perf_counter()
+            training.forward_backward(data, "cross_entropy").result()
+            scoring.append(time.perf_counter() - started)
+    tokens = sum(len(tokens) for _, tokens in sequences)
+    return {
+        "sample_seconds": min(samples),
+        "sampled_tokens": tokens,
+        "forward_backward_seconds": min(scoring),
+        "other_load_cores": load.cores,
+    }
 
 
 def _one_sft_step(training: Any, prompts: list[list[int]]) -> None:
@@ -214,6 +269,8 @@ def section(result: dict[str, Any], baseline: dict[str, Any] | None = None) -> s
         "that forward and the forward of the whole sample (the same prefix, another length).",
         "",
         *_table(result),
+        "",
+        *_cost_table(result),
         *(["", *_table(baseline)] if baseline is not None else []),
         END,
     ]
@@ -230,6 +287,8 @@ def _table(result: dict[str, Any]) -> list[str]:
     ]
     for dtype, samplers in result["dtypes"].items():
         for sampler, modes in samplers.items():
+            if sampler == "cost":
+                continue
             for mode, gap in modes.items():
                 lines.append(
                     f"| {dtype} | {sampler} | {mode} | {gap['tokens']} "
@@ -239,6 +298,26 @@ def _table(result: dict[str, Any]) -> list[str]:
                     f"| {_maximum(gap, 'prefill_vs_trainer_at_its_length')} "
                     f"| {_maximum(gap, 'trainer_length_drift')} |"
                 )
+    return lines
+
+
+def _cost_table(result: dict[str, Any]) -> list[str]:
+    """What each dtype's sampling and scoring took (best of two; the other load beside)."""
+    lines = [
+        "What it costs: every prompt × group sampled at once from the LoRA sampler, then those "
+        "samples scored by one `forward_backward` (best of two runs).",
+        "",
+        "| dtype | sampled tokens | sampling s | tokens/s | forward_backward s | other load |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for dtype, samplers in result["dtypes"].items():
+        cost = samplers.get("cost")
+        if cost:
+            lines.append(
+                f"| {dtype} | {cost['sampled_tokens']} | {cost['sample_seconds']:.2f} "
+                f"| {cost['sampled_tokens'] / cost['sample_seconds']:.1f} "
+                f"| {cost['forward_backward_seconds']:.2f} | {cost['other_load_cores']:.2f} |"
+            )
     return lines
 
 

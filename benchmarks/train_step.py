@@ -218,6 +218,11 @@ def main() -> None:
         "--engines", default="torch", help="comma list of our engines to run: torch,vllm"
     )
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="ours only, nothing written (e.g. logprob_abs_diff per dtype: --dtype bfloat16)",
+    )
     args = parser.parse_args()
 
     from art_backend.testing import ensure_default_model
@@ -233,6 +238,8 @@ def main() -> None:
         shown = {k: v for k, v in runs[engine].items() if k != "steps"}
         print(json.dumps(shown, indent=2), flush=True)
     ours = runs[engines[0]]
+    if args.no_peer:
+        return
     print("TRL GRPOTrainer ...", flush=True)
     with OtherLoad() as load:
         trl = run_trl_in_subprocess(
