@@ -12,6 +12,9 @@ logprobs and top k (`compute_logprobs`; `_prompt_logprobs`: the trainer's forwar
 name: top-k sample logprobs, target prompt logprobs, alternative prompt tokens, other stop token
 ids, and `stop=[]` (generation past the end tokens). With `record_stability_info` each sampled
 sequence is recorded under its `sequence_id` for `stable_reinforce` (`_stability`).
+
+A sample on sampler weights holds their step (the registry's adapter lease) while it generates:
+neither the served window's trim nor a delete (`_checkpoints`) unloads an adapter in use.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from art_backend.tinker._schemas import (
 )
 from art_backend.tinker._service import StepTally, TinkerTraining, TrainingRun
 from art_core.names import check_name
+from art_core.wire import HoldStepRequest
 
 SAMPLER_PATH = "tinker://{model_id}/sampler_weights/{name}"
 
@@ -269,12 +273,31 @@ class TinkerSampling:
         asked: PromptLogprobsAsked,
         recorded: list[str] | None,
     ) -> Answer:
-        if sampler.adapter is not None and sampler.adapter not in self.engine.adapters:
-            assert sampler.run is not None and sampler.step is not None
-            # An older sampler step, out of the served window: served again for this request,
-            # until the window's next trim.
-            registry = self.training.training.registry
-            await registry.serve_again(sampler.run.registered, sampler.step)
+        if sampler.run is None or sampler.step is None:  # the base model: nothing to hold
+            return await self._generate_on_engine(sampler, generation, asked, recorded)
+        # Deleted while this request waited for its turn: its adapter may be gone already.
+        _check_not_deleted(sampler)
+        # Held while it samples: the served window's trim and a delete leave its adapter loaded
+        # (an adapter unloaded mid-generation failed the engine's whole batch). The hold also
+        # serves an older step again.
+        model = sampler.run.registered
+        await self.training.training.registry.hold(model, HoldStepRequest(step=sampler.step))
+        try:
+            return await self._generate_on_engine(sampler, generation, asked, recorded)
+        finally:
+            # Given back without the registry's release, which trims at once: an older step
+            # stays loaded for the next sample, until the window's next trim.
+            model.holds[sampler.step] -= 1
+            if model.holds[sampler.step] <= 0:
+                del model.holds[sampler.step]
+
+    async def _generate_on_engine(
+        self,
+        sampler: Sampler,
+        generation: GenerationRequest,
+        asked: PromptLogprobsAsked,
+        recorded: list[str] | None,
+    ) -> Answer:
         events = self.engine.submit(generation)
         scoring = (
             asyncio.create_task(
