@@ -8,9 +8,10 @@ the engine computes them anyway) and why it stopped.
 
 Served: num_samples, max_tokens, temperature, top_p, top_k, seed, stop strings, stop token
 ids that are the model's own end tokens (the engine stops at those anyway), and the prompt's
-logprobs and top k (`compute_logprobs`; `_prompt_logprobs`: the trainer's forward). Refused by
-name: top-k sample logprobs, target prompt logprobs, alternative prompt tokens, other stop token
-ids, and `stop=[]` (generation past the end tokens). With `record_stability_info` each sampled
+logprobs and top k (`compute_logprobs`; `_prompt_logprobs`: the trainer's forward), and each
+sampled token's top k (`topk_sample_logprobs`: the engine's, as the OpenAI routes' top_logprobs).
+Refused by name: target prompt logprobs, alternative prompt tokens, other stop token ids, and
+`stop=[]` (generation past the end tokens). With `record_stability_info` each sampled
 sequence is recorded under its `sequence_id` for `stable_reinforce` (`_stability`).
 
 A sample on sampler weights holds their step (the registry's adapter lease) while it generates:
@@ -24,11 +25,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from art_backend._errors import BackendError, ContextLengthError, InvalidRequestError, NotFoundError
 from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams
 from art_backend.tinker._datums import check_vocabulary
 from art_backend.tinker._futures import Answer
 from art_backend.tinker._prompt_logprobs import (
+    MASK_LOGPROB,
     PromptLogprobs,
     PromptLogprobsAsked,
     check_scorable,
@@ -242,6 +246,7 @@ class TinkerSampling:
             top_k=max(params.top_k, 0),
             stop=self._stop_strings(params.stop),
             seed=params.seed,
+            top_logprobs=request.topk_sample_logprobs,
         )
 
     def _stop_strings(self, stop: str | list[str] | list[int] | None) -> list[str]:
@@ -319,7 +324,14 @@ class TinkerSampling:
             event = finished[index]
             if event.finish_reason not in ("stop", "length"):
                 raise BackendError(f"Generation failed: {event.error or event.finish_reason}")
-            sequences.append(WireSequence(event.finish_reason, event.token_ids, event.logprobs))
+            top = (
+                _top_matrices(event.top_logprobs, k)
+                if (k := generation.params.top_logprobs)
+                else None
+            )
+            sequences.append(
+                WireSequence(event.finish_reason, event.token_ids, event.logprobs, top)
+            )
             if recorded is not None:
                 self.training.stability.record(
                     recorded[index], generation.prompt_ids, event.token_ids, event.logprobs
@@ -334,6 +346,17 @@ def _sample_response(sequences: list[WireSequence], scored: PromptLogprobs | Non
     if scored.top_ids is not None and scored.top_logprobs is not None:
         top = (scored.top_ids, scored.top_logprobs)
     return encode_sample_response(sequences, scored.logprobs, top)
+
+
+def _top_matrices(rows: list[list[tuple[int, float]]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The engine's top logprobs of each sampled token as the SDK's TopkLogprobs matrices
+    [length, k]: (ids, logprobs), sentinel slots (id 0, MASK_LOGPROB) where a row has fewer."""
+    ids = np.zeros((len(rows), k), dtype=np.int32)
+    logprobs = np.full((len(rows), k), MASK_LOGPROB, dtype=np.float32)
+    for position, row in enumerate(rows):
+        for rank, (token, logprob) in enumerate(row[:k]):
+            ids[position, rank], logprobs[position, rank] = token, logprob
+    return ids, logprobs
 
 
 def _check_not_deleted(sampler: Sampler) -> None:
@@ -352,7 +375,6 @@ def _check_not_deleted(sampler: Sampler) -> None:
 def _refuse_unserved(request: SampleRequest) -> None:
     """Sampling options this server does not serve yet, refused by their SDK names."""
     unserved = {
-        "topk_sample_logprobs": request.topk_sample_logprobs > 0,
         "target_prompt_logprobs": request.target_prompt_logprobs is not None,
         "prompt_alt_tokens_k": request.prompt_alt_tokens_k > 0,
     }
