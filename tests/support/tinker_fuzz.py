@@ -5,23 +5,31 @@ aimed at it, and the checks every answer must pass.
 wrong with the answer: a 5xx, an error not in the SDK's shape `{"detail": str}`, an operation's
 future that fails as the server's fault ("server") or never finishes though its turn came, and a
 refusal that did not take the run's seq_id it carried (the run's next operation then waits
-forever: `probe`). Tests read `failures` (`report`).
+forever: `probe`). Tests read `failures` (`report`). `live_server` starts it all; the JSON body
+mutations (`mutated`: a field removed or replaced by one of `REPLACEMENTS`; `WHOLE_BODIES`) and
+the hypothesis settings (`fuzz_settings`) are shared by the fuzz of every JSON route.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, Phase, settings
 from tinker import types
 
+from art_backend.tinker import _futures
 from art_backend.tinker._proto import decode_forward_backward
 from tests.support import tinker_bodies as wire
-from tests.support.servers import RunningServer
+from tests.support.servers import RunningServer, running_server
 
 # An operation that has its turn finishes in well under this on the tiny model; one that
 # waits longer waits for a turn that never comes.
@@ -29,8 +37,21 @@ TURN_DEADLINE_SECONDS = 30.0
 PROBE_DEADLINE_SECONDS = 10.0  # a two-token forward pass on the tiny model: milliseconds
 PROTOBUF = "application/x-protobuf"
 ORDERED_ROUTES = {"optim_step", "save_weights", "save_weights_for_sampler", "load_weights"}
+LONG_POLL_SECONDS = 0.2  # the server's wait per retrieve_future, shortened for the polling
 
 # ------------------------------------------------------------------------------- the live run
+
+
+@contextlib.contextmanager
+def live_server(model_dir: Path, art_path: Path, api_key: str | None) -> Iterator[LiveRun]:
+    """A server of its own (keyed when `api_key`), with a live run and what bodies name."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_futures, "LONG_POLL_SECONDS", LONG_POLL_SECONDS)
+        with (
+            running_server(model_dir, art_path, api_key=api_key) as server,
+            httpx.Client(base_url=server.url, timeout=120) as http,
+        ):
+            yield start_live_run(LiveRun(server, http))
 
 
 @dataclass
@@ -302,3 +323,71 @@ def send_forward_backward(run: LiveRun, label: str, body: bytes, turn: int | Non
     if turn is not None:
         run.take_seq_id()
     run.send(label, "forward_backward", body, PROTOBUF, turn)
+
+
+# ----------------------------------------------------------------------- JSON body mutations
+
+REMOVED = "removed"
+REPLACEMENTS: dict[str, Any] = {
+    "a string": "fuzz",
+    "an unknown path": "tinker://tinker-0000/sampler_weights/none",
+    "true": True,
+    "null": None,
+    "2**70": 2**70,
+    "-1": -1,
+    "NaN": math.nan,
+    "Infinity": math.inf,
+    "-Infinity": -math.inf,
+    "an object": {"fuzz": [1]},
+    "a list": ["fuzz", 1],
+    "a deep nesting": wire.DEEP,
+    "a 1 MB string": "x" * 1_000_000,
+    "a lone surrogate": "\ud800",
+}
+WHOLE_BODIES: dict[str, bytes] = {
+    "an empty body": b"",
+    "not JSON": b'{"model_id": ',
+    "a JSON array": b"[1, 2]",
+    "a JSON string": b'"fuzz"',
+    "JSON null": b"null",
+    "not UTF-8": b'{"model_id": "\xff\xfe"}',
+    "a deep nesting": wire.json_text(wire.DEEP),
+    "NaN": b"NaN",
+}
+
+
+def field_paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every field of a body, nested ones and a list's first item included."""
+    paths: list[tuple[Any, ...]] = []
+    items = value.items() if isinstance(value, dict) else enumerate(value[:1])
+    for name, inner in items:
+        paths.append((*prefix, name))
+        if isinstance(inner, dict | list) and inner:
+            paths += field_paths(inner, (*prefix, name))
+    return paths
+
+
+def mutated(body: dict[str, Any], path: tuple[Any, ...], change: str) -> dict[str, Any]:
+    """A copy of `body` with the field at `path` removed or replaced."""
+    copy = json.loads(json.dumps(body))
+    parent = copy
+    for part in path[:-1]:
+        parent = parent[part]
+    if change == REMOVED:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = REPLACEMENTS[change]
+    return copy
+
+
+def fuzz_settings(examples: int) -> settings:
+    """Hypothesis for the fuzz: derandomized (the same requests every run), `examples` of them,
+    no deadline (a request's time is the server's) and no example database."""
+    return settings(
+        max_examples=examples,
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )

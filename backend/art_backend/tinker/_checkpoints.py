@@ -13,7 +13,9 @@ and the SDK's `RestClient` docstrings):
 
 - delete: the checkpoint is gone from disk and from every listing; its path no longer loads or
   samples. A sampler's step that is its model's latest stays on disk as the run's current
-  weights (the store trains and resumes from it), unnamed: no path reaches it.
+  weights (the store trains and resumes from it), unnamed: no path reaches it. Samples in
+  flight on a deleted sampler finish first (the delete answers after them); a sample or a load
+  that was waiting for its turn fails as the user's, with a 404 that says it was deleted.
 - publish / unpublish: marks the checkpoint public (`Checkpoint.public`). Publishing a public
   one, or unpublishing a private one, is refused: Tinker answers 409, but the SDK retries every
   409 for five minutes before it raises, so this server answers 400 (`BadRequestError`, at
@@ -26,6 +28,7 @@ and the SDK's `RestClient` docstrings):
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import Callable
@@ -43,6 +46,7 @@ from art_core.wire import DeleteCheckpointsRequest
 
 OWNER = "art-server"  # every run belongs to whoever holds this server's key
 KINDS = {"weights": "training", "sampler_weights": "sampler"}  # path segment -> checkpoint type
+HELD_STEP_POLL_SECONDS = 0.05
 
 
 class TinkerCheckpoints:
@@ -188,9 +192,15 @@ class TinkerCheckpoints:
                 store.delete_checkpoint(step)
             return
         model = run.registered
-        if step not in (model.step, model.promoted):
-            registry = self.training.training.registry
-            await registry.delete_checkpoints(model, DeleteCheckpointsRequest(steps=[step]))
+        if step in (model.step, model.promoted):
+            return
+        # A sample in flight holds its step (`_sampling`); the registry would keep a held step
+        # on disk for good, so the delete waits for those samples (no new one starts: the
+        # name is gone). Polled: a hold has no event to wait on, and samples are short.
+        while model.holds.get(step):
+            await asyncio.sleep(HELD_STEP_POLL_SECONDS)
+        registry = self.training.training.registry
+        await registry.delete_checkpoints(model, DeleteCheckpointsRequest(steps=[step]))
 
     def publish(self, model_id: str, checkpoint_id: str, public: bool) -> None:
         """Mark the checkpoint public (or private again); a 400 when it is so already."""

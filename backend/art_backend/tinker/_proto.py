@@ -16,6 +16,7 @@ bytes, or a length and bytes), which keeps the server free of the SDK and of a p
                             3 topk_prompt_logprobs (TopkLogprobs)
     TopkLogprobs            1 token_ids (int32 [length, k])  2 logprobs (f32)  3 k  4 length
     SampledSequence         1 stop_reason (0 stop, 1 length)  2 tokens (int32)  3 logprobs (f32)
+                            4 topk_sampled_logprobs (TopkLogprobs)
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class WireSequence:
     stop_reason: str  # "stop" | "length"
     tokens: list[int]
     logprobs: list[float] | None
+    top: tuple[np.ndarray, np.ndarray] | None = None  # each sampled token's top (ids, logprobs)
 
 
 def encode_sample_response(
@@ -123,15 +125,21 @@ def encode_sample_response(
     if prompt_logprobs is not None:
         body += _field_bytes(2, np.asarray(prompt_logprobs, dtype=np.float32).tobytes())
     if top_prompt_logprobs is not None:
-        ids, logprobs = top_prompt_logprobs
-        length, k = ids.shape
-        top = _field_bytes(1, np.asarray(ids, dtype=np.int32).tobytes())
-        top += _field_bytes(2, np.asarray(logprobs, dtype=np.float32).tobytes())
-        body += _field_bytes(3, top + _field_int(3, k) + _field_int(4, length))
+        body += _field_bytes(3, _topk_logprobs(*top_prompt_logprobs))
     for sequence in sequences:
         message = _field_int(1, STOP_REASONS[sequence.stop_reason])
         message += _field_bytes(2, np.asarray(sequence.tokens, dtype=np.int32).tobytes())
         if sequence.logprobs is not None:
             message += _field_bytes(3, np.asarray(sequence.logprobs, dtype=np.float32).tobytes())
+        if sequence.top is not None:
+            message += _field_bytes(4, _topk_logprobs(*sequence.top))
         body += _field_bytes(1, message)
     return body
+
+
+def _topk_logprobs(ids: np.ndarray, logprobs: np.ndarray) -> bytes:
+    """A TopkLogprobs message of (ids, logprobs), each [length, k]."""
+    length, k = ids.shape
+    top = _field_bytes(1, np.asarray(ids, dtype=np.int32).tobytes())
+    top += _field_bytes(2, np.asarray(logprobs, dtype=np.float32).tobytes())
+    return top + _field_int(3, k) + _field_int(4, length)

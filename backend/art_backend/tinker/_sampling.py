@@ -8,10 +8,14 @@ the engine computes them anyway) and why it stopped.
 
 Served: num_samples, max_tokens, temperature, top_p, top_k, seed, stop strings, stop token
 ids that are the model's own end tokens (the engine stops at those anyway), and the prompt's
-logprobs and top k (`compute_logprobs`; `_prompt_logprobs`: the trainer's forward). Refused by
-name: top-k sample logprobs, target prompt logprobs, alternative prompt tokens, other stop token
-ids, and `stop=[]` (generation past the end tokens). With `record_stability_info` each sampled
+logprobs and top k (`compute_logprobs`; `_prompt_logprobs`: the trainer's forward), and each
+sampled token's top k (`topk_sample_logprobs`: the engine's, as the OpenAI routes' top_logprobs).
+Refused by name: target prompt logprobs, alternative prompt tokens, other stop token ids, and
+`stop=[]` (generation past the end tokens). With `record_stability_info` each sampled
 sequence is recorded under its `sequence_id` for `stable_reinforce` (`_stability`).
+
+A sample on sampler weights holds their step (the registry's adapter lease) while it generates:
+neither the served window's trim nor a delete (`_checkpoints`) unloads an adapter in use.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from art_backend._errors import BackendError, ContextLengthError, InvalidRequestError, NotFoundError
 from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams
 from art_backend.tinker._datums import check_vocabulary
 from art_backend.tinker._futures import Answer
 from art_backend.tinker._prompt_logprobs import (
+    MASK_LOGPROB,
     PromptLogprobs,
     PromptLogprobsAsked,
     check_scorable,
@@ -41,6 +48,7 @@ from art_backend.tinker._schemas import (
 )
 from art_backend.tinker._service import StepTally, TinkerTraining, TrainingRun
 from art_core.names import check_name
+from art_core.wire import HoldStepRequest
 
 SAMPLER_PATH = "tinker://{model_id}/sampler_weights/{name}"
 
@@ -238,6 +246,7 @@ class TinkerSampling:
             top_k=max(params.top_k, 0),
             stop=self._stop_strings(params.stop),
             seed=params.seed,
+            top_logprobs=request.topk_sample_logprobs,
         )
 
     def _stop_strings(self, stop: str | list[str] | list[int] | None) -> list[str]:
@@ -269,12 +278,31 @@ class TinkerSampling:
         asked: PromptLogprobsAsked,
         recorded: list[str] | None,
     ) -> Answer:
-        if sampler.adapter is not None and sampler.adapter not in self.engine.adapters:
-            assert sampler.run is not None and sampler.step is not None
-            # An older sampler step, out of the served window: served again for this request,
-            # until the window's next trim.
-            registry = self.training.training.registry
-            await registry.serve_again(sampler.run.registered, sampler.step)
+        if sampler.run is None or sampler.step is None:  # the base model: nothing to hold
+            return await self._generate_on_engine(sampler, generation, asked, recorded)
+        # Deleted while this request waited for its turn: its adapter may be gone already.
+        _check_not_deleted(sampler)
+        # Held while it samples: the served window's trim and a delete leave its adapter loaded
+        # (an adapter unloaded mid-generation failed the engine's whole batch). The hold also
+        # serves an older step again.
+        model = sampler.run.registered
+        await self.training.training.registry.hold(model, HoldStepRequest(step=sampler.step))
+        try:
+            return await self._generate_on_engine(sampler, generation, asked, recorded)
+        finally:
+            # Given back without the registry's release, which trims at once: an older step
+            # stays loaded for the next sample, until the window's next trim.
+            model.holds[sampler.step] -= 1
+            if model.holds[sampler.step] <= 0:
+                del model.holds[sampler.step]
+
+    async def _generate_on_engine(
+        self,
+        sampler: Sampler,
+        generation: GenerationRequest,
+        asked: PromptLogprobsAsked,
+        recorded: list[str] | None,
+    ) -> Answer:
         events = self.engine.submit(generation)
         scoring = (
             asyncio.create_task(
@@ -296,7 +324,14 @@ class TinkerSampling:
             event = finished[index]
             if event.finish_reason not in ("stop", "length"):
                 raise BackendError(f"Generation failed: {event.error or event.finish_reason}")
-            sequences.append(WireSequence(event.finish_reason, event.token_ids, event.logprobs))
+            top = (
+                _top_matrices(event.top_logprobs, k)
+                if (k := generation.params.top_logprobs)
+                else None
+            )
+            sequences.append(
+                WireSequence(event.finish_reason, event.token_ids, event.logprobs, top)
+            )
             if recorded is not None:
                 self.training.stability.record(
                     recorded[index], generation.prompt_ids, event.token_ids, event.logprobs
@@ -311,6 +346,17 @@ def _sample_response(sequences: list[WireSequence], scored: PromptLogprobs | Non
     if scored.top_ids is not None and scored.top_logprobs is not None:
         top = (scored.top_ids, scored.top_logprobs)
     return encode_sample_response(sequences, scored.logprobs, top)
+
+
+def _top_matrices(rows: list[list[tuple[int, float]]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The engine's top logprobs of each sampled token as the SDK's TopkLogprobs matrices
+    [length, k]: (ids, logprobs), sentinel slots (id 0, MASK_LOGPROB) where a row has fewer."""
+    ids = np.zeros((len(rows), k), dtype=np.int32)
+    logprobs = np.full((len(rows), k), MASK_LOGPROB, dtype=np.float32)
+    for position, row in enumerate(rows):
+        for rank, (token, logprob) in enumerate(row[:k]):
+            ids[position, rank], logprobs[position, rank] = token, logprob
+    return ids, logprobs
 
 
 def _check_not_deleted(sampler: Sampler) -> None:
@@ -329,7 +375,6 @@ def _check_not_deleted(sampler: Sampler) -> None:
 def _refuse_unserved(request: SampleRequest) -> None:
     """Sampling options this server does not serve yet, refused by their SDK names."""
     unserved = {
-        "topk_sample_logprobs": request.topk_sample_logprobs > 0,
         "target_prompt_logprobs": request.target_prompt_logprobs is not None,
         "prompt_alt_tokens_k": request.prompt_alt_tokens_k > 0,
     }

@@ -31,7 +31,7 @@ from pydantic import (
 from art_backend.engines._engine import MAX_STOP_CHARACTERS, TEMPERATURE_RANGE
 from art_core.wire import SEED_RANGE
 
-MAX_LOGPROBS_K = 20  # the top-k logprob fields (not served yet): OpenAI's top_logprobs bound
+MAX_LOGPROBS_K = 20  # the top-k logprob fields: OpenAI's top_logprobs bound
 
 
 class _Wire(BaseModel):

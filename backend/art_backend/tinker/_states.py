@@ -100,7 +100,7 @@ class TinkerStates:
         if run is not None:
 
             async def into_run() -> Answer:
-                await self._load(run, state, request.optimizer)
+                await self._load(run, request.path, request.optimizer)
                 return Answer({"path": request.path, "type": "load_weights"})
 
             return self.training.in_order(run, request.seq_id, into_run), run.model_id
@@ -126,10 +126,16 @@ class TinkerStates:
             lora=LoRAConfig(**state.lora),
         )
         run = await self.training.register(model_id, register, request.session_id)
-        await self._load(run, state, request.optimizer)
+        await self._load(run, request.path, request.optimizer)
         return Answer({"path": request.path, "model_id": model_id, "type": "load_weights"})
 
-    async def _load(self, run: TrainingRun, state: SavedState, optimizer: bool) -> None:
+    async def _load(self, run: TrainingRun, path: str, optimizer: bool) -> None:
+        state = self.saved.get(path)
+        if state is None:  # deleted while the load waited for its turn
+            raise NotFoundError(
+                f"The saved state {path} was deleted (rest_client.delete_checkpoint) after this "
+                "load was asked for; load a state that exists."
+            )
         if state.lora != run.registered.lora:
             raise InvalidRequestError(
                 f"The state's LoRA settings {state.lora} are not this run's "

@@ -1,5 +1,6 @@
-"""Prompt logprobs through the real `tinker` SDK: `compute_logprobs`, `include_prompt_logprobs`,
-`topk_prompt_logprobs` and `prompt_logprobs_last_n`, against a real art-server on the tiny model.
+"""Logprobs through the real `tinker` SDK: `compute_logprobs`, `include_prompt_logprobs`,
+`topk_prompt_logprobs`, `prompt_logprobs_last_n` and `topk_sample_logprobs`, against a real
+art-server on the tiny model.
 
 The prompt is scored by the trainer's forward, so `compute_logprobs` on sampler weights is the
 number `TrainingClient.forward` gives for the same tokens, and on the base model it is the base
@@ -126,3 +127,28 @@ def test_a_prompt_logprobs_last_n_longer_than_the_prompt_is_refused_by_name(
         sampler.compute_logprobs(
             types.ModelInput.from_ints(PROMPT), prompt_logprobs_last_n=10
         ).result()
+
+
+def test_top_k_sample_logprobs_rank_each_sampled_positions_most_likely_tokens(
+    service: tinker.ServiceClient, trained: tuple[tinker.TrainingClient, str]
+):
+    sampler = service.create_sampling_client(model_path=trained[1]).result()
+    params = types.SamplingParams(max_tokens=6, seed=2, temperature=1.0)
+    prompt = types.ModelInput.from_ints(PROMPT)
+    response = sampler.sample(prompt, 2, params, topk_sample_logprobs=3).result()
+    assert response.topk_prompt_logprobs is None  # the prompt's were not asked for
+    for sequence in response.sequences:
+        top = sequence.topk_logprobs
+        assert top is not None and len(top) == len(sequence.tokens) >= 1
+        for token, logprob, ranked in zip(sequence.tokens, sequence.logprobs, top, strict=True):
+            assert ranked is not None and len(ranked) == 3
+            values = [value for _, value in ranked]
+            assert values == sorted(values, reverse=True) and logprob <= values[0] + 1e-5
+            for ranked_token, value in ranked:
+                if ranked_token == token:
+                    assert value == pytest.approx(logprob, abs=1e-5)
+    plain = sampler.sample(prompt, 1, params).result().sequences[0]
+    assert plain.topk_logprobs is None
+    for k in (-1, 21):  # OpenAI's top_logprobs bound, 20
+        with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs"):
+            sampler.sample(prompt, 1, params, topk_sample_logprobs=k).result()

@@ -20,15 +20,13 @@ Each test collects every failing request and reports them together.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("tinker", reason="the tinker SDK is not installed: pip install 'art[tinker]'")
@@ -37,25 +35,28 @@ from tinker import types
 from tinker.proto import tinker_public_pb2
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
-from art_backend.tinker import _futures
 from tests.support import tinker_bodies as wire
-from tests.support.servers import running_server
 from tests.support.tinker_fuzz import (
     ORDERED_ROUTES,
     PROTOBUF,
+    REMOVED,
+    REPLACEMENTS,
+    WHOLE_BODIES,
     LiveRun,
     answer_problem,
     decoded_turn,
+    field_paths,
+    fuzz_settings,
+    live_server,
+    mutated,
     report,
     sdk_request,
     send_forward_backward,
-    start_live_run,
     valid_forward_backward,
 )
 
 API_KEY = "tml-fuzz-key"  # the SDK's keys start with `tml-`
 EXAMPLES_PER_ROUTE = 30
-LONG_POLL_SECONDS = 0.2  # the server's wait per retrieve_future, shortened for the polling
 
 
 @pytest.fixture(scope="module", params=[None, API_KEY], ids=["open", "keyed"])
@@ -63,70 +64,12 @@ def live(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveRun]:
     """A server of its own, with a live run and what the routes' bodies name."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_futures, "LONG_POLL_SECONDS", LONG_POLL_SECONDS)
-        path = tmp_path_factory.mktemp("art-tinker-fuzz")
-        with (
-            running_server(tiny_model_dir, path, api_key=request.param) as server,
-            httpx.Client(base_url=server.url, timeout=120) as http,
-        ):
-            yield start_live_run(LiveRun(server, http))
+    path = tmp_path_factory.mktemp("art-tinker-fuzz")
+    with live_server(tiny_model_dir, path, request.param) as run:
+        yield run
 
 
 # ------------------------------------------------------------------------------ JSON bodies
-
-
-REMOVED = "removed"
-REPLACEMENTS: dict[str, Any] = {
-    "a string": "fuzz",
-    "an unknown path": "tinker://tinker-0000/sampler_weights/none",
-    "true": True,
-    "null": None,
-    "2**70": 2**70,
-    "-1": -1,
-    "NaN": math.nan,
-    "Infinity": math.inf,
-    "-Infinity": -math.inf,
-    "an object": {"fuzz": [1]},
-    "a list": ["fuzz", 1],
-    "a deep nesting": wire.DEEP,
-    "a 1 MB string": "x" * 1_000_000,
-    "a lone surrogate": "\ud800",
-}
-WHOLE_BODIES: dict[str, bytes] = {
-    "an empty body": b"",
-    "not JSON": b'{"model_id": ',
-    "a JSON array": b"[1, 2]",
-    "a JSON string": b'"fuzz"',
-    "JSON null": b"null",
-    "not UTF-8": b'{"model_id": "\xff\xfe"}',
-    "a deep nesting": wire.json_text(wire.DEEP),
-    "NaN": b"NaN",
-}
-
-
-def field_paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every field of a body, nested ones and a list's first item included."""
-    paths: list[tuple[Any, ...]] = []
-    items = value.items() if isinstance(value, dict) else enumerate(value[:1])
-    for name, inner in items:
-        paths.append((*prefix, name))
-        if isinstance(inner, dict | list) and inner:
-            paths += field_paths(inner, (*prefix, name))
-    return paths
-
-
-def mutated(body: dict[str, Any], path: tuple[Any, ...], change: str) -> dict[str, Any]:
-    """A copy of `body` with the field at `path` removed or replaced."""
-    copy = json.loads(json.dumps(body))
-    parent = copy
-    for part in path[:-1]:
-        parent = parent[part]
-    if change == REMOVED:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = REPLACEMENTS[change]
-    return copy
 
 
 def carried_turn(run: LiveRun, route: str, body: Any, seq_id: int) -> int | None:
@@ -138,14 +81,7 @@ def carried_turn(run: LiveRun, route: str, body: Any, seq_id: int) -> int | None
     return seq_id if type(carried) is int and carried == seq_id else None
 
 
-FUZZ_SETTINGS = settings(
-    max_examples=EXAMPLES_PER_ROUTE,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
+FUZZ_SETTINGS = fuzz_settings(EXAMPLES_PER_ROUTE)
 
 
 def test_the_sdks_own_bodies_are_served(live: LiveRun):

@@ -404,8 +404,8 @@ def test_bad_input_is_the_sdks_error_with_our_message(
         assert sampler.sample(prompt, 1, stopping).result().sequences
     with pytest.raises(tinker.BadRequestError, match=r"Stop token ids \[7\] are not served yet"):
         sampler.sample(prompt, 1, types.SamplingParams(max_tokens=4, stop=[7])).result()
-    with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs"):
-        sampler.sample(prompt, 1, params, topk_sample_logprobs=2).result()
+    with pytest.raises(tinker.BadRequestError, match="prompt_alt_tokens_k"):
+        sampler.sample(prompt, 1, params, prompt_alt_tokens_k=2).result()
 
 
 @pytest.mark.parametrize(
