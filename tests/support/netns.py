@@ -286,7 +286,11 @@ def _in(namespace: str, argv: Sequence[str]) -> list[str]:
 
 
 def _environment(env: Mapping[str, str] | None) -> dict[str, str] | None:
-    return None if env is None else {**os.environ, **env}
+    """The machine's environment under `env`; Ray's own settings come only from `env`."""
+    if env is None:
+        return None
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    return {**inherited, **env}
 
 
 def _ip(*args: str) -> None:
