@@ -184,12 +184,21 @@ def collective(what: str) -> Iterator[None]:
 
 
 def _to_cpu(value: Any) -> Any:
+    return _tensors_mapped(value, lambda tensor: tensor.detach().cpu())
+
+
+def _cloned(value: Any) -> Any:
+    return _tensors_mapped(value, lambda tensor: tensor.detach().clone())
+
+
+def _tensors_mapped(value: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`value` (a state dict: dicts and lists of tensors and numbers), each tensor changed."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        return change(value)
     if isinstance(value, dict):
-        return {key: _to_cpu(item) for key, item in value.items()}
+        return {key: _tensors_mapped(item, change) for key, item in value.items()}
     if isinstance(value, list):
-        return [_to_cpu(item) for item in value]
+        return [_tensors_mapped(item, change) for item in value]
     return value
 
 
@@ -333,6 +342,7 @@ class TrainingTeam:
         with self._lock:
             if self.lost:
                 self._form_again()
+            before = None
             try:
                 if trainer.adapter_name not in self._synced:
                     # The first step of this adapter (or of this group): the other ranks copy
@@ -341,10 +351,13 @@ class TrainingTeam:
                     trainer.data_parallel = self.data_parallel
                     self.data_parallel.broadcast_trainer_state(trainer)
                     self._synced.add(trainer.adapter_name)
+                before = TrainerSnapshot.of(trainer)
                 self._send(TrainerCall(trainer.adapter_name, step, args, kwargs))
                 return step(trainer, *args, **kwargs)
             except TrainingRanksLostError:
                 trainer.optimizer.zero_grad(set_to_none=True)  # this step's half-summed grads
+                if before is not None and trainer.optimizer_steps != before.optimizer_steps:
+                    before.restore(trainer)  # lost in the checksum, after the update
                 self._leave()
                 raise
 
@@ -394,6 +407,34 @@ class TrainingTeam:
             ) from error
         self.lost = False
         logger.info("the training group formed again (generation %d)", self.generation)
+
+
+@dataclass(frozen=True)
+class TrainerSnapshot:
+    """Rank 0's adapter and optimizer state before a step: the group can be lost after the
+    update (in the checksum), and a step that raised must leave the adapter as it was, or the
+    step sent again would apply twice. A copy of the adapter's size, three times over."""
+
+    params: list[torch.Tensor]
+    optimizer_state: dict[str, Any]
+    optimizer_steps: int
+
+    @classmethod
+    def of(cls, trainer: LoraTrainer) -> TrainerSnapshot:
+        """A copy of `trainer`'s adapter tensors, optimizer state and step count."""
+        return cls(
+            [param.detach().clone() for param in trainer.params],
+            _cloned(trainer.optimizer.state_dict()),
+            trainer.optimizer_steps,
+        )
+
+    def restore(self, trainer: LoraTrainer) -> None:
+        """Put `trainer` back as it was when the snapshot was taken."""
+        with torch.no_grad():
+            for param, saved in zip(trainer.params, self.params, strict=True):
+                param.copy_(saved)
+        trainer.optimizer.load_state_dict(self.optimizer_state)
+        trainer.optimizer_steps = self.optimizer_steps
 
 
 def start_team(
