@@ -337,7 +337,8 @@ PUBLIC_SURFACES = {
     ],
     "art_ray": [
         "INFRASTRUCTURE_ERRORS", "ExecutorShutdownError", "ExecutorStats", "NoLiveWorkersError",
-        "RayExecutor", "RolloutBlockedError", "RolloutExitError", "RolloutTimeoutError",
+        "RayAuthenticationError", "RayExecutor", "RolloutBlockedError", "RolloutExitError",
+        "RolloutTimeoutError",
         "WorkerStartError",
     ],
     "art_ray.testing": ["LOOPBACK_ENV", "ROLLOUT_RESOURCES", "add_node", "kill_node", "local_cluster"],

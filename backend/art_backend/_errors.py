@@ -26,6 +26,7 @@ beside it (a subclass without them answers as its parent).
       CheckpointLoadError                409 invalid_request_error: a checkpoint that won't load
         TrainerStateError                  its trainer state is unreadable or does not fit
       EngineStoppedError                 503 server_error: the engine stopped under the request
+      TrainingRanksLostError             503 server_error: a training rank out of reach mid-step
       ModelLoadError                     at start: the base model cannot be found or loaded
         UnsupportedModelError              a family the torch engine cannot serve
       UnslothUnavailableError            at start: `--trainer unsloth` where it cannot run
@@ -194,6 +195,11 @@ class TrainerStateError(CheckpointLoadError):
 
 class EngineStoppedError(BackendError, status_code=503):
     """The engine was shut down while the request waited or ran (HTTP 503)."""
+
+
+class TrainingRanksLostError(BackendError, status_code=503):
+    """A collective of a step on several processes timed out or lost its connection: nothing
+    was trained, and the step can be sent again once the ranks' hosts reach each other."""
 
 
 # ----------------------------------------------------- raised at start or by `art replay`

@@ -500,13 +500,14 @@ def main(argv: list[str] | None = None) -> None:
     from art_backend._log_redaction import configure_logging, run_uvicorn
 
     configure_logging(args.log_level)
-    from art_backend.training._distributed import serve_torchrun_rank, torchrun_rank
+    from art_backend.training._distributed import torchrun_rank
+    from art_backend.training._other_ranks import serve_torchrun_rank
 
-    launched = torchrun_rank()
-    if launched is not None and launched[0] != 0:  # under torchrun rank 0 serves, the rest train
-        serve_torchrun_rank(args.model, dtype=args.dtype, device=args.device)
-        return
     try:
+        launched = torchrun_rank()
+        if launched is not None and launched[0] != 0:  # rank 0 serves, the rest train
+            serve_torchrun_rank(args.model, dtype=args.dtype, device=args.device)
+            return
         app = build_app(ServerSettings.from_arguments(args))
     except BackendError as error:
         parser.exit(2, f"art-server: error: {error.message}\n")

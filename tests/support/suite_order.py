@@ -2,7 +2,7 @@
 the suite (tests/conftest.py).
 
 A file is one group, so its module fixtures (a server, a cluster) start once, on one worker;
-the Ray files share one group (each starts a loopback cluster of four processes, and two at once
+the Ray files (loopback and namespace hosts) share one group (each starts a loopback cluster of four processes, and two at once
 on 2 cores only slow both). Groups go to the workers heaviest first, from `durations.json`
 (seconds per file, measured): a long file that started last would leave one worker running it
 alone. A file missing from the table counts as heavy, so a new slow file is not the last to start.
@@ -26,7 +26,9 @@ from typing import Any
 import pytest
 
 DURATIONS = Path(__file__).with_name("durations.json")
-RAY_FOLDER = "tests/ray/"
+# The namespace hosts run Ray too (tests/netns/): one group with the loopback Ray files, so two
+# Ray clusters never start at once.
+RAY_FOLDERS = ("tests/ray/", "tests/netns/")
 # A file the table does not know yet is placed as if it took this long (a heavy file's time).
 UNKNOWN_FILE_SECONDS = 60.0
 
@@ -37,9 +39,9 @@ def file_of(nodeid: str) -> str:
 
 
 def parallel_group(nodeid: str) -> str:
-    """The xdist group of a test: its file, or `ray` for every file under tests/ray/."""
+    """The xdist group of a test: its file, or `ray` for every file under RAY_FOLDERS."""
     path = file_of(nodeid)
-    return "ray" if path.startswith(RAY_FOLDER) else path
+    return "ray" if path.startswith(RAY_FOLDERS) else path
 
 
 def heaviest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:

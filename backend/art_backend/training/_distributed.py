@@ -22,24 +22,29 @@ loop, so one all-reduce in `LoraTrainer._optimizer_step` is all it needs. Every 
 same three collectives per step (gradients, metric sums, checksum) whatever its share of rows,
 so no rank waits for a collective another never starts.
 
-Backends: gloo on CPU (tested here, on 127.0.0.1), NCCL on CUDA (the branch is written; it has
-not run here). Ranks other than 0 are started by the server (`art-server --train-processes N`,
-`TrainingTeam.launch`) or by torchrun, and run `serve_rank` until rank 0 stops them.
-Commands travel with `broadcast_object_list` (pickle): the ranks trust each other and rank 0's
-rendezvous port, as torchrun's ranks do; bind it to loopback or a private network only.
+Backends: gloo on CPU (tested here, on 127.0.0.1 and across network-namespace hosts), NCCL
+on CUDA (the branch is written; it has not run here). Ranks other than 0 are started by the
+server (`art-server --train-processes N`, `TrainingTeam.launch`), by torchrun, or by hand on
+other machines (`art-server` with torchrun's variables, `_rendezvous`), and run `_other_ranks`
+until rank 0 stops them. Commands travel with `broadcast_object_list` (pickle): the ranks trust
+each other and rank 0's rendezvous port, as torchrun's ranks do; bind it to loopback or a
+private network only.
+
+A lost rank (a cut link, a dead host): a step's collective fails after the rendezvous's
+`collective_timeout` with `TrainingRanksLostError`, on every rank, and nothing is trained; the
+ranks leave the group, and rank 0 forms it again, with the adapters copied from rank 0, when
+the step is sent again (`_rendezvous`, "Meeting again").
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -47,7 +52,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from art_backend._errors import InvalidRequestError
+from art_backend._errors import InvalidRequestError, TrainingRanksLostError
+from art_backend.training._rendezvous import (
+    REFORM_PATIENCE,
+    Rendezvous,
+    form_group,
+    open_generation,
+)
 from art_backend.training._rows import Rows
 
 if TYPE_CHECKING:
@@ -55,10 +66,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("art_backend.training")
 
-# A worker waits in a collective for rank 0's next command, which may be hours away (a server
-# between steps): its timeout is long, and a worker whose parent is gone exits itself. Rank 0
-# waits in a collective only for the other ranks' share of a step, or for them to join: torch's
-# default timeout, so a rank that never comes fails the start or the step instead of hanging it.
+# A worker waits for rank 0's next command, which may be hours away (a server between steps):
+# its timeout is long, and a worker whose parent is gone exits itself. Rank 0 waits for the
+# others to join: torch's default timeout, as ranks on other machines may start late. Inside a
+# step, every rank waits at most the rendezvous's collective_timeout (`_rendezvous`).
 IDLE_TIMEOUT = timedelta(days=365)
 STEP_TIMEOUT = timedelta(minutes=30)
 
@@ -111,7 +122,8 @@ class DataParallel:
             for p in params
         ]
         flat = torch.cat(grads)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        with collective("the gradients' all-reduce"):
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         offset = 0
         for param in params:
             size = param.numel()
@@ -121,7 +133,8 @@ class DataParallel:
     def sum_numbers(self, numbers: list[float], device: torch.device) -> list[float]:
         """The sum over ranks of each number (float64: token counts stay exact)."""
         tensor = torch.tensor(numbers, dtype=torch.float64, device=device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        with collective("the step sums' all-reduce"):
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         return tensor.tolist()
 
     def check_same_parameters(self, params: list[torch.Tensor]) -> None:
@@ -130,7 +143,8 @@ class DataParallel:
         flat = torch.cat([p.detach().reshape(-1).double() for p in params])
         checksum = torch.stack([flat.sum(), (flat * flat).sum()])
         both = torch.cat([checksum, -checksum])  # max of x and of -x: the largest and smallest
-        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
+        with collective("the adapters' checksum"):
+            dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
         if not torch.equal(both[:2], -both[2:]):
             raise RuntimeError(
                 "The training ranks' adapters differ after this step (checksums "
@@ -140,13 +154,14 @@ class DataParallel:
 
     def broadcast_trainer_state(self, trainer: LoraTrainer) -> None:
         """Copy rank 0's adapter tensors, optimizer state and step count onto every rank."""
-        with torch.no_grad():
+        with torch.no_grad(), collective("the adapter's broadcast"):
             for param in trainer.params:
                 dist.broadcast(param.data, src=0, group=self.group)
         payload: list[Any] = [None]
         if self.rank == 0:  # on the CPU: another rank must not unpickle onto rank 0's GPU
             payload = [(_to_cpu(trainer.optimizer.state_dict()), trainer.optimizer_steps)]
-        dist.broadcast_object_list(payload, src=0, group=self.group)
+        with collective("the optimizer state's broadcast"):
+            dist.broadcast_object_list(payload, src=0, group=self.group)
         if self.rank != 0:
             state, steps = payload[0]
             trainer.optimizer.load_state_dict(state)
@@ -154,13 +169,36 @@ class DataParallel:
         self.check_same_parameters(trainer.params)
 
 
+@contextlib.contextmanager
+def collective(what: str) -> Iterator[None]:
+    """Raise a collective's failure (gloo's timeout, a connection closed by the peer) as
+    `TrainingRanksLostError`, which names it."""
+    try:
+        yield
+    except RuntimeError as error:  # torch's DistBackendError, gloo's errors: RuntimeErrors
+        raise TrainingRanksLostError(
+            f"A training rank is out of reach: {what} failed ({str(error).strip()[:300]}). "
+            "Nothing was trained; send the step again once the ranks' hosts reach each other "
+            "(the group is formed again then)."
+        ) from error
+
+
 def _to_cpu(value: Any) -> Any:
+    return _tensors_mapped(value, lambda tensor: tensor.detach().cpu())
+
+
+def _cloned(value: Any) -> Any:
+    return _tensors_mapped(value, lambda tensor: tensor.detach().clone())
+
+
+def _tensors_mapped(value: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`value` (a state dict: dicts and lists of tensors and numbers), each tensor changed."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        return change(value)
     if isinstance(value, dict):
-        return {key: _to_cpu(item) for key, item in value.items()}
+        return {key: _tensors_mapped(item, change) for key, item in value.items()}
     if isinstance(value, list):
-        return [_to_cpu(item) for item in value]
+        return [_tensors_mapped(item, change) for item in value]
     return value
 
 
@@ -172,16 +210,28 @@ def join_group(
     *,
     timeout: timedelta = IDLE_TIMEOUT,
 ) -> DataParallel:
-    """Join the ranks' default process group: NCCL when the model is on CUDA, else gloo."""
-    if device.type == "cuda":  # NCCL: written, not run here (no GPU in this project's tests)
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        backend = "gloo"
+    """Join the ranks' default process group at `init_method` (one group, never formed
+    again): NCCL when the model is on CUDA, else gloo."""
     dist.init_process_group(
-        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
+        _backend(device), init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
     )
     return DataParallel(rank, world_size)
+
+
+def join_generation(
+    rendezvous: Rendezvous, store: Any, generation: int, device: torch.device, timeout: timedelta
+) -> DataParallel:
+    """Join generation `generation` of the ranks' group (`_rendezvous`); a step's collectives
+    run in a group of their own, which waits the rendezvous's collective_timeout."""
+    step_group = form_group(rendezvous, store, generation, _backend(device), timeout)
+    return DataParallel(rendezvous.rank, rendezvous.world_size, step_group)
+
+
+def _backend(device: torch.device) -> str:
+    if device.type == "cuda":  # NCCL: written, not run here (no GPU in this project's tests)
+        torch.cuda.set_device(device)
+        return "nccl"
+    return "gloo"
 
 
 # ------------------------------------------------------------------- rank 0 and the other ranks
@@ -220,10 +270,16 @@ def is_training_step(step: Callable[..., Any]) -> bool:
 
 @dataclass
 class TrainingTeam:
-    """Rank 0's side: runs each step on every rank (rank 0's own trainer among them)."""
+    """Rank 0's side: runs each step on every rank (rank 0's own trainer among them), and forms
+    the group again after a step lost a rank."""
 
     data_parallel: DataParallel
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    rendezvous: Rendezvous | None = None
+    store: Any = None  # the ranks' TCPStore (None: a group joined by `join_group`)
+    generation: int = 1
+    lost: bool = False  # a step lost a rank: the group is formed again before the next one
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     _synced: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -232,61 +288,85 @@ class TrainingTeam:
         cls, processes: int, *, model: str, dtype: str, device: torch.device
     ) -> TrainingTeam:
         """Start ranks 1..processes-1 on this machine (each loads `model`), and join them."""
-        port = _free_port()
-        init_method = f"tcp://127.0.0.1:{port}"
-        if device.type == "cpu":
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # else gloo picks the host's address
+        rendezvous = Rendezvous.local(processes)
         started = []
         for rank in range(1, processes):
             command = [
                 sys.executable,
                 "-m",
-                "art_backend.training._distributed",
+                "art_backend.training._other_ranks",
+                f"--master={rendezvous.master_addr}:{rendezvous.master_port}",
                 f"--rank={rank}",
                 f"--world-size={processes}",
-                f"--init-method={init_method}",
                 f"--model={model}",
                 f"--dtype={dtype}",
                 f"--device={_rank_device(device, rank)}",
                 f"--parent-pid={os.getpid()}",
             ]
             started.append(subprocess.Popen(command, env=os.environ.copy()))
-        logger.info("training on %d processes (%s)", processes, init_method)
         try:
-            data_parallel = join_group(0, processes, init_method, device, timeout=STEP_TIMEOUT)
+            return cls.join(rendezvous, device, started)
         except BaseException:
             for process in started:
                 process.kill()
             raise
-        return cls(data_parallel, started)
+
+    @classmethod
+    def join(
+        cls,
+        rendezvous: Rendezvous,
+        device: torch.device,
+        processes: list[subprocess.Popen[bytes]] | None = None,
+    ) -> TrainingTeam:
+        """Rank 0: open the ranks' store and wait for the others to join the group."""
+        assert rendezvous.rank == 0
+        store = rendezvous.connect_store(STEP_TIMEOUT)
+        generation = open_generation(store)
+        logger.info(
+            "training on %d processes (rank 0 at %s:%d)",
+            rendezvous.world_size, rendezvous.master_addr, rendezvous.master_port,
+        )  # fmt: skip
+        data_parallel = join_generation(rendezvous, store, generation, device, STEP_TIMEOUT)
+        return cls(data_parallel, processes or [], rendezvous, store, generation, device=device)
 
     @classmethod
     def join_torchrun(cls, device: torch.device) -> TrainingTeam:
-        """Rank 0 of a torchrun launch (its ranks run `serve_torchrun_rank`)."""
-        rank, world_size = torchrun_rank() or (0, 1)
-        assert rank == 0
-        return cls(join_group(0, world_size, "env://", device, timeout=STEP_TIMEOUT))
+        """Rank 0 of ranks started by torchrun, or by hand with its variables on each host."""
+        return cls.join(Rendezvous.from_environment(), device)
 
     def run(self, trainer: LoraTrainer, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """`step(trainer, ...)` here and on every other rank, on the same arguments."""
+        """`step(trainer, ...)` here and on every other rank, on the same arguments; a rank out
+        of reach fails it with `TrainingRanksLostError`, and the next call forms the group again."""
         if not is_training_step(step):
             raise ValueError(f"{step!r} is not a training step (grpo_step, sft_step)")
         with self._lock:
-            if trainer.adapter_name not in self._synced:
-                # The first step of this adapter: the other ranks copy rank 0's (a fresh
-                # init, or a checkpoint it loaded at registration).
-                self._send(OpenAdapter(trainer.adapter_name, trainer.lora))
-                trainer.data_parallel = self.data_parallel
-                self.data_parallel.broadcast_trainer_state(trainer)
-                self._synced.add(trainer.adapter_name)
-            self._send(TrainerCall(trainer.adapter_name, step, args, kwargs))
-            return step(trainer, *args, **kwargs)
+            if self.lost:
+                self._form_again()
+            before = None
+            try:
+                if trainer.adapter_name not in self._synced:
+                    # The first step of this adapter (or of this group): the other ranks copy
+                    # rank 0's (a fresh init, a checkpoint it loaded, the last step's state).
+                    self._send(OpenAdapter(trainer.adapter_name, trainer.lora))
+                    trainer.data_parallel = self.data_parallel
+                    self.data_parallel.broadcast_trainer_state(trainer)
+                    self._synced.add(trainer.adapter_name)
+                before = TrainerSnapshot.of(trainer)
+                self._send(TrainerCall(trainer.adapter_name, step, args, kwargs))
+                return step(trainer, *args, **kwargs)
+            except TrainingRanksLostError:
+                trainer.optimizer.zero_grad(set_to_none=True)  # this step's half-summed grads
+                if before is not None and trainer.optimizer_steps != before.optimizer_steps:
+                    before.restore(trainer)  # lost in the checksum, after the update
+                self._leave()
+                raise
 
     def stop(self) -> None:
         """Tell the other ranks to exit, wait for them, and leave the group."""
         with self._lock:
-            if self.processes and all(p.poll() is None for p in self.processes):
-                self._send(Stop())
+            if not self.lost and all(p.poll() is None for p in self.processes):
+                with contextlib.suppress(TrainingRanksLostError):
+                    self._send(Stop())
             for process in self.processes:
                 try:
                     process.wait(30)
@@ -296,7 +376,65 @@ class TrainingTeam:
                 dist.destroy_process_group()
 
     def _send(self, command: Any) -> None:
-        dist.broadcast_object_list([command], src=0, group=self.data_parallel.group)
+        with collective(f"sending {type(command).__name__} to the other ranks"):
+            dist.broadcast_object_list([command], src=0)
+
+    def _leave(self) -> None:
+        """Leave the broken group; every adapter is copied to the others again when it re-forms."""
+        self.lost = True
+        self._synced.clear()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _form_again(self) -> None:
+        """A new generation of the group; the others must rejoin within a few collective
+        timeouts (they notice the loss within one), else the step fails again."""
+        if self.rendezvous is None:
+            raise TrainingRanksLostError("This team's group cannot be formed again; restart it.")
+        self.generation = open_generation(self.store)
+        wait = self.rendezvous.collective_timeout * REFORM_PATIENCE
+        try:
+            self.data_parallel = join_generation(
+                self.rendezvous, self.store, self.generation, self.device, wait
+            )
+        except RuntimeError as error:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise TrainingRanksLostError(
+                f"The other training ranks did not rejoin within {wait.total_seconds():.0f} s "
+                f"({str(error).strip()[:200]}); nothing was trained. Send the step again once "
+                "their hosts reach this one."
+            ) from error
+        self.lost = False
+        logger.info("the training group formed again (generation %d)", self.generation)
+
+
+@dataclass(frozen=True)
+class TrainerSnapshot:
+    """Rank 0's adapter and optimizer state before a step: the group can be lost after the
+    update (in the checksum), and a step that raised must leave the adapter as it was, or the
+    step sent again would apply twice. A copy of the adapter's size, three times over."""
+
+    params: list[torch.Tensor]
+    optimizer_state: dict[str, Any]
+    optimizer_steps: int
+
+    @classmethod
+    def of(cls, trainer: LoraTrainer) -> TrainerSnapshot:
+        """A copy of `trainer`'s adapter tensors, optimizer state and step count."""
+        return cls(
+            [param.detach().clone() for param in trainer.params],
+            _cloned(trainer.optimizer.state_dict()),
+            trainer.optimizer_steps,
+        )
+
+    def restore(self, trainer: LoraTrainer) -> None:
+        """Put `trainer` back as it was when the snapshot was taken."""
+        with torch.no_grad():
+            for param, saved in zip(trainer.params, self.params, strict=True):
+                param.copy_(saved)
+        trainer.optimizer.load_state_dict(self.optimizer_state)
+        trainer.optimizer_steps = self.optimizer_steps
 
 
 def start_team(
@@ -323,92 +461,17 @@ def start_team(
 
 
 def torchrun_rank() -> tuple[int, int] | None:
-    """(rank, world size) when torchrun started this process among several ranks, else None."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    return (int(os.environ["RANK"]), world_size) if world_size > 1 else None
-
-
-def serve_torchrun_rank(model: str, *, dtype: str, device: str) -> None:
-    """A rank other than 0 under torchrun: the server's arguments, no server (`serve_rank`)."""
-    rank, world_size = torchrun_rank() or (0, 1)
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    wants_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    torch_device = torch.device(f"cuda:{local}" if wants_cuda else "cpu")
-    data_parallel = join_group(rank, world_size, "env://", torch_device)
-    serve_rank(data_parallel, trainer_engine(model, dtype=dtype, device=torch_device))
-
-
-def serve_rank(data_parallel: DataParallel, engine: Any) -> None:
-    """The loop of a rank other than 0: run rank 0's commands until it says Stop."""
-    from art_backend.training._trainer import LoraTrainer
-
-    trainers: dict[str, LoraTrainer] = {}
-    while True:
-        received: list[Any] = [None]
-        try:
-            dist.broadcast_object_list(received, src=0, group=data_parallel.group)
-        except RuntimeError:  # gloo's "Connection closed by peer": rank 0 exited (a signal)
-            logger.info("rank %d: rank 0 has gone; exiting", data_parallel.rank)
-            return
-        command = received[0]
-        if isinstance(command, Stop):
-            break
-        if isinstance(command, OpenAdapter):
-            trainer = LoraTrainer(
-                engine, command.adapter_name, command.lora, data_parallel=data_parallel
-            )
-            trainers[command.adapter_name] = trainer
-            data_parallel.broadcast_trainer_state(trainer)
-        elif isinstance(command, TrainerCall) and is_training_step(command.step):
-            trainer = trainers[command.adapter_name]
-            try:
-                command.step(trainer, *command.args, **command.kwargs)
-            except Exception:  # rank 0 reports the step's failure; this rank waits for the next
-                logger.exception("rank %d: %s failed", data_parallel.rank, command.step.__name__)
-        else:
-            raise RuntimeError(f"rank {data_parallel.rank}: unknown command {command!r}")
-    dist.destroy_process_group()
+    """(rank, world size) when torchrun (or its variables, set by hand) made this process one
+    of several ranks, else None."""
+    if int(os.environ.get("WORLD_SIZE", "1") or "1") <= 1:
+        return None
+    rendezvous = Rendezvous.from_environment()
+    return rendezvous.rank, rendezvous.world_size
 
 
 def _rank_device(device: torch.device, rank: int) -> str:
     """One GPU per rank on a CUDA machine (rank r on cuda:r); every rank on the CPU otherwise."""
     return f"cuda:{rank}" if device.type == "cuda" else "cpu"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _exit_with_parent(parent_pid: int, interval: float = 1.0) -> None:
-    """A rank whose server is gone (killed without stopping it) must not hold its memory."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(interval)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """A rank other than 0, started by `TrainingTeam.launch`: load the model, serve commands."""
-    parser = argparse.ArgumentParser(prog="art_backend.training._distributed")
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--init-method", required=True)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--parent-pid", type=int)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"rank {args.rank}: %(message)s")
-    if args.parent_pid:
-        _exit_with_parent(args.parent_pid)
-    device = torch.device(args.device)
-    data_parallel = join_group(args.rank, args.world_size, args.init_method, device)
-    serve_rank(data_parallel, trainer_engine(args.model, dtype=args.dtype, device=device))
 
 
 def trainer_engine(model: str, *, dtype: str, device: torch.device) -> Any:
@@ -424,11 +487,3 @@ def trainer_engine(model: str, *, dtype: str, device: torch.device) -> Any:
         eos_token_ids=loaded.eos_token_ids,
         context_length=loaded.context_length,
     )
-
-
-if __name__ == "__main__":
-    # Run as the module itself, not as __main__: commands from rank 0 unpickle as
-    # art_backend.training._distributed's classes, which `serve_rank` checks for.
-    from art_backend.training._distributed import main as module_main
-
-    module_main()

@@ -1,13 +1,107 @@
-"""What the executor asks the Ray cluster itself: whether the resources the workers need exist,
-whether every node is on loopback (`art_ray.testing`'s clusters), whether a node still runs tasks."""
+"""What the executor asks the Ray cluster itself: to join it (and whether it accepts this
+driver's token), whether the resources the workers need exist, whether every node is on loopback
+(`art_ray.testing`'s clusters), whether a node still runs tasks."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+from typing import Any
 
 import ray
 import ray.exceptions
+
+from art_ray._errors import INFRASTRUCTURE_ERRORS, RayAuthenticationError
+
+# How long a first task may take to run on a freshly joined cluster before the token check
+# gives up asking (a busy cluster: the executor's own `start_timeout` takes over).
+TOKEN_CHECK_SECONDS = 60.0
+# What Ray's GCS answers a connection whose token it does not accept (Ray 2.5x-2.6x).
+_REFUSED_TOKEN = ("Unauthenticated", "InvalidAuthToken")
+
+
+def join(address: str | None) -> None:
+    """`ray.init(address)`, with a disagreement on Ray's token raised as
+    `RayAuthenticationError` instead of a timeout or dying workers."""
+    # Ray sets RAY_AUTH_MODE=token itself when it finds a token file: read it before.
+    mode_set_by_user = "RAY_AUTH_MODE" in os.environ
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except ConnectionError as error:
+        if any(word in _chain_text(error) for word in _REFUSED_TOKEN):
+            raise RayAuthenticationError(
+                f"the Ray cluster at {address or 'the local address'} refused this driver's "
+                f"authentication token ({_token_source()}). Give this machine the cluster's "
+                "token: the head's ~/.ray/auth_token copied to ~/.ray/auth_token here, or "
+                "RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH (see `ray get-auth-token`)"
+            ) from None
+        raise
+    if _token_mode():
+        try:
+            _check_token_accepted(mode_set_by_user)
+        except BaseException:
+            ray.shutdown()
+            raise
+
+
+def _check_token_accepted(mode_set_by_user: bool) -> None:
+    """A driver in token mode whose cluster runs without tokens connects, and runs tasks, but
+    every actor it starts dies at once (measured on Ray 2.60): start one to see."""
+    actor = _TokenProbe.remote()  # type: ignore[attr-defined]
+    try:
+        ray.get(actor.ready.remote(), timeout=TOKEN_CHECK_SECONDS)
+    except ray.exceptions.GetTimeoutError:
+        pass  # a busy cluster: nothing learnt, the executor's start_timeout takes over
+    except INFRASTRUCTURE_ERRORS as error:
+        why = (
+            f"Ray turned token authentication on by itself because it found {_token_source()} "
+            "(RAY_AUTH_MODE is unset): a token left by another Ray run"
+            if not mode_set_by_user
+            else f"RAY_AUTH_MODE=token here ({_token_source()})"
+        )
+        raise RayAuthenticationError(
+            "this driver sends a Ray authentication token, but the cluster's workers die on "
+            f"it ({type(error).__name__}): the cluster runs without token authentication. "
+            f"{why}. Set RAY_AUTH_MODE=disabled (or remove the stale token file) to join this "
+            "cluster, or restart the cluster with RAY_AUTH_MODE=token and this token"
+        ) from None
+    finally:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class _TokenProbe:
+    def ready(self) -> bool:
+        return True
+
+
+def _token_mode() -> bool:
+    """Whether this driver authenticates with a token (Ray's private switch; False where a Ray
+    version lacks it)."""
+    with contextlib.suppress(ImportError, AttributeError):
+        import ray._raylet
+
+        raylet: Any = ray._raylet  # the stubs lack the authentication switch
+        return bool(raylet.get_authentication_mode() == raylet.AuthenticationMode.TOKEN)
+    return False
+
+
+def _token_source() -> str:
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "the token in RAY_AUTH_TOKEN"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    return f"the token in {path}"
+
+
+def _chain_text(error: BaseException) -> str:
+    texts: list[str] = []
+    seen: BaseException | None = error
+    while seen is not None and len(texts) < 10:
+        texts.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    return "\n".join(texts)
 
 
 def check_resources(resources: dict[str, float], num_cpus: float) -> None:

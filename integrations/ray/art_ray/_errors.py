@@ -3,7 +3,8 @@
 The rollout's failures: `RolloutExitError` (it raised `SystemExit`, `KeyboardInterrupt`, ...),
 `RolloutTimeoutError` (past `timeout`), `RolloutBlockedError` (it held its worker's event loop).
 Ray's: `INFRASTRUCTURE_ERRORS` (the worker or its node is gone), `WorkerStartError`,
-`NoLiveWorkersError`. The executor's own: `ExecutorShutdownError`. And how a rollout's own
+`NoLiveWorkersError`, `RayAuthenticationError` (the cluster and this driver disagree on
+Ray's token). The executor's own: `ExecutorShutdownError`. And how a rollout's own
 exception comes out of Ray's wrapper (`user_exception`).
 """
 
@@ -54,6 +55,13 @@ class ExecutorShutdownError(RuntimeError):
 
 class WorkerStartError(RuntimeError):
     """A rollout worker died while starting, or did not start within `start_timeout`."""
+
+
+class RayAuthenticationError(ConnectionError):
+    """The Ray cluster and this driver disagree on token authentication (`RAY_AUTH_MODE=token`):
+    the cluster refused this machine's token, or this driver sends a token (a `~/.ray/auth_token`
+    Ray found) to a cluster whose workers run without one. The message says which and what to
+    change."""
 
 
 class NoLiveWorkersError(RuntimeError):

@@ -61,7 +61,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
-from art_ray._cluster import check_resources, node_answers
+from art_ray._cluster import check_resources, join, node_answers
 from art_ray._errors import (
     INFRASTRUCTURE_ERRORS,
     ExecutorShutdownError,
@@ -161,7 +161,7 @@ class RayExecutor:
             raise ValueError(f"start_timeout must be > 0 seconds, got {start_timeout}")
         self._started_ray = False
         if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False)
+            join(address)  # a token the cluster refuses raises RayAuthenticationError
             self._started_ray = True
         check_resources(resources or {}, num_cpus)
         self._options: dict[str, Any] = {
