@@ -100,10 +100,11 @@ losses, group size 4), against `art-server --model {SERVED}` on {machine["cpu_co
 CPU cores. Only the server, model, renderer (`qwen3_instruct`, SmolLM2's ChatML), sizes and
 local data are overridden (examples/tinker_cookbook_recipes.py). Steps × batch: sequences,
 pairs, or groups of 4 samples. A handful of steps shows each recipe runs and which way its
-numbers go, not where they end. The model runs in its default dtype, where the sampler's
-logprobs and the trainer's differ (the section "Sampler vs trainer logprobs"): math_rl's
-`kl_sample_train` and distillation's `teacher_kl` (the teacher is the student's own base, so it
-starts at that gap) show it; on the tests' float32 tiny model both are 0. Other load: CPU cores
+numbers go, not where they end. The model runs in its default dtype (bf16 here), where the
+sampler's logprobs are the trainer's (the section "Sampler vs trainer logprobs"): math_rl's
+`kl_sample_train` stays at ~1e-5 and distillation's first `teacher_kl` (the teacher is the
+student's own base) is ~1e-5; before batch-invariant forwards they were 0.003–0.01 and 0.0014.
+Other load: CPU cores
 other processes used during the run; load average: 1 minute, before it.
 
 | recipe | steps × batch | metric per step | wall | other load | load average |
