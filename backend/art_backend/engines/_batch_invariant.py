@@ -54,6 +54,7 @@ _SWITCH = {"1": True, "true": True, "yes": True, "on": True}
 _SWITCH |= {"0": False, "false": False, "no": False, "off": False}
 REDUCED = (torch.bfloat16, torch.float16)
 # The fewest rows a linear layer's matmul runs with, by its input's dtype (module docstring).
+BLOCK_BYTES = 256 * 2**20  # float64 scores + probabilities of one block of queries
 ROW_FLOOR = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 16}
 
 
@@ -163,31 +164,64 @@ def float64_attention(
 ) -> torch.Tensor:
     """Attention of [B, H, Q, D] queries over [B, Hkv, K, D] keys and values, computed in
     float64 and rounded once to the queries' dtype. `mask`: SDPA's (boolean, True = attend, or
-    additive), broadcast over heads; `causal` aligns the queries with the last keys."""
+    additive), broadcast over heads; `causal` aligns the queries with the last keys.
+
+    Queries go in blocks whose float64 scores and probabilities stay within `BLOCK_BYTES` (a
+    long prompt's [Q, K] scores would not): a query's output does not depend on its block (its
+    scores are exact sums; the rest is row by row).
+    """
+    batch, heads, queries, _ = query.shape
+    per_query = batch * heads * key.shape[2] * 8 * 2
+    block = max(1, BLOCK_BYTES // per_query)
+    if queries <= block:
+        return _float64_block(query, key, value, mask, scale, causal, 0, queries)
+    parts = []
+    for start in range(0, queries, block):
+        rows = query[:, :, start : start + block]
+        part_mask = mask
+        if mask is not None and mask.shape[-2] == queries:
+            part_mask = mask[..., start : start + block, :]
+        parts.append(_float64_block(rows, key, value, part_mask, scale, causal, start, queries))
+    return torch.cat(parts, dim=2)
+
+
+def _float64_block(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    causal: bool,
+    first: int,
+    queries_in_all: int,
+) -> torch.Tensor:
+    """`float64_attention` of the queries `first`.. of `queries_in_all` (for the causal mask)."""
     batch, heads, queries, dim = query.shape
-    groups = heads // key.shape[1]
+    kv_heads, keys = key.shape[1], key.shape[2]
+    groups = heads // kv_heads
     # Grouped-query attention without repeating the keys: each key head's query heads become
     # rows of one matmul ([B, Hkv, G * Q, D]).
-    grouped = query.double().reshape(batch, key.shape[1], groups * queries, dim)
+    grouped = query.double().reshape(batch, kv_heads, groups * queries, dim)
     scores = grouped @ key.double().transpose(-1, -2) * scale
-    scores = scores.view(batch, key.shape[1], groups, queries, -1)
-    keys = key.shape[2]
+    scores = scores.view(batch, kv_heads, groups, queries, keys)
     if causal:
-        allowed = torch.ones(queries, keys, dtype=torch.bool, device=query.device)
-        scores = scores.masked_fill(~allowed.tril(keys - queries), float("-inf"))
+        positions = torch.arange(first, first + queries, device=query.device)[:, None]
+        last = positions + (keys - queries_in_all)
+        allowed = torch.arange(keys, device=query.device)[None, :] <= last
+        scores = scores.masked_fill(~allowed, float("-inf"))
     if mask is not None:
         mask = mask[..., :keys]
         if mask.shape[1] == 1:
             mask = mask.unsqueeze(2)  # [B, 1, 1, Q, K]: the same for every head
         else:  # a per-head mask: [B, H, Q, K] -> [B, Hkv, G, Q, K]
-            mask = mask.reshape(mask.shape[0], key.shape[1], groups, *mask.shape[-2:])
+            mask = mask.reshape(mask.shape[0], kv_heads, groups, *mask.shape[-2:])
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
         else:
             scores = scores + mask.double()
     # A query that may attend to nothing (a padding row) gets zeros, not NaN.
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    out = probs.view(batch, key.shape[1], groups * queries, keys) @ value.double()
+    out = probs.view(batch, kv_heads, groups * queries, keys) @ value.double()
     return out.view(batch, heads, queries, dim).to(query.dtype)
 
 

@@ -230,3 +230,21 @@ def test_a_loras_one_row_decode_is_its_full_forward(tiny_model_dir: Path, tmp_pa
         ]
     decoded = torch.log_softmax(torch.cat(steps, dim=1)[0].float(), dim=-1)
     assert torch.allclose(decoded, whole, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "bool"])
+def test_queries_in_blocks_attend_as_all_at_once(
+    mask_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long prompt's queries go in blocks (bounded memory): bit for bit the same output."""
+    from art_backend.engines import _batch_invariant
+
+    generator = torch.Generator().manual_seed(5)
+    query = torch.randn(2, 4, 37, 16, generator=generator).bfloat16()
+    key, value = (torch.randn(2, 2, 37, 16, generator=generator).bfloat16() for _ in range(2))
+    mask = torch.ones(37, 37, dtype=torch.bool).tril().expand(2, 1, 37, 37).clone()
+    mask[1, :, :, :3] = False
+    arguments = (None, 0.25, True) if mask_kind == "causal" else (mask, 0.25, False)
+    whole = float64_attention(query, key, value, *arguments)
+    monkeypatch.setattr(_batch_invariant, "BLOCK_BYTES", 2 * 4 * 37 * 16 * 5)  # 5 queries
+    assert torch.equal(float64_attention(query, key, value, *arguments), whole)
