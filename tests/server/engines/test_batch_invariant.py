@@ -223,9 +223,9 @@ def test_a_loras_one_row_decode_is_its_full_forward(tiny_model_dir: Path, tmp_pa
     with torch.inference_mode():
         whole = torch.log_softmax(model(input_ids=tokens).logits[0, 19:-1].float(), dim=-1)
         cache = DynamicCache()
-        model(input_ids=tokens[:, :19], past_key_values=cache, use_cache=True)
+        model(input_ids=tokens[:, :19], cache=cache, use_cache=True)
         steps = [
-            model(input_ids=tokens[:, i : i + 1], past_key_values=cache, use_cache=True).logits
+            model(input_ids=tokens[:, i : i + 1], cache=cache, use_cache=True).logits
             for i in range(19, 39)
         ]
     decoded = torch.log_softmax(torch.cat(steps, dim=1)[0].float(), dim=-1)
