@@ -11,6 +11,8 @@ Sampling is batched on the logits' device (`_sampling.py`), one host copy per st
 ours, not transformers' per-layer-type one: every attention layer keeps every token
 and sliding windows come from the mask (`_kv_cache.py` has the table of cache layer types, which
 it serves and which it refuses at `start`, by family). docs/models.md lists the tested families.
+`ART_DECODE_STEP=static` keeps the rows in the slots of a preallocated cache instead of padding
+them (`_decode_rows.py`: the two layouts behind one set of calls).
 """
 
 from __future__ import annotations
@@ -34,20 +36,14 @@ from art_backend.engines._adapter_files import (
     linear_shapes,
 )
 from art_backend.engines._constrained import mask_rows
+from art_backend.engines._decode_rows import DecodeRows, DynamicRows, decode_rows
 from art_backend.engines._engine import (
     EngineMetrics,
     FinishEvent,
     GenerationRequest,
     TokenEvent,
 )
-from art_backend.engines._kv_cache import (
-    append_rows,
-    cache_keyword,
-    check_servable,
-    engine_cache,
-    keep_rows,
-    make_growing,
-)
+from art_backend.engines._kv_cache import cache_keyword, check_servable, engine_cache
 from art_backend.engines._running_choice import RunningChoice
 from art_backend.engines._sampling import (
     SampledBatch,
@@ -112,8 +108,8 @@ class TorchEngine(AdapterSlots):
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="art-engine", daemon=True)
         self._batch: list[RunningChoice] = []
-        self._cache: Any = None  # a DynamicCache whose layers are edited in place
-        self._attention_mask: Any = None  # [rows, columns] 1 for real tokens, 0 for padding
+        # The rows' KV cache, left-padded or in slots (ART_DECODE_STEP, read at start).
+        self._rows: DecodeRows = DynamicRows(self.device)
         self._next_tokens: Any = None  # tensor of the tokens to feed at the next decode step
 
     # ----------------------------------------------------------------------------------- control
@@ -121,6 +117,7 @@ class TorchEngine(AdapterSlots):
     def start(self) -> None:
         """Start the engine thread; a model whose cache layers it cannot batch is refused first."""
         check_servable(self._config)
+        self._rows = decode_rows(self.model, self.tokenizer.pad_token_id or 0, self.device)
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -279,7 +276,7 @@ class TorchEngine(AdapterSlots):
         with scope:
             output = self.model(
                 input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
+                attention_mask=_on_device(attention_mask, self.device),
                 position_ids=position_ids.to(self.device),
                 use_cache=True,
                 logits_to_keep=1,
@@ -334,7 +331,6 @@ class TorchEngine(AdapterSlots):
             return
         row_index = torch.tensor(rows)
         cache.batch_select_indices(row_index)
-        make_growing(cache)  # from here on, a new token is written in place
         mask = mask[row_index]
         next_tokens = self._sample_rows(logits[row_index.to(logits.device)], sequences)
         self._merge(sequences, cache, mask, next_tokens)
@@ -385,34 +381,23 @@ class TorchEngine(AdapterSlots):
         mask: torch.Tensor,
         next_tokens: torch.Tensor,
     ) -> None:
-        if not self._batch:
-            self._batch, self._cache, self._attention_mask = sequences, cache, mask
-            self._next_tokens = next_tokens
-            return
-        assert self._cache is not None and self._attention_mask is not None
-        self._attention_mask = append_rows(self._cache, self._attention_mask, cache, mask)
-        self._next_tokens = torch.cat([self._next_tokens, next_tokens])
-        self._batch = self._batch + sequences
+        self._rows.join(cache, mask)
+        if self._batch:
+            next_tokens = torch.cat([self._next_tokens, next_tokens])
+        self._batch, self._next_tokens = self._batch + sequences, next_tokens
 
     def _decode_step(self) -> None:
-        assert self._cache is not None and self._attention_mask is not None
         batch = self._batch
-        self._attention_mask = torch.cat(
-            [self._attention_mask, torch.ones((len(batch), 1), dtype=torch.long)], dim=1
-        )
-        position_ids = torch.tensor([[sequence.length] for sequence in batch])
+        adapters = [self._peft_adapter(s.request.adapter) for s in batch]
+        step = self._rows.step(self._next_tokens, (s.length for s in batch), adapters)
         for sequence in batch:
             sequence.length += 1
-        adapters = [self._peft_adapter(s.request.adapter) for s in batch]
         started = time.perf_counter()
         try:
             logits = self._forward(
-                self._next_tokens.unsqueeze(1),
-                self._attention_mask,
-                position_ids,
-                self._cache,
-                adapters,
+                step.input_ids, step.attention_mask, step.position_ids, step.cache, step.adapters
             )
+            logits = self._rows.batch_logits(logits)
             if self._profile and self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # the forward's kernels done: time it whole
         except Exception as error:
@@ -565,7 +550,8 @@ class TorchEngine(AdapterSlots):
             self._finish(sequence, "error", message)
         for request in new_requests:
             self._finish_request_early(request, "error", message)
-        self._batch, self._cache, self._attention_mask, self._next_tokens = [], None, None, None
+        self._batch, self._next_tokens = [], None
+        self._rows.clear()
 
     def _drop_finished(self) -> None:
         if not self._batch:
@@ -573,10 +559,14 @@ class TorchEngine(AdapterSlots):
         keep = [row for row, sequence in enumerate(self._batch) if not sequence.finished]
         if len(keep) == len(self._batch):
             return
-        if not keep:
-            self._batch, self._cache, self._attention_mask, self._next_tokens = [], None, None, None
-            return
-        assert self._cache is not None and self._attention_mask is not None
-        self._attention_mask = keep_rows(self._cache, self._attention_mask, keep, self.device)
-        self._next_tokens = self._next_tokens[torch.tensor(keep, device=self._next_tokens.device)]
+        self._rows.keep(keep)
+        index = torch.tensor(keep, dtype=torch.long, device=self._next_tokens.device)
+        self._next_tokens = self._next_tokens[index] if keep else None
         self._batch = [self._batch[row] for row in keep]
+
+
+def _on_device(mask: Any, device: torch.device) -> Any:
+    """A mask on `device`: a tensor, or (a static step's) tensors by cache layer type."""
+    if isinstance(mask, dict):
+        return {kind: tensor.to(device) for kind, tensor in mask.items()}
+    return mask.to(device)
