@@ -69,13 +69,16 @@ $(VENV)/.installed-tinker-next:
 	$(VENV)/tinker-next/bin/python -m pip install -q "tinker==$(TINKER_NEXT)"
 	touch $@
 
-# The Tinker cookbook's recipes (tests/server/tinker/cookbook/, benchmarks/cookbook_recipes.py):
-# tinker-cookbook without its dependencies (it requires tml-renderers>=0.4.1, which the index does
-# not serve and which only its Inkling and Kimi tokenizers load), then what its chat_sl, math_rl,
-# preference (DPO) and distillation recipes import that [backend,dev] lacks: chz (their configs),
-# blobfile (the data readers), termcolor (the logs' colours) and pylatexenc (math_rl's grader).
-# The rest they import (datasets, rich, sympy, torch, transformers...) the lock already pins.
-COOKBOOK_PACKAGES := "chz>=0.4,<0.5" "blobfile>=3,<4" "termcolor>=3,<4" "pylatexenc>=2.10,<3"
+# The Tinker cookbook's recipes (tests/server/tinker/test_cookbook_recipes.py,
+# benchmarks/cookbook_recipes.py): tinker-cookbook without its dependencies (it requires
+# tml-renderers>=0.4.1, which the index does not serve and which only its Inkling and Kimi
+# tokenizers load), then what its chat_sl, math_rl, preference (DPO) and distillation recipes
+# import that [backend,dev] lacks: datasets (their data modules; a clean clone lacks it), chz
+# (their configs), blobfile (the data readers), termcolor (the logs' colours) and pylatexenc
+# (math_rl's grader). The rest they import (rich, sympy, torch, transformers...) [backend,dev]
+# installs.
+COOKBOOK_PACKAGES := "datasets>=5,<6" "chz>=0.4,<0.5" "blobfile>=3,<4" "termcolor>=3,<4" \
+	"pylatexenc>=2.10,<3"
 $(VENV)/.installed-cookbook: $(VENV)/.installed
 	$(PIP) install -q $(call pinned,$(LOCK)) $(COOKBOOK_PACKAGES)
 	$(PIP) install -q --no-deps $(call pinned,$(LOCK)) "tinker-cookbook>=0.6.1,<0.7"

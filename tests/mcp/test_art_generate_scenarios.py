@@ -21,9 +21,15 @@ INVENTORY_TOOLS = ("search_items", "update_stock", "low_stock_report")
 
 
 async def test_arts_scenario_generation_block_runs_with_only_the_import_changed(
-    scripted_judge: ScriptedJudge, capsys: pytest.CaptureFixture[str]
+    scripted_judge: ScriptedJudge,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
 ):
     """docs/features/mcp-rl.mdx, "Scenario Generation", with OpenRouter's URL and key ours."""
+    # A cache of its own: the session's cache may hold this very request's answer already (the
+    # docs test runs the same block), and then nothing would reach the scripted generator.
+    monkeypatch.setenv("ART_CACHE_DIR", str(tmp_path))
     scripted_judge.default = responder
     tools_list = await art_mcp.McpServer.from_object(create_server()).list_tools()
     your_openrouter_key, openrouter_url = "test-key", scripted_judge.url
@@ -51,10 +57,12 @@ async def test_arts_scenario_generation_block_runs_with_only_the_import_changed(
 
 async def test_arts_training_pipeline_block_reads_the_key_from_the_environment(
     scripted_judge: ScriptedJudge,
+    tmp_path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ):
     """The "Basic Training Pipeline" block: resources too, the generator from the environment."""
+    monkeypatch.setenv("ART_CACHE_DIR", str(tmp_path))  # a cache of its own, as above
     scripted_judge.default = responder
     monkeypatch.setenv("OPENAI_BASE_URL", scripted_judge.url)
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
