@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+import logging
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -37,6 +38,21 @@ def server(
         tiny_model_dir, tmp_path_factory.mktemp("art-cookbook"), api_key=API_KEY
     ) as running:
         yield running
+
+
+@pytest.fixture(autouse=True)
+def _recipe_log_files_closed() -> Iterator[None]:
+    """A recipe adds file handlers for its log folder to the process's loggers; they are closed
+    and removed after the test (the folder goes with the test's, and a later test's logging
+    would fail writing to it: it failed every test after these in one run)."""
+    loggers = [logging.getLogger(), *map(logging.getLogger, logging.root.manager.loggerDict)]
+    before = {id(logger): list(logger.handlers) for logger in loggers}
+    yield
+    for logger in [logging.getLogger(), *map(logging.getLogger, logging.root.manager.loggerDict)]:
+        for handler in list(logger.handlers):
+            if handler not in before.get(id(logger), []):
+                logger.removeHandler(handler)
+                handler.close()
 
 
 @pytest.fixture(scope="module")
