@@ -121,19 +121,21 @@ class _OurDecode:
         from art_backend.testing import TorchEngine
 
         self.adapter = None
-        lora_folder = Path(tempfile.mkdtemp(prefix="limit-lora-"))
-        if spec.get("adapter"):
-            model = _with_lora_folder(model, lora_folder)
-        self.engine = TorchEngine(
-            model,
-            tokenizer,
-            eos_token_ids=[],
-            context_length=4096,
-            max_batch_size=spec["rows"],
-        )
-        if spec.get("adapter"):
-            self.engine.load_adapter("bench@1", lora_folder)
-            self.adapter = "bench@1"
+        # The adapter's folder lives only until the engine has loaded it (nothing left in TMPDIR).
+        with tempfile.TemporaryDirectory(prefix="limit-lora-") as folder:
+            lora_folder = Path(folder)
+            if spec.get("adapter"):
+                model = _with_lora_folder(model, lora_folder)
+            self.engine = TorchEngine(
+                model,
+                tokenizer,
+                eos_token_ids=[],
+                context_length=4096,
+                max_batch_size=spec["rows"],
+            )
+            if spec.get("adapter"):
+                self.engine.load_adapter("bench@1", lora_folder)
+                self.adapter = "bench@1"
         torch.set_grad_enabled(False)
 
     def _admit(self, batch: list[list[int]], new_tokens: int) -> None:
