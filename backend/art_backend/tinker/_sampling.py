@@ -285,16 +285,13 @@ class TinkerSampling:
         # Held while it samples: the served window's trim and a delete leave its adapter loaded
         # (an adapter unloaded mid-generation failed the engine's whole batch). The hold also
         # serves an older step again.
-        model = sampler.run.registered
-        await self.training.training.registry.hold(model, HoldStepRequest(step=sampler.step))
+        model, registry = sampler.run.registered, self.training.training.registry
+        await registry.hold(model, HoldStepRequest(step=sampler.step))
         try:
             return await self._generate_on_engine(sampler, generation, asked, recorded)
         finally:
-            # Given back without the registry's release, which trims at once: an older step
-            # stays loaded for the next sample, until the window's next trim.
-            model.holds[sampler.step] -= 1
-            if model.holds[sampler.step] <= 0:
-                del model.holds[sampler.step]
+            # An older step stays loaded for the next sample, until the window's next trim.
+            await registry.give_back(model, sampler.step, trim=False)
 
     async def _generate_on_engine(
         self,

@@ -296,12 +296,7 @@ class ModelRegistry:
         served beyond the window, and is not deleted; the answer lists the held steps."""
         step = request.step
         if request.release:
-            if model.holds[step] > 0:
-                model.holds[step] -= 1
-            if model.holds[step] <= 0:
-                del model.holds[step]
-                async with self._step_lock:
-                    await self._in_trainer_thread(self._trim_served, model)
+            await self.give_back(model, step)
             return {"held": sorted(model.holds)}
         if step not in (steps := model.store.checkpoint_steps()):
             raise InvalidRequestError(
@@ -312,6 +307,18 @@ class ModelRegistry:
         model.holds[step] += 1
         await self.serve_again(model, step)
         return {"held": sorted(model.holds)}
+
+    async def give_back(self, model: RegisteredModel, step: int, *, trim: bool = True) -> None:
+        """Give back one hold on `step`; with `trim`, a step no longer held and outside the
+        served window is unloaded at once, else at the window's next trim (a Tinker sample:
+        the next sample of the same older sampler finds it loaded)."""
+        if model.holds[step] > 0:
+            model.holds[step] -= 1
+        if model.holds[step] <= 0:
+            del model.holds[step]
+            if trim:
+                async with self._step_lock:
+                    await self._in_trainer_thread(self._trim_served, model)
 
     def check_train_from(self, model: RegisteredModel, step: int | None) -> None:
         """A train request's `train_from_step`: a step on disk (None or the latest: as usual)."""
