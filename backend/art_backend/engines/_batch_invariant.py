@@ -53,8 +53,8 @@ VARIABLE = "ART_BATCH_INVARIANT"
 _SWITCH = {"1": True, "true": True, "yes": True, "on": True}
 _SWITCH |= {"0": False, "false": False, "no": False, "off": False}
 REDUCED = (torch.bfloat16, torch.float16)
-# The fewest rows a linear layer's matmul runs with, by its input's dtype (module docstring).
 BLOCK_BYTES = 256 * 2**20  # float64 scores + probabilities of one block of queries
+# The fewest rows a linear layer's matmul runs with, by its input's dtype (module docstring).
 ROW_FLOOR = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 16}
 
 
