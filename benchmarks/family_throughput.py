@@ -1,6 +1,7 @@
 """Serving throughput per architecture family: our torch engine against batched `generate()`.
 
     .venv/bin/python benchmarks/family_throughput.py [--repeats 3] [--quick]
+        [--dtype float32|bfloat16] [--baseline CHECKOUT] [--only SUBSTRING]
 
 A regression that hits one family (a cache layer type, a mask, an attention kernel) shows here as
 that family's ratio falling while the others hold. Two parts, each measurement in a
@@ -17,8 +18,13 @@ The workload: 16 requests at once, distinct prompts of 20 to 120 tokens, 64 toke
 at temperature 1 with no end token (every row runs its 64). Ours: the torch engine in process
 (`TorchEngine`, continuous batching, the requests submitted together); the peer: one left-padded
 `model.generate()` of the same 16 prompts (`min_new_tokens` = `max_new_tokens` = 64). tokens/s =
-generated tokens / wall time. float32. The CPU time other processes used during each
-measurement is recorded beside it (`other_cores`).
+generated tokens / wall time, in `--dtype` (float32 by default). The CPU time other processes
+used during each measurement is recorded beside it (`other_cores`).
+
+`--baseline CHECKOUT` adds a third contender in the same run: our engine from another checkout
+of this repository (e.g. `git worktree add ../prev HEAD~1`), its `backend/` first on the child's
+`sys.path`, so a change is measured against the commit before it under the same load.
+`--only` keeps the models whose name contains the substring.
 
 Writes benchmarks/results/family_throughput.json and its BENCHMARKS.md section.
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -129,7 +136,9 @@ def measure_generate(model: Any, batch: list[list[int]]) -> float:
     return tokens / (time.perf_counter() - started)
 
 
-def measure_in_child(contender: str, folder: Path) -> float:
+def measure_in_child(
+    contender: str, folder: Path, dtype: str = "float32", baseline: Path | None = None
+) -> float:
     """tokens/s of one contender on `folder`, measured in a fresh interpreter after a warm-up.
 
     Each measurement gets a process of its own: torch's OpenMP thread pool belongs to the
@@ -137,19 +146,24 @@ def measure_in_child(contender: str, folder: Path) -> float:
     thread takes the cores from the engine's own thread (its forward measured 2.8x slower
     here beside one). A served engine has its process to itself; so does each contender here.
     """
-    command = [sys.executable, __file__, "--child", contender, str(folder)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    command = [sys.executable, __file__, "--child", contender, str(folder), "--dtype", dtype]
+    environment = dict(os.environ)
+    if baseline is not None:  # the other checkout's engine, this checkout's benchmark
+        environment["PYTHONPATH"] = os.pathsep.join(
+            [str(baseline / "backend"), environment.get("PYTHONPATH", "")]
+        )
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
     if done.returncode != 0:
         raise RuntimeError(f"{contender} on {folder} failed:\n{done.stderr[-3000:]}")
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def child(contender: str, folder: Path) -> None:
+def child(contender: str, folder: Path, dtype: str) -> None:
     """The child side of `measure_in_child`: print one tokens/s figure."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).eval()
     batch = prompts(model.config.get_text_config().vocab_size)
     if contender == "ours":
         measure_ours(model, tokenizer, batch[:2])  # warm-up: first-call costs out of the figure
@@ -159,12 +173,17 @@ def child(contender: str, folder: Path) -> None:
         print(measure_generate(model, batch))
 
 
-def bench_model(name: str, family: str, folder: Path, repeats: int) -> dict[str, Any]:
-    runs: dict[str, list[float]] = {"ours": [], "generate": [], "other_cores": []}
-    for _ in range(repeats):
-        for contender in ("ours", "generate"):
+def bench_model(name: str, family: str, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    contenders = ["ours", "generate"] + (["baseline"] if args.baseline else [])
+    runs: dict[str, list[float]] = {contender: [] for contender in contenders}
+    runs["other_cores"] = []
+    for _ in range(args.repeats):
+        for contender in contenders:
+            baseline = args.baseline if contender == "baseline" else None
             with OtherLoad() as load:
-                rate = measure_in_child(contender, folder)
+                rate = measure_in_child(
+                    "generate" if contender == "generate" else "ours", folder, args.dtype, baseline
+                )
             runs[contender].append(rate)
             runs["other_cores"].append(load.cores)
     ours, peer = statistics.median(runs["ours"]), statistics.median(runs["generate"])
@@ -177,6 +196,10 @@ def bench_model(name: str, family: str, folder: Path, repeats: int) -> dict[str,
         "other_cores_max": round(max(runs["other_cores"]), 2),
         "runs": {key: [round(v, 2) for v in values] for key, values in runs.items()},
     }
+    if args.baseline:
+        before = statistics.median(runs["baseline"])
+        result["baseline_tokens_per_s"] = round(before, 1)
+        result["ours_over_baseline"] = round(ours / before, 3)
     print(result, flush=True)
     return result
 
@@ -193,27 +216,37 @@ def build_gemma3_at_smollm2(folder: Path) -> Path:
     return folder
 
 
-def section(result: dict[str, Any]) -> str:
+def section(result: dict[str, Any], start: str = START, end: str = END) -> str:
+    baseline = result.get("baseline")
     lines = [
-        START,
+        start,
         "## Serving throughput per family: torch engine vs `generate()` "
         "(`benchmarks/family_throughput.py`)",
         "",
         f"Measured {result['machine']['date']} on {result['machine']['cpu_count']} cores "
-        f"({result['machine']['cpu_model']}), float32, {ROWS} concurrent requests x "
+        f"({result['machine']['cpu_model']}), {result['workload']['dtype']}, {ROWS} concurrent "
+        f"requests x "
         f"{NEW_TOKENS} sampled tokens, prompts of 20-120 tokens; medians of "
         f"{result['repeats']} runs. `other cores`: the most CPU other processes used during "
         "any run of that model (the machine is shared).",
         "",
-        "| model | family | ours tok/s | `generate()` tok/s | ours / generate | other cores |",
-        "|---|---|---:|---:|---:|---:|",
+        "| model | family | ours tok/s | `generate()` tok/s | ours / generate | other cores |"
+        + (" baseline tok/s | ours / baseline |" if baseline else ""),
+        "|---|---|---:|---:|---:|---:|" + ("---:|---:|" if baseline else ""),
     ]
     for row in result["models"]:
         lines.append(
             f"| {row['model']} | {row['family']} | {row['ours_tokens_per_s']} | "
             f"{row['generate_tokens_per_s']} | {row['ratio']}x | {row['other_cores_max']} |"
+            + (
+                f" {row['baseline_tokens_per_s']} | {row['ours_over_baseline']}x |"
+                if baseline
+                else ""
+            )
         )
-    lines += ["", result["notes"], END]
+    if baseline:
+        lines += ["", f"Baseline: our engine at commit `{baseline}`, in the same run."]
+    lines += ["", result["notes"], end]
     return "\n".join(lines)
 
 
@@ -221,34 +254,64 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="small shapes only, 1 run, no write")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--baseline", type=Path, help="another checkout's engine, same run")
+    parser.add_argument("--only", default="", help="models whose name contains this")
     parser.add_argument("--child", nargs=2, metavar=("CONTENDER", "FOLDER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], Path(args.child[1]))
+        child(args.child[0], Path(args.child[1]), args.dtype)
         return
-    repeats = 1 if args.quick else args.repeats
+    if args.quick:
+        args.repeats = 1
+    if args.baseline and not (args.baseline / "backend" / "art_backend").is_dir():
+        parser.error(f"--baseline {args.baseline} is not a checkout of this repository")
     models = []
     with tempfile.TemporaryDirectory() as scratch:
-        for family in FAMILIES:
-            folder = build_family_model(family, Path(scratch) / family.name, shape=SMALL)
-            models.append(bench_model(f"small {family}", family.name, folder, repeats))
-        if not args.quick:
-            from art_backend.engines._loading import ensure_default_model
-
-            models.append(bench_model("SmolLM2-135M", "llama", ensure_default_model(), repeats))
-            gemma3 = build_gemma3_at_smollm2(Path(scratch) / "gemma3-135m")
-            models.append(bench_model("Gemma 3 at SmolLM2's size", "gemma3", gemma3, repeats))
+        for name, family, folder in model_folders(Path(scratch), args.quick, args.only):
+            models.append(bench_model(name, family, folder(), args))
     result = {
         "machine": machine_info("torch", "transformers"),
-        "repeats": repeats,
-        "workload": {"rows": ROWS, "new_tokens": NEW_TOKENS, "dtype": "float32"},
+        "repeats": args.repeats,
+        "workload": {"rows": ROWS, "new_tokens": NEW_TOKENS, "dtype": args.dtype},
         "models": models,
+        "baseline": _commit(args.baseline) if args.baseline else None,
         "notes": NOTES,
     }
-    if args.quick:
-        print(section(result))
+    suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
+    start, end = (f"<!-- family_throughput{suffix}:{edge} -->" for edge in ("start", "end"))
+    if args.quick or args.only:
+        print(section(result, start, end))
         return
-    publish(result, RESULTS, START, END, section(result))
+    path = RESULTS.with_name(f"family_throughput{suffix}.json")
+    publish(result, path, start, end, section(result, start, end))
+
+
+def model_folders(scratch: Path, quick: bool, only: str) -> list[tuple[str, str, Any]]:
+    """(name, family, a call that builds the model's folder) for the models to measure."""
+    from art_backend.engines._loading import ensure_default_model
+
+    folders: list[tuple[str, str, Any]] = [
+        (f"small {family}", family.name, lambda family=family: build_family_model(
+            family, scratch / family.name, shape=SMALL
+        ))
+        for family in FAMILIES
+    ]  # fmt: skip
+    if not quick:
+        folders.append(("SmolLM2-135M", "llama", ensure_default_model))
+        folders.append((
+            "Gemma 3 at SmolLM2's size", "gemma3",
+            lambda: build_gemma3_at_smollm2(scratch / "gemma3-135m"),
+        ))  # fmt: skip
+    return [entry for entry in folders if only in entry[0]]
+
+
+def _commit(checkout: Path) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout.strip() or str(checkout)
 
 
 NOTES = (

@@ -44,6 +44,7 @@ from art_backend.engines._engine import (
     TokenEvent,
 )
 from art_backend.engines._kv_cache import cache_keyword, check_servable, engine_cache
+from art_backend.engines._prefill_groups import prefill_groups
 from art_backend.engines._running_choice import RunningChoice
 from art_backend.engines._sampling import (
     SampledBatch,
@@ -286,13 +287,17 @@ class TorchEngine(AdapterSlots):
         return output.logits[:, -1, :].float()  # stays on the device: sampling happens there
 
     def _admit(self, requests: list[GenerationRequest]) -> None:
-        """Prefill new requests together, sample their first tokens, merge into the batch."""
+        """Prefill new requests in groups of similar prompt lengths (`_prefill_groups.py`),
+        sample their first tokens, merge them into the batch."""
         live = [r for r in requests if not r.cancelled]
         for request in requests:
             if request.cancelled:
                 self._finish_request_early(request, "cancelled", None)
-        if not live:
-            return
+        for group in prefill_groups(live):
+            self._admit_together(group)
+
+    def _admit_together(self, live: list[GenerationRequest]) -> None:
+        """Prefill `live` in one forward (left-padded), sample, merge."""
         # A GRPO group's rollouts send the same prompt at the same moment: each distinct prompt
         # (and adapter) is prefilled once, and its cache row is repeated for every request and
         # choice that asked for it, as for the n choices of one request.
@@ -312,7 +317,7 @@ class TorchEngine(AdapterSlots):
                 self._finish_request_early(live[0], "error", f"prefill failed: {error}")
                 return
             for request in live:
-                self._admit([request])
+                self._admit_together([request])
             return
         self.metrics.prefill_batches_total += 1
         self.metrics.prefill_shared_requests_total += len(live) - len(prompts)

@@ -87,6 +87,22 @@ def test_a_seeded_row_draws_the_same_tokens_whatever_shares_its_batch():
     assert len(set(alone)) > 1  # the generator advanced: five draws, not one repeated
 
 
+def test_a_draw_at_the_very_top_of_the_distribution_never_lands_on_a_masked_token(monkeypatch):
+    # u x total can round up to the total itself: the search then passes every token with mass
+    # and would land on the masked tail. Force that draw (u = 1) for seeded and unseeded rows.
+    from art_backend.engines import _sampling
+
+    real_rand = torch.rand
+    monkeypatch.setattr(
+        _sampling.torch, "rand", lambda *args, **kwargs: torch.ones_like(real_rand(*args, **kwargs))
+    )
+    logits = torch.tensor([[1.0, 2.0, 0.5, 0.0, 0.0]] * 2)
+    logits[:, 3:] = float("-inf")  # banned by bias or a grammar: the tail has no mass
+    params = [SamplingParams(max_new_tokens=1, temperature=1.0)] * 2
+    tokens = sample_batch(logits, logits, params, [make_generator(3), None]).tokens
+    assert tokens.tolist() == [1, 1]
+
+
 def test_greedy_rows_take_the_argmax_beside_sampled_rows():
     logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(2))
     params = [
