@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,6 +28,7 @@ from transformers import AutoTokenizer
 from art_backend._errors import UnsupportedModelError
 from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams
 from art_backend.engines._kv_cache import check_servable
+from art_backend.engines._prefill_groups import prefill_groups
 from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
 from art_backend.tinker._datums import datum_rows
 from art_backend.tinker._proto import ForwardBackwardWire, WireDatum, WireTensor
@@ -133,7 +135,9 @@ async def test_staggered_mixed_length_batches_decode_as_each_request_alone(famil
     finally:
         engine.stop()
     assert engine.metrics.requests_failed == 0
-    assert engine.metrics.prefill_batches_total == 2  # the first alone, then the joiners
+    # The first alone, then the joiners in groups of similar lengths (`_prefill_groups.py`).
+    joiners = [SimpleNamespace(prompt_ids=ids, adapter=None) for ids in prompts[1:]]
+    assert engine.metrics.prefill_batches_total == 1 + len(prefill_groups(joiners))
     assert engine.metrics.max_batch_size_seen == 6  # merged into the running batch
     assert engine.metrics.prefill_shared_requests_total >= 1
     reference = load_model(family_dir)
