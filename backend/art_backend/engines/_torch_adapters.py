@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from art_backend.engines._adapter_files import check_adapter_folder
-from art_backend.engines._decode_linear import fit_linear_layers
+from art_backend.engines._batch_invariant import floor_linear_rows
 
 # PEFT's PeftModel() reads `model.is_gradient_checkpointing`, which transformers 5 deprecated for
 # `is_activation_checkpointing` with a FutureWarning: shown once per process in backend.log and
@@ -57,7 +57,7 @@ class AdapterSlots:
                     self.model, str(path), adapter_name=adapter_name, is_trainable=False
                 )
             self.model.eval()
-            fit_linear_layers(self.model)  # the adapter's new LoRA layers too
+            floor_linear_rows(self.model)  # the adapter's new LoRA layers too
             previous = self.adapters.get(served_name)
             self.adapters[served_name] = adapter_name
             if previous is not None:
@@ -73,7 +73,7 @@ class AdapterSlots:
             else:
                 self.model = get_peft_model(self.model, peft_config, adapter_name=adapter_name)
             self.model.eval()
-            fit_linear_layers(self.model)  # the adapter's new LoRA layers too
+            floor_linear_rows(self.model)  # the adapter's new LoRA layers too
 
     def remove_trainable_adapter(self, adapter_name: str) -> None:
         """Remove a trainer's adapter (its trainer closed, or failed to start)."""

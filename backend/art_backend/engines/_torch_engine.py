@@ -36,7 +36,6 @@ from art_backend.engines._adapter_files import (
     linear_shapes,
 )
 from art_backend.engines._constrained import mask_rows
-from art_backend.engines._decode_linear import fit_linear_layers
 from art_backend.engines._decode_rows import DecodeRows, DynamicRows, decode_rows
 from art_backend.engines._engine import (
     EngineMetrics,
@@ -89,7 +88,6 @@ class TorchEngine(AdapterSlots):
         # Rows x (prompt + max new tokens): what the batch's KV cache may come to hold.
         self.max_batch_tokens = max_batch_tokens
         self.device = next(model.parameters()).device
-        fit_linear_layers(model)  # the linear forward its dtype decodes fastest with
         self._config = model.config
         self._cache_keyword = cache_keyword(model)
         self.metrics = EngineMetrics()
