@@ -35,7 +35,8 @@ def run_figure(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure the figure `spec` describes (its `figure` key names it)."""
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
-    figure = {"matmul": matmul_peak, "decode": decode, "train": train}[spec["figure"]]
+    figures = {"matmul": matmul_peak, "decode": decode, "train": train, "floor": linear_floor}
+    figure = figures[spec["figure"]]
     result = figure(spec)
     result["threads"] = torch.get_num_threads()
     return result
@@ -81,6 +82,44 @@ def prompts(vocab_size: int, rows: int, length: int, seed: int = 0) -> list[list
     """`rows` distinct prompts of `length` random token ids (special ids kept out)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab_size, (rows, length), generator=generator).tolist()
+
+
+def linear_floor(spec: dict[str, Any]) -> dict[str, Any]:
+    """Seconds a decode step's linear layers take alone at `rows` rows: the model's own weights
+    in its order, each read once a pass (streamed from memory, as a real step reads them),
+    `nn.functional.linear` on random inputs, best of `repeats` passes after one warm-up.
+
+    At a decode step's few rows a weight is used for few FLOPs, so this is far below the large-
+    matrix peak: it is the floor a decode step cannot go under with these GEMM kernels."""
+    model, _ = load_model(spec)
+    seen: set[int] = set()
+    weights = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear) and id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            weights.append(module.weight.detach())
+    dtype = weights[0].dtype
+    generator = torch.Generator().manual_seed(0)
+    inputs = {
+        width: torch.randn(spec["rows"], width, generator=generator).to(dtype)
+        for width in {weight.shape[1] for weight in weights}
+    }
+    times = []
+    with torch.inference_mode():
+        for repeat in range(spec["repeats"] + 1):
+            started = time.perf_counter()
+            for weight in weights:
+                torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+            if repeat:  # the first pass is the warm-up
+                times.append(time.perf_counter() - started)
+    step = min(times)
+    parameters = sum(weight.numel() for weight in weights)
+    return {
+        "step_s": step,
+        "step_s_runs": [round(t, 5) for t in times],
+        "flops_per_s": 2 * spec["rows"] * parameters / step,
+        "weight_bytes_per_s": parameters * weights[0].element_size() / step,
+    }
 
 
 # ---------------------------------------------------------------------------------- decoding

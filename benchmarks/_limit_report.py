@@ -36,8 +36,9 @@ def decode_table(result: dict[str, Any]) -> list[str]:
     """One line per decode figure: tokens/s, both FLOP counts and their shares of the peak."""
     lines = [
         "| decode | dtype | rows | tok/s | GFLOP/s (2N) | % of peak | GFLOP/s counted "
-        "| % of peak | load avg before / after | other cores |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| % of peak | ms a step | linear floor ms | floor / step "
+        "| load avg before / after | other cores |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for figure in result["decode"]:
         contender = "ours" if figure["contender"] == "ours" else "bare HF loop"
@@ -48,10 +49,37 @@ def decode_table(result: dict[str, Any]) -> list[str]:
             f"{figure['decode_tokens_per_s']:.0f} | {_giga(figure['conventional_flops_per_s'])} | "
             f"{_percent(figure['conventional_share_of_peak'])} | "
             f"{_giga(figure['counted_flops_per_s'])} | "
-            f"{_percent(figure['counted_share_of_peak'])} | {_load(figure)} | "
-            f"{figure['other_cores']} |"
+            f"{_percent(figure['counted_share_of_peak'])} | {_floor_columns(figure)} | "
+            f"{_load(figure)} | {figure['other_cores']} |"
         )
     return lines
+
+
+def _floor_columns(figure: dict[str, Any]) -> str:
+    if "linear_floor_s" not in figure:  # a result from before the floor was measured
+        return "- | - | -"
+    return (
+        f"{1000 * figure['step_s']:.1f} | {1000 * figure['linear_floor_s']:.1f} | "
+        f"{_percent(figure['share_of_linear_floor'])}"
+    )
+
+
+def floor_table(result: dict[str, Any]) -> list[str]:
+    """One line per linear floor: a decode step's linear layers alone."""
+    if "linear_floor" not in result:
+        return []
+    lines = [
+        "| linear floor | rows | ms a pass | GFLOP/s | % of peak | weights GB/s | "
+        "load avg before / after |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for floor in result["linear_floor"]:
+        lines.append(
+            f"| {floor['dtype']} | {floor['rows']} | {1000 * floor['step_s']:.1f} | "
+            f"{_giga(floor['flops_per_s'])} | {_percent(floor['share_of_peak'])} | "
+            f"{floor['weight_bytes_per_s'] / 1e9:.1f} | {_load(floor)} |"
+        )
+    return [*lines, ""]
 
 
 def train_table(result: dict[str, Any]) -> list[str]:
@@ -126,6 +154,13 @@ def section(result: dict[str, Any], start: str, end: str) -> str:
         "(1 min) before and after each figure, and the cores other processes used during it; "
         "the machine is shared.",
         "",
+        "*Linear floor*: the model's linear layers alone at the decode step's rows, each weight "
+        "read once a pass as a step reads it (`nn.functional.linear` on random inputs): at a "
+        "few rows a weight serves few FLOPs, so this floor sits far below the large-matrix "
+        "peak, and a decode step cannot go under it with these kernels. *floor / step*: how "
+        "much of a decode step the linear layers alone would take.",
+        "",
+        *floor_table(result),
         *decode_table(result),
         "",
         *train_table(result),

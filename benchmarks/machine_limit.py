@@ -7,7 +7,9 @@ In one run, on one thread count (torch's default, recorded): torch.mm on two 204
 matrices, float32 and bf16, best of 10, measured first and last (the peak is the better of the
 two: the machine is shared); our torch engine's decode step on SmolLM2-135M-Instruct at 16 and
 64 rows x 64 sampled tokens (64-token prompts), float32 and bf16, beside a bare transformers
-forward loop over its KV cache on the same prompts; the trainer's forward+backward on a GRPO
+forward loop over its KV cache on the same prompts; the *linear floor* at those rows and dtypes
+(the model's linear layers alone, each weight read once a pass, as a decode step reads them:
+`_limit_figures.linear_floor`) and each decode step as a share of it; the trainer's forward+backward on a GRPO
 step's rows (4 prompts x 4 completions, 64 + 64 tokens, LoRA r16 on q,k,v,o); each as a share
 of its dtype's peak. Each figure runs in a process of its own (`family_throughput.py` says why)
 and is the best of `--repeats` runs; `os.getloadavg()` and the cores other processes used are
@@ -105,6 +107,11 @@ def run(
             for contender in ("ours", "hf"):
                 spec = {"figure": "decode", "contender": contender, "dtype": dtype, "rows": rows}
                 decode.append({**spec, **measure({**common, **spec}, in_process)})
+    floors = []
+    for dtype in DTYPES:
+        for rows in sizes["rows"]:
+            spec = {"figure": "floor", "dtype": dtype, "rows": rows}
+            floors.append({**spec, **measure({**common, **spec}, in_process)})
     profiles: dict[str, Any] = {}
     rows = sizes["rows"][0]
     for adapter in (False, True):
@@ -124,7 +131,7 @@ def run(
             profiles["train"] = figure.pop("profile")
         train.append(figure)
     peak_pass()
-    return assemble(shape, sizes, repeats, peaks, decode, train, profiles)
+    return assemble(shape, sizes, repeats, peaks, decode, train, profiles, floors)
 
 
 def assemble(
@@ -135,8 +142,10 @@ def assemble(
     decode: list[dict[str, Any]],
     train: list[dict[str, Any]],
     profiles: dict[str, Any],
+    floors: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The result JSON: the peaks, every figure as a share of its dtype's peak, the profiles."""
+    """The result JSON: the peaks, every figure as a share of its dtype's peak, each decode
+    figure's step beside its linear floor, the profiles."""
     matmul_peak = {
         dtype: {
             "flops_per_s": max(p["flops_per_s"] for p in passes),
@@ -149,7 +158,17 @@ def assemble(
         peak = matmul_peak[figure["dtype"]]["flops_per_s"]
         figure["conventional_share_of_peak"] = figure["conventional_flops_per_s"] / peak
         figure["counted_share_of_peak"] = figure["counted_flops_per_s"] / peak
-    threads = {f["threads"] for f in [*decode, *train, *peaks["float32"], *peaks["bfloat16"]]}
+    for floor in floors:
+        floor["share_of_peak"] = floor["flops_per_s"] / matmul_peak[floor["dtype"]]["flops_per_s"]
+    for figure in decode:
+        floor = next(
+            f for f in floors if (f["dtype"], f["rows"]) == (figure["dtype"], figure["rows"])
+        )
+        figure["step_s"] = figure["rows"] / figure["decode_tokens_per_s"]
+        figure["linear_floor_s"] = floor["step_s"]
+        figure["share_of_linear_floor"] = floor["step_s"] / figure["step_s"]
+    every = [*decode, *train, *floors, *peaks["float32"], *peaks["bfloat16"]]
+    threads = {f["threads"] for f in every}
     return {
         "machine": machine_info("torch", "transformers", "peft", torch_threads=sorted(threads)),
         "shape": shape,
@@ -157,6 +176,7 @@ def assemble(
         "workload": {k: v for k, v in sizes.items() if not k.startswith("matmul")},
         "matmul_peak": matmul_peak,
         "decode": decode,
+        "linear_floor": floors,
         "train": train,
         "profiles": profiles,
     }
