@@ -67,15 +67,18 @@ def load_model(spec: dict[str, Any]) -> tuple[Any, Any]:
     return model, AutoTokenizer.from_pretrained(folder)
 
 
+def linear_weights(model: Any) -> list[torch.Tensor]:
+    """Every nn.Linear's weight in the model's order, a tied head's once."""
+    weights: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            weights.setdefault(id(module.weight), module.weight.detach())
+    return list(weights.values())
+
+
 def linear_parameters(model: Any) -> int:
     """Weights that multiply a token's activations: every nn.Linear's, a tied head's once."""
-    seen: set[int] = set()
-    total = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and id(module.weight) not in seen:
-            seen.add(id(module.weight))
-            total += module.weight.numel()
-    return total
+    return sum(weight.numel() for weight in linear_weights(model))
 
 
 def prompts(vocab_size: int, rows: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -92,12 +95,7 @@ def linear_floor(spec: dict[str, Any]) -> dict[str, Any]:
     At a decode step's few rows a weight is used for few FLOPs, so this is far below the large-
     matrix peak: it is the floor a decode step cannot go under with these GEMM kernels."""
     model, _ = load_model(spec)
-    seen: set[int] = set()
-    weights = []
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and id(module.weight) not in seen:
-            seen.add(id(module.weight))
-            weights.append(module.weight.detach())
+    weights = linear_weights(model)
     dtype = weights[0].dtype
     generator = torch.Generator().manual_seed(0)
     inputs = {

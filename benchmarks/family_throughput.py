@@ -225,8 +225,7 @@ def section(result: dict[str, Any], start: str = START, end: str = END) -> str:
         "",
         f"Measured {result['machine']['date']} on {result['machine']['cpu_count']} cores "
         f"({result['machine']['cpu_model']}), {result['workload']['dtype']}, {ROWS} concurrent "
-        f"requests x "
-        f"{NEW_TOKENS} sampled tokens, prompts of 20-120 tokens; medians of "
+        f"requests x {NEW_TOKENS} sampled tokens, prompts of 20-120 tokens; medians of "
         f"{result['repeats']} runs. `other cores`: the most CPU other processes used during "
         "any run of that model (the machine is shared).",
         "",

@@ -9,8 +9,8 @@ two: the machine is shared); our torch engine's decode step on SmolLM2-135M-Inst
 64 rows x 64 sampled tokens (64-token prompts), float32 and bf16, beside a bare transformers
 forward loop over its KV cache on the same prompts; the *linear floor* at those rows and dtypes
 (the model's linear layers alone, each weight read once a pass, as a decode step reads them:
-`_limit_figures.linear_floor`) and each decode step as a share of it; the trainer's forward+backward on a GRPO
-step's rows (4 prompts x 4 completions, 64 + 64 tokens, LoRA r16 on q,k,v,o); each as a share
+`_limit_figures.linear_floor`) and each decode step as a share of it; the trainer's
+forward+backward on a GRPO step's rows (4 prompts x 4 completions, 64 + 64 tokens, LoRA r16 on q,k,v,o); each as a share
 of its dtype's peak. Each figure runs in a process of its own (`family_throughput.py` says why)
 and is the best of `--repeats` runs; `os.getloadavg()` and the cores other processes used are
 recorded beside it. Then torch.profiler on decode steps (base model and through a LoRA adapter)

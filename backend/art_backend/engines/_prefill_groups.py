@@ -23,24 +23,19 @@ SLACK = 1.25  # a group's padded positions / its real tokens, at most
 
 def prefill_groups(requests: list[Any], slack: float = SLACK) -> list[list[Any]]:
     """`requests` (each with `prompt_ids` and `adapter`) in groups that share a prefill."""
-    keys: dict[tuple[Any, tuple[int, ...]], list[Any]] = {}
-    for request in requests:
-        keys.setdefault((request.adapter, tuple(request.prompt_ids)), []).append(request)
+    keys = {(request.adapter, tuple(request.prompt_ids)): request for request in requests}
     by_length = sorted(keys, key=lambda key: len(key[1]), reverse=True)
-    groups: list[list[tuple[Any, tuple[int, ...]]]] = []
-    real = 0
+    group_of: dict[tuple[Any, tuple[int, ...]], int] = {}
+    group = -1
+    longest = members = real = 0  # the open group's longest prompt, distinct prompts, tokens
     for key in by_length:
         length = max(len(key[1]), 1)
-        if groups:
-            longest = max(len(groups[-1][0][1]), 1)
-            if longest * (len(groups[-1]) + 1) <= slack * (real + length):
-                groups[-1].append(key)
-                real += length
-                continue
-        groups.append([key])
-        real = length
-    order = {id(request): index for index, request in enumerate(requests)}
-    return [
-        sorted((r for key in group for r in keys[key]), key=lambda r: order[id(r)])
-        for group in groups
-    ]
+        if group >= 0 and longest * (members + 1) <= slack * (real + length):
+            members, real = members + 1, real + length
+        else:
+            group, longest, members, real = group + 1, length, 1, length
+        group_of[key] = group
+    groups: list[list[Any]] = [[] for _ in range(group + 1)]
+    for request in requests:  # each group in the requests' own order
+        groups[group_of[(request.adapter, tuple(request.prompt_ids))]].append(request)
+    return groups
