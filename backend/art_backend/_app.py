@@ -28,6 +28,7 @@ from art_backend._limits import (
 from art_backend._openapi import describe_api
 from art_backend._unicode import TolerantJSONResponse, tolerant_app
 from art_backend.review._app import create_review_app
+from art_backend.serving._engine_routes import attach_engine_routes
 from art_backend.serving._models_routes import attach_model_routes
 from art_backend.serving._records_routes import attach_record_routes
 from art_backend.serving.chat import attach_chat_routes
@@ -50,10 +51,12 @@ def create_app(
     training: TrainingService | None = None,
     allowed_hosts: list[str] | None = None,
     max_body_mb: float = DEFAULT_MAX_BODY_MB,
+    engine_routes: bool = False,
 ) -> FastAPI:
     """Build the FastAPI app around a started engine's chat service.
 
     `allowed_hosts`: host names a browser may reach it by besides localhost and IP addresses.
+    `engine_routes`: lend the engine to another art-server (`serving._engine_routes`).
     """
 
     @asynccontextmanager
@@ -79,6 +82,8 @@ def create_app(
     attach_response_routes(app, service)
     attach_message_routes(app, service)
     attach_model_routes(app, service, art_path or Path(".art"))
+    if engine_routes:
+        attach_engine_routes(app, service, art_path or Path(".art"))
     if training is not None:
         app.include_router(training_router(training))
         # The Tinker API (/api/v1/...): training runs and sampling through the `tinker` SDK.

@@ -32,6 +32,7 @@ BODY_SCHEMAS: dict[str, type[BaseModel]] = {
     "/rollouts/{rollout_id}/v1/responses": ResponseCreateRequest,
 }
 STREAMED = {
+    "/v1/engine/generate": "application/x-ndjson",
     "/v1/training/models/{project}/{name}/train": "application/x-ndjson",
     "/v1/training/models/{project}/{name}/sft": "application/x-ndjson",
 }

@@ -19,7 +19,7 @@ from art_core._arguments import flag_values
 # Fields whose flag has the same name (`--max-batch-size` -> max_batch_size).
 SAME_NAMED_FLAGS = (
     "name dtype device api_key max_batch_size max_batch_tokens max_body_mb engine trainer "
-    "train_processes threads replicas routing chat_template"
+    "train_processes threads replicas routing chat_template replica_api"
 )
 
 
@@ -48,6 +48,9 @@ class ServerSettings:
     # that routes by --routing (docs/serving.md, "Engine replicas")
     replicas: int = 1
     routing: str = "sticky"  # --routing: sticky, least or random
+    # --replica-url (repeated): art-servers on other hosts that decode as replicas of this one
+    remote_replicas: tuple[str, ...] = ()
+    replica_api: bool = False  # --replica-api: lend this engine to another server (/v1/engine)
     # --chat-template: a built-in template's name or a Jinja file, in place of the tokenizer's
     chat_template: str | None = None
 
@@ -70,5 +73,6 @@ class ServerSettings:
                 devices=args.vllm_devices,
                 args=args.vllm_arg,
             ),
+            remote_replicas=tuple(args.replica_url),
             **flag_values(args, SAME_NAMED_FLAGS),
         )

@@ -36,6 +36,7 @@ from art_backend.engines._engine_choice import (
     pick_engine,
     wait_passively_beside_vllm,
 )
+from art_backend.engines._remote_engine import RemoteEngine
 from art_backend.engines._replica_setup import health_probe, replica_count, torch_replicas
 from art_backend.engines._replicas import ROUTINGS, Probe, replica_set
 from art_backend.engines._thread_settings import parse_threads, thread_governor
@@ -130,6 +131,7 @@ def build_app(settings: ServerSettings) -> FastAPI:
         training=training,
         allowed_hosts=settings.allowed_hosts,
         max_body_mb=settings.max_body_mb,
+        engine_routes=settings.replica_api,
     )
 
 
@@ -153,6 +155,9 @@ def _serving_engine(
     else:
         engines = torch_replicas(torch_engine, count)
         probes = [None] * count
+    for url in settings.remote_replicas:  # art-servers on other hosts (`_remote_engine`)
+        engines.append(RemoteEngine(url, loaded.tokenizer, api_key=settings.api_key))
+        probes.append(health_probe(url.rstrip("/")))
     if len(engines) > 1:
         return replica_set(engines, probes=probes, routing=settings.routing)
     return engines[0]
@@ -446,6 +451,20 @@ def _add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         choices=ROUTINGS,
         help="across replicas: sticky = a rollout's turns on one replica, else the least busy; "
         "least; random",
+    )
+    parser.add_argument(
+        "--replica-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="another art-server (started with --replica-api, same --model and --api-key) that "
+        "decodes for this one as an engine replica; repeatable (docs/cluster.md)",
+    )
+    parser.add_argument(
+        "--replica-api",
+        action="store_true",
+        help="serve the engine routes (/v1/engine/...) so that another art-server may use this "
+        "one as an engine replica (its --replica-url)",
     )
     parser.add_argument(
         "--threads",

@@ -103,8 +103,9 @@ class Deployment:
         """Every process on the host gone (its Ray node with them)."""
         self.network.kill_host(host)
 
-    def start_server(self, host: Host, model: Path, *extra: str) -> str:
-        """`art-server` on `host`, bound to its address, behind the key; its URL once up."""
+    def start_server(self, host: Host, model: Path, *extra: str, wait: bool = True) -> str:
+        """`art-server` on `host`, bound to its address, behind the key; its URL once up
+        (`wait=False`: at once; `wait_healthy` waits)."""
         url = f"http://{host.address}:{SERVER_PORT}"
         self.network.popen(
             host,
@@ -116,7 +117,8 @@ class Deployment:
             env=self.env(host, ART_API_KEY=API_KEY),
             log=self.logs / f"art-server-{host.letter}.log",
         )  # fmt: skip
-        self.wait_healthy(host, url)
+        if wait:
+            self.wait_healthy(host, url)
         return url
 
     def wait_healthy(self, host: Host, url: str, timeout: float = 180.0) -> None:

@@ -214,6 +214,11 @@ class GrammarCompiler:
             self._unlexable = tuple(sorted((banned | special) - set(self.eos_token_ids)))
         return self._unlexable
 
+    def from_text(self, text: str, *, param: str = "params.grammar") -> Grammar:
+        """A grammar sent as its text (`Grammar.text`: an engine replica's request carries it),
+        validated against this vocabulary like any other."""
+        return self._compile(lambda: text, param=param)
+
     def matcher(self, grammar: Grammar) -> SequenceConstraint:
         """A fresh constraint for one generated sequence, starting at the grammar's beginning."""
         return SequenceConstraint(grammar.compiled.deep_copy(), self.vocab_size)

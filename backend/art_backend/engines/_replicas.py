@@ -14,10 +14,13 @@ in one place whichever replica answered); the set only decides where each reques
               raised, so no replica ever serves weights the others lack. `unload_adapter`
               withdraws the name first, then unloads it on every replica.
   health      a monitor thread reads each replica's `failure()` (and, for a replica in another
-              process, a probe of its /health: three failures in a row) every `health_interval`
-              seconds. A replica that fails is taken out for good: its requests in flight finish
-              with an error naming the replica and why, new requests (sessions that were sticky
-              to it included) go to the others, and the set fails only when none is left.
+              process or on another host, a probe of its /health: three failures in a row) every
+              `health_interval` seconds. A replica that fails is taken out: its requests in
+              flight finish with an error naming the replica and why, new requests (sessions
+              that were sticky to it included) go to the others, and the set fails only when
+              none is left. One whose engine failed stays out; one taken out by its probe alone
+              (a cut link, a server restarting) is probed on, and once /health answers again it
+              is sent every adapter served now, told to drop the others, and taken back.
   training    when replica 0 is a `TrainableEngine`, so is the set (`replica_set` builds a
               `TrainableReplicaSet`): the trainer borrows replica 0's model; each saved step
               then reaches every replica through `load_adapter`.
@@ -89,6 +92,8 @@ class Replica:
     engine: Engine
     probe: Probe | None = None
     out: str | None = None  # why it was taken out; None while it serves
+    returns: bool = False  # taken out by its probe alone: taken back once the probe passes
+    taken_back: int = 0
     rows_in_flight: int = 0
     requests_routed: int = 0
     requests_failed_by_takeout: int = 0
@@ -218,6 +223,7 @@ class ReplicaSet:
                 "rows_in_flight": replica.rows_in_flight,
                 "requests_routed": replica.requests_routed,
                 "requests_failed_by_takeout": replica.requests_failed_by_takeout,
+                "taken_back": replica.taken_back,
             }
             for index, replica in enumerate(self.replicas)
         ]
@@ -359,26 +365,59 @@ class ReplicaSet:
             self.check_health()
 
     def check_health(self) -> None:
-        """Take out every replica whose engine failed or whose probe failed too often."""
+        """Take out every replica whose engine failed or whose probe failed too often; take
+        back one its probe took out once the probe passes (see the module doc)."""
         for index, replica in enumerate(self.replicas):
-            if replica.out is not None or self._stopped.is_set():
+            if self._stopped.is_set():
+                return
+            if replica.out is not None:
+                if replica.returns:
+                    self._try_take_back(index)
                 continue
             why = replica.engine.failure()
+            returns = False
             if why is None and replica.probe is not None:
                 probed = replica.probe()
                 replica.probe_failures = replica.probe_failures + 1 if probed else 0
                 if replica.probe_failures >= PROBE_FAILURES_TO_TAKE_OUT:
-                    why = probed
+                    why, returns = probed, True
             if why is not None:
-                self._take_out(index, why)
+                self._take_out(index, why, returns=returns)
 
-    def _take_out(self, index: int, why: str) -> None:
-        """Stop routing to the replica and fail its requests in flight, naming it and why."""
+    def _try_take_back(self, index: int) -> None:
+        """Serve on the replica again if its probe passes and it takes every adapter served."""
+        replica = self.replicas[index]
+        assert replica.probe is not None
+        if replica.engine.failure() is not None:
+            replica.returns = False  # its engine itself failed since: out for good
+            return
+        if replica.probe() is not None:
+            return
+        with self._adapter_lock:
+            try:
+                for served_name, path in list(self.adapters.items()):
+                    replica.engine.load_adapter(served_name, path)
+            except Exception as error:  # noqa: BLE001 - stays out; tried again next round
+                logger.warning("replica %d answers but did not take the adapters: %s", index, error)
+                return
+            for served_name in [n for n in replica.engine.adapters if n not in self.adapters]:
+                self._unload_quietly(replica, served_name)
+            with self._lock:
+                why, replica.out = replica.out, None
+                replica.returns = False
+                replica.probe_failures = 0
+                replica.taken_back += 1
+        logger.warning("engine replica %d taken back (it was out: %s)", index, why)
+
+    def _take_out(self, index: int, why: str, *, returns: bool = False) -> None:
+        """Stop routing to the replica and fail its requests in flight, naming it and why;
+        `returns`: it is taken back once its probe passes again."""
         with self._lock:
             replica = self.replicas[index]
             if replica.out is not None:
                 return
             replica.out = why
+            replica.returns = returns
             flights = [self._flights[f] for f in replica.flights if f in self._flights]
             replica.flights.clear()
             replica.rows_in_flight = 0
