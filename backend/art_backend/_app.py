@@ -189,6 +189,7 @@ def _replica_lines(states: list[dict[str, Any]], counters: Any) -> list[str]:
         ("art_replica_rows_in_flight", "gauge", "rows_in_flight"),
         ("art_replica_requests_routed_total", "counter", "requests_routed"),
         ("art_replica_requests_failed_by_takeout_total", "counter", "requests_failed_by_takeout"),
+        ("art_replica_taken_back_total", "counter", "taken_back"),
     ]:
         lines.append(f"# TYPE {name} {kind}")
         lines += [f'{name}{{replica="{s["replica"]}"}} {int(s[key])}' for s in states]

@@ -27,6 +27,10 @@ def configure_logging(level: str) -> None:
         level=TRACE_LEVEL if level == "trace" else level.upper(),
         format="%(levelname)s %(name)s: %(message)s",
     )
+    # httpx logs every request it sends at INFO: the replicas' health probes alone would write
+    # a line a second per replica. Its warnings still show; `debug` and `trace` show all.
+    if level not in ("debug", "trace"):
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 REDACTED = "REDACTED"

@@ -1,12 +1,12 @@
 """Chats through an art-server from a namespace host, as an agent's OpenAI client sends them:
 `python -m tests.netns._chat_driver JSON` prints one JSON line, its answer.
 
-Each chat is a rollout of its own (`/rollouts/<id>/v1`), `concurrency` at a time, with the
-client's own retries (a 503 from a replica taken out is retried, as the OpenAI SDK does): `count`
-chats, or fewer once the file `stop` exists. With `progress`, a line is appended to that file
-per chat answered (a test pulls a cable meanwhile).
-The answer counts chats answered and failed, and how many of the answered ones the server
-recorded under their rollout.
+Each chat is a rollout of its own (`/rollouts/<id>/v1`) of `turns` turns, `concurrency` at a
+time, with the client's own retries (a 503 from a replica taken out is retried, as the OpenAI
+SDK does): `count` chats, or fewer once the file `stop` exists. With `progress`, a line is
+appended to that file per chat answered (a test pulls a cable meanwhile). The answer counts
+chats answered and failed, how many of the answered ones the server recorded under their
+rollout, the replicas' states and the routing counters (`art_replica_follow_up_*`).
 """
 
 from __future__ import annotations
@@ -45,12 +45,17 @@ async def chats(spec: dict[str, Any]) -> dict[str, Any]:
                 max_retries=spec.get("retries", 4),
                 timeout=120,
             )
+            messages: list[Any] = [{"role": "user", "content": f"Tell story {index}."}]
             try:
-                await client.chat.completions.create(
-                    model=model,
-                    messages=[{"role": "user", "content": f"Tell story {index}."}],
-                    max_tokens=spec.get("max_tokens", 32),
-                )
+                for _ in range(spec.get("turns", 1)):  # each turn sees the ones before
+                    response = await client.chat.completions.create(
+                        model=model, messages=messages, max_tokens=spec.get("max_tokens", 32)
+                    )
+                    reply = response.choices[0].message.content or ""
+                    messages += [
+                        {"role": "assistant", "content": reply},
+                        {"role": "user", "content": "Go on."},
+                    ]
             except openai.APIError as error:
                 failed.append(f"{type(error).__name__}: {error}")
                 return
@@ -72,12 +77,19 @@ async def chats(spec: dict[str, Any]) -> dict[str, Any]:
             rollout = (await http.get(f"/v1/rollouts/{rollout_id}")).json()
             recorded += bool(rollout["completions"])
         health = (await http.get("/health")).json()
+        metrics = (await http.get("/metrics")).text.splitlines()
     return {
         "answered": len(answered),
         "failed": failed,
         "recorded": recorded,
         "seconds": seconds,
         "replicas": health.get("replicas", []),
+        "routing": {
+            name: float(value)
+            for name, value in (
+                line.split() for line in metrics if line.startswith("art_replica_f")
+            )
+        },
     }
 
 

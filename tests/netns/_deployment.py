@@ -70,6 +70,11 @@ class Deployment:
         }
         return {name: value for name, value in settings.items() if value is not None}
 
+    def temp_dir(self, host: Host) -> Path:
+        """The host's Ray temp folder: `$RAY_TMPDIR/ray`, where a driver's `address="auto"`
+        looks for the cluster `ray start` recorded (`ray_current_cluster`)."""
+        return self.root / f"ray-{host.letter}" / "ray"
+
     def start_head(self, host: Host) -> str:
         """`ray start --head` on `host`; the address the others join."""
         self._ray_start(
@@ -90,7 +95,7 @@ class Deployment:
             host,
             [
                 str(BIN / "ray"), "start", *args, f"--node-ip-address={host.address}",
-                f"--temp-dir={self.root / f'ray-{host.letter}'}",
+                f"--temp-dir={self.temp_dir(host)}",
                 "--object-store-memory=100000000", "--disable-usage-stats",
             ],
             env=self.env(host),

@@ -6,6 +6,7 @@ It trains the team's adapter and, in the same process, the same adapter alone (o
 the same seed and rows). Then a step with a pause before its gradient all-reduce: it writes
 `in-step` into the marks folder and waits for `cut` (the test pulls host b's cable), the step
 fails; it writes `failed` and waits for `up` (the cable is back), and sends the step again.
+Then it idles (`idle`) until `released`, while the test cuts its own host off.
 """
 
 from __future__ import annotations
@@ -89,8 +90,11 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     alone.grpo_step(three_groups(), grpo, SETTINGS, beta=0.0)
     answer["rerun_difference"] = largest_difference(alone.params, shared.params)
     answer["generation"] = team.generation
-    team.stop()
-    return answer
+    print(json.dumps(answer), flush=True)
+    # Idle between steps, rank 1 waiting for the next command: the test cuts this host off.
+    (marks / "idle").touch()
+    wait_for(marks / "released", timeout=300)
+    return answer  # no Stop: rank 1 is gone by now
 
 
 if __name__ == "__main__":

@@ -150,12 +150,6 @@ def test_a_driver_whose_token_the_cluster_refuses_fails_by_name(
     assert "~/.ray/auth_token" in str(answer["message"])
 
 
-@pytest.mark.skip(
-    reason="issue 54, open: passes alone, but after this module's cluster ran, the stale-token "
-    "driver's ray.init(address='auto') retries the GCS forever (no bound in art_ray's join): a "
-    "hang to fix. Naming the head's address instead (RAY_ADDRESS) connects and runs a worker "
-    "(measured 2026-12-06): the failure this test wants then does not happen"
-)
 def test_a_stale_token_against_a_cluster_without_tokens_fails_by_name() -> None:
     """The case of issue 54: Ray turns token mode on in the driver by itself when it finds a
     token file; the cluster runs without, and every worker dies."""
@@ -168,7 +162,7 @@ def test_a_stale_token_against_a_cluster_without_tokens_fails_by_name() -> None:
                 host,
                 [str(BIN / "ray"), "start", "--head", f"--node-ip-address={host.address}",
                  "--num-cpus=1", '--resources={"art_rollout": 8}', "--include-dashboard=false",
-                 f"--temp-dir={no_tokens['RAY_TMPDIR']}", "--object-store-memory=100000000"],
+                 f"--temp-dir={deployment.temp_dir(host)}", "--object-store-memory=100000000"],
                 env=no_tokens,
             )  # fmt: skip
             # The user's shell: no RAY_AUTH_MODE, the stale token in ~/.ray/auth_token.

@@ -6,7 +6,9 @@ switch: each rank binds the interface that routes to rank 0, never loopback.
 One step trains the adapter one process trains. A cable pulled mid-step fails the step with
 `TrainingRanksLostError` after the collective timeout set here (never the 30 minutes a step may
 otherwise wait), nothing is trained, and the step sent again once the cable is back trains on a
-group formed again.
+group formed again. Rank 0's host cut off while rank 1 waits for its next command: rank 1 exits
+naming the lost rank 0 after REFORM_PATIENCE collective timeouts, whether it waited in gloo
+(`RankZeroWatch`) or to meet rank 0 again, instead of a year or half an hour.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from art_backend.training._other_ranks import EXIT_RANK_ZERO_LOST
 from tests.netns._deployment import BIN, REPO, answer_of
 from tests.support import netns
 
@@ -57,7 +60,7 @@ def two_hosts_training(
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
-    hosts.popen(
+    rank_1 = hosts.popen(
         b,
         [str(BIN / "art-server"), "--model", str(tiny_model_dir), "--dtype", "float32"],
         env={**environment, "RANK": "1"},
@@ -77,10 +80,21 @@ def two_hosts_training(
     wait_for(marks / "failed", rank_0, log)
     hosts.link_up(b)
     (marks / "up").touch()
+    wait_for(marks / "idle", rank_0, log)
+    hosts.link_down(a)  # rank 0's host cut off while rank 1 waits for its next command
+    cut = time.monotonic()
+    try:
+        exit_code = rank_1.wait(timeout=120)
+        gone_after = time.monotonic() - cut
+    finally:
+        hosts.link_up(a)
+        (marks / "released").touch()
     rank_0.wait(timeout=180)
-    answer = answer_of(log.read_text(), (root / "rank1.log").read_text())
-    assert "crashed" not in answer, f"{answer}\nrank 1:\n{(root / 'rank1.log').read_text()[-5000:]}"
-    return answer
+    rank_1_log = (root / "rank1.log").read_text()
+    answer = answer_of(log.read_text(), rank_1_log)
+    assert "crashed" not in answer, f"{answer}\nrank 1:\n{rank_1_log[-5000:]}"
+    return {**answer, "rank_1_exit": exit_code, "rank_1_gone_after": gone_after,
+            "rank_1_log": rank_1_log[-3000:]}  # fmt: skip
 
 
 def test_one_step_on_two_hosts_trains_what_one_process_trains(two_hosts_training: dict) -> None:
@@ -105,6 +119,18 @@ def test_the_step_sent_again_after_the_cable_is_back_trains_on_a_group_formed_ag
     answer = two_hosts_training
     assert answer["generation"] == 2
     assert answer["rerun_difference"] < CLOSE
+
+
+def test_an_idle_rank_whose_rank_0_host_is_cut_off_exits_by_name_instead_of_waiting(
+    two_hosts_training: dict,
+) -> None:
+    answer = two_hosts_training
+    assert answer["rank_1_exit"] == EXIT_RANK_ZERO_LOST, answer["rank_1_log"]
+    assert "rank 0's store at" in answer["rank_1_log"]
+    assert "rank 0 or its host is lost" in answer["rank_1_log"]
+    assert "start this rank again once rank 0 is back" in answer["rank_1_log"]
+    # REFORM_PATIENCE collective timeouts, plus at most one store timeout and a poll.
+    assert answer["rank_1_gone_after"] < 4 * COLLECTIVE_SECONDS + 10
 
 
 def test_a_host_binds_its_cable_to_rank_0_and_an_address_it_cannot_route_to_is_refused(

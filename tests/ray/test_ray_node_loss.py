@@ -8,10 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import art_core as art
 from art_ray import RayExecutor
 from art_ray.testing import add_node, kill_node
 from tests.ray._rollouts import busy_rollout, slow_rollout
+from tests.support.servers import free_port
 
 RUNS = 8
 SECONDS = 6.0  # long enough to kill a node while every run is in flight
@@ -102,6 +105,22 @@ async def test_address_auto_joins_the_running_cluster_and_leaves_it(cluster: Any
     finally:
         if not ray.is_initialized():
             ray.init(address=cluster.address, log_to_driver=False)
+
+
+def test_an_address_where_no_cluster_answers_fails_at_once_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """ray.init would retry a dead address for minutes; "auto" resolves to one (RAY_ADDRESS,
+    or the last cluster `ray start` recorded) once that cluster has stopped."""
+    from art_ray import RayClusterUnreachableError
+    from art_ray._cluster import join
+
+    closed = free_port()  # nothing listens there
+    with pytest.raises(RayClusterUnreachableError, match=f"127.0.0.1:{closed}"):
+        join(f"127.0.0.1:{closed}")
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{closed}")
+    with pytest.raises(RayClusterUnreachableError, match="resolved to it"):
+        join("auto")
 
 
 async def test_a_killed_node_with_a_busy_worker_is_replaced_and_its_rollouts_retried(

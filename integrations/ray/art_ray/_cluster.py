@@ -7,18 +7,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from typing import Any
 
 import ray
 import ray.exceptions
 
-from art_ray._errors import INFRASTRUCTURE_ERRORS, RayAuthenticationError
+from art_ray._errors import (
+    INFRASTRUCTURE_ERRORS,
+    RayAuthenticationError,
+    RayClusterUnreachableError,
+)
 
 # How long a first task may take to run on a freshly joined cluster before the token check
 # gives up asking (a busy cluster: the executor's own `start_timeout` takes over).
 TOKEN_CHECK_SECONDS = 60.0
 # What Ray's GCS answers a connection whose token it does not accept (Ray 2.5x-2.6x).
 _REFUSED_TOKEN = ("Unauthenticated", "InvalidAuthToken")
+# How long the cluster's address may take to accept a TCP connection before joining gives up.
+CONNECT_SECONDS = 10.0
 
 
 def join(address: str | None) -> None:
@@ -26,6 +33,7 @@ def join(address: str | None) -> None:
     `RayAuthenticationError` instead of a timeout or dying workers."""
     # Ray sets RAY_AUTH_MODE=token itself when it finds a token file: read it before.
     mode_set_by_user = "RAY_AUTH_MODE" in os.environ
+    _check_reachable(address)
     try:
         ray.init(address=address, log_to_driver=False)
     except ConnectionError as error:
@@ -43,6 +51,36 @@ def join(address: str | None) -> None:
         except BaseException:
             ray.shutdown()
             raise
+
+
+def _check_reachable(address: str | None) -> None:
+    """Raise `RayClusterUnreachableError` when the cluster's address (resolved as Ray resolves
+    it) refuses a TCP connection or lets it time out: `ray.init` would retry it for minutes,
+    and after a cluster of this machine went away, "auto" still resolves to its address."""
+    if address is None or address.startswith(("ray://", "local")):
+        return  # a new local Ray, or Ray Client: ray.init reports those itself
+    try:
+        from ray._private.services import canonicalize_bootstrap_address
+
+        resolved = canonicalize_bootstrap_address(address)
+    except (ImportError, AttributeError, ValueError):
+        return  # a Ray without this helper, or an address Ray itself will refuse by name
+    except ConnectionError:
+        return  # "auto" and no cluster recorded: ray.init says so itself, at once
+    if resolved is None:
+        return
+    host, _, port = resolved.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS):
+            return
+    except (OSError, ValueError) as error:
+        where = "" if address == resolved else f" ({address!r} resolved to it)"
+        raise RayClusterUnreachableError(
+            f"no Ray cluster answers at {resolved}{where}: {error}. Start the cluster (`ray "
+            "start --head` on its head), or name the running one with address= or "
+            'RAY_ADDRESS; for "auto", Ray uses the address of the last cluster `ray start` '
+            "ran on this machine, which may have stopped since"
+        ) from None
 
 
 def _check_token_accepted(mode_set_by_user: bool) -> None:

@@ -4,7 +4,7 @@ The rollout's failures: `RolloutExitError` (it raised `SystemExit`, `KeyboardInt
 `RolloutTimeoutError` (past `timeout`), `RolloutBlockedError` (it held its worker's event loop).
 Ray's: `INFRASTRUCTURE_ERRORS` (the worker or its node is gone), `WorkerStartError`,
 `NoLiveWorkersError`, `RayAuthenticationError` (the cluster and this driver disagree on
-Ray's token). The executor's own: `ExecutorShutdownError`. And how a rollout's own
+Ray's token), `RayClusterUnreachableError` (nothing answers at the cluster's address). The executor's own: `ExecutorShutdownError`. And how a rollout's own
 exception comes out of Ray's wrapper (`user_exception`).
 """
 
@@ -62,6 +62,12 @@ class RayAuthenticationError(ConnectionError):
     the cluster refused this machine's token, or this driver sends a token (a `~/.ray/auth_token`
     Ray found) to a cluster whose workers run without one. The message says which and what to
     change."""
+
+
+class RayClusterUnreachableError(ConnectionError):
+    """Nothing answers at the Ray cluster's address (the one given, RAY_ADDRESS, or for "auto"
+    the address Ray recorded for the last cluster started on this machine): checked before
+    joining, where `ray.init` would retry for as long as Ray's own timeouts let it."""
 
 
 class NoLiveWorkersError(RuntimeError):
