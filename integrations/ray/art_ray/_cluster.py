@@ -33,17 +33,14 @@ def join(address: str | None) -> None:
     `RayAuthenticationError` instead of a timeout or dying workers."""
     # Ray sets RAY_AUTH_MODE=token itself when it finds a token file: read it before.
     mode_set_by_user = "RAY_AUTH_MODE" in os.environ
-    _check_reachable(address)
+    resolved = _check_reachable(address)
+    if resolved is not None:
+        _check_token_at(resolved)  # 0.3 s where ray.init takes 20 s to give up
     try:
         ray.init(address=address, log_to_driver=False)
     except ConnectionError as error:
         if any(word in _chain_text(error) for word in _REFUSED_TOKEN):
-            raise RayAuthenticationError(
-                f"the Ray cluster at {address or 'the local address'} refused this driver's "
-                f"authentication token ({_token_source()}). Give this machine the cluster's "
-                "token: the head's ~/.ray/auth_token copied to ~/.ray/auth_token here, or "
-                "RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH (see `ray get-auth-token`)"
-            ) from None
+            raise _refused(address) from None
         raise
     if _token_mode():
         try:
@@ -53,26 +50,51 @@ def join(address: str | None) -> None:
             raise
 
 
-def _check_reachable(address: str | None) -> None:
-    """Raise `RayClusterUnreachableError` when the cluster's address (resolved as Ray resolves
-    it) refuses a TCP connection or lets it time out: `ray.init` would retry it for minutes,
-    and after a cluster of this machine went away, "auto" still resolves to its address."""
+def _refused(address: str | None) -> RayAuthenticationError:
+    return RayAuthenticationError(
+        f"the Ray cluster at {address or 'the local address'} refused this driver's "
+        f"authentication token ({_token_source()}). Give this machine the cluster's "
+        "token: the head's ~/.ray/auth_token copied to ~/.ray/auth_token here, or "
+        "RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH (see `ray get-auth-token`)"
+    )
+
+
+def _check_token_at(resolved: str) -> None:
+    """Ask the cluster's GCS once, with this driver's token: a token it refuses raises
+    `RayAuthenticationError` now (Ray's own client, private API: skipped where it differs)."""
+    try:
+        import ray._raylet
+
+        raylet: Any = ray._raylet  # the stubs lack GcsClient
+        raylet.GcsClient(address=resolved).internal_kv_get(b"art-token-check", None, timeout=10)
+    except (ImportError, AttributeError, TypeError):
+        return
+    except Exception as error:  # noqa: BLE001 - only a refused token is ours to report
+        if any(word in _chain_text(error) for word in _REFUSED_TOKEN):
+            raise _refused(resolved) from None
+
+
+def _check_reachable(address: str | None) -> str | None:
+    """The cluster's address as Ray resolves it (None where Ray starts or finds its own);
+    `RayClusterUnreachableError` when it refuses a TCP connection or lets it time out:
+    `ray.init` would retry it for minutes, and after a cluster of this machine went away,
+    "auto" still resolves to its address."""
     if address is None or address.startswith(("ray://", "local")):
-        return  # a new local Ray, or Ray Client: ray.init reports those itself
+        return None  # a new local Ray, or Ray Client: ray.init reports those itself
     try:
         from ray._private.services import canonicalize_bootstrap_address
 
         resolved = canonicalize_bootstrap_address(address)
     except (ImportError, AttributeError, ValueError):
-        return  # a Ray without this helper, or an address Ray itself will refuse by name
+        return None  # a Ray without this helper, or an address Ray itself will refuse by name
     except ConnectionError:
-        return  # "auto" and no cluster recorded: ray.init says so itself, at once
+        return None  # "auto" and no cluster recorded: ray.init says so itself, at once
     if resolved is None:
-        return
+        return None
     host, _, port = resolved.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_SECONDS):
-            return
+            return resolved
     except (OSError, ValueError) as error:
         where = "" if address == resolved else f" ({address!r} resolved to it)"
         raise RayClusterUnreachableError(
