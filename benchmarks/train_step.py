@@ -7,6 +7,10 @@ A step is generation + training (+ for us, the checkpoint write and serving the 
 Medians over `--steps` steps after `--warmup`. Each contender runs alone, in its own processes.
 
     .venv/bin/python benchmarks/train_step.py [--steps 4] [--warmup 1] [--trl-dtype float32]
+        [--baseline CHECKOUT]
+
+`--baseline CHECKOUT` adds our step from another checkout (its art_core and art_backend first on
+the path of a process of its own, this checkout's benchmark), in the same run, before TRL.
 
 Writes benchmarks/results/train_step.json and the train_step section of BENCHMARKS.md.
 """
@@ -148,7 +152,8 @@ def markdown(result: dict[str, Any]) -> str:
     ours, trl = result["ours"], result["trl"]
     ratio = result["ratios"]
     vllm = result.get("ours_vllm")
-    sides = [ours, *([vllm] if vllm else []), trl]
+    baseline = result.get("baseline")
+    sides = [ours, *([baseline] if baseline else []), *([vllm] if vllm else []), trl]
 
     def row(name: str, value) -> str:
         return f"| {name} | " + " | ".join(f"{value(side):.2f}" for side in sides) + " |"
@@ -163,8 +168,17 @@ def markdown(result: dict[str, Any]) -> str:
         row("peak RSS (MB, all processes)", lambda c: c["peak_rss_mb"]),
     ]  # fmt: skip
     table = "\n".join(rows)
-    header = "| | ours (torch engine) | " + ("ours (vLLM engine) | " if vllm else "") + "TRL |"
-    header += "\n|---|---|" + ("---|" if vllm else "") + "---|"
+    header = "| | ours (torch engine) | "
+    header += f"ours at `{baseline['commit']}` | " if baseline else ""
+    header += ("ours (vLLM engine) | " if vllm else "") + "TRL |"
+    header += "\n|---|---|" + ("---|" if baseline else "") + ("---|" if vllm else "") + "---|"
+    baseline_line = (
+        f"\nAgainst our step at `{baseline['commit']}` (same run, a process of its own): "
+        f"**{ratio['step_over_baseline']:.2f}x** its time; that step was "
+        f"{ratio['baseline_step']:.2f}x TRL's."
+        if baseline
+        else ""
+    )
     verdict_step = "met" if ratio["step"] <= STEP_RATIO_TARGET else "missed"
     verdict_rss = "met" if ratio["peak_rss"] <= 1.0 else "missed"
     vllm_line = ""
@@ -193,14 +207,14 @@ Medians of {result["steps"]} steps after {result["warmup"]} warm-up step(s); eac
 {table}
 
 Ratios (ours / TRL): full step **{ratio["step"]:.2f}x** (target <= {STEP_RATIO_TARGET}: {verdict_step}),
-peak RSS **{ratio["peak_rss"]:.2f}x** (target <= 1: {verdict_rss}).{vllm_line}
+peak RSS **{ratio["peak_rss"]:.2f}x** (target <= 1: {verdict_rss}).{baseline_line}{vllm_line}
 Our step includes writing the checkpoint and loading the new step into the server. Other load
 (cores used outside the benchmark, mean over each contender's run): {_loads(result)}.
 {END}"""
 
 
 def _loads(result: dict[str, Any]) -> str:
-    names = {"ours": "ours/torch", "ours_vllm": "ours/vLLM", "trl": "TRL"}
+    names = {"ours": "ours/torch", "baseline": "baseline", "ours_vllm": "ours/vLLM", "trl": "TRL"}
     return ", ".join(
         f"{label} {result[key]['other_load_cores']:.2f}"
         for key, label in names.items()
@@ -218,6 +232,8 @@ def main() -> None:
         "--engines", default="torch", help="comma list of our engines to run: torch,vllm"
     )
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--baseline", type=Path, help="another checkout's step, same run")
+    parser.add_argument("--json-out", type=Path, help=argparse.SUPPRESS)  # a baseline's answer
     parser.add_argument(
         "--no-peer",
         action="store_true",
@@ -238,8 +254,12 @@ def main() -> None:
         shown = {k: v for k, v in runs[engine].items() if k != "steps"}
         print(json.dumps(shown, indent=2), flush=True)
     ours = runs[engines[0]]
+    if args.json_out:
+        args.json_out.write_text(json.dumps(ours))
+        return
     if args.no_peer:
         return
+    baseline = _baseline_steps(args) if args.baseline else None
     print("TRL GRPOTrainer ...", flush=True)
     with OtherLoad() as load:
         trl = run_trl_in_subprocess(
@@ -263,6 +283,10 @@ def main() -> None:
             "peak_rss": ours["peak_rss_mb"] / trl["peak_rss_mb"],
         },
     }
+    if baseline is not None:
+        result["baseline"] = baseline
+        result["ratios"]["step_over_baseline"] = ours["median_step_s"] / baseline["median_step_s"]
+        result["ratios"]["baseline_step"] = baseline["median_step_s"] / trl["median_step_s"]
     if "vllm" in runs and engines[0] != "vllm":
         result["ours_vllm"] = runs["vllm"]
         result["ratios"]["step_vllm"] = runs["vllm"]["median_step_s"] / trl["median_step_s"]
@@ -270,6 +294,37 @@ def main() -> None:
         print(markdown(result))
     else:
         publish(result, RESULTS, START, END, markdown(result))
+
+
+def _baseline_steps(args: argparse.Namespace) -> dict[str, Any]:
+    """Our step from the checkout `args.baseline`, in a process of its own (see the doc)."""
+    import os
+    import subprocess
+
+    checkout = args.baseline.resolve()
+    if not (checkout / "backend" / "art_backend").is_dir():
+        raise SystemExit(f"--baseline {checkout} is not a checkout of this repository")
+    commit = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    print(f"ours at {commit} (baseline) ...", flush=True)
+    environment = dict(os.environ)
+    paths = [str(checkout), str(checkout / "backend"), environment.get("PYTHONPATH", "")]
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    with tempfile.TemporaryDirectory(prefix="art-bench-") as folder:
+        answer = Path(folder) / "baseline.json"
+        command = [sys.executable, __file__, "--steps", str(args.steps), "--warmup",
+                   str(args.warmup), "--dtype", args.dtype, "--json-out", str(answer)]  # fmt: skip
+        with OtherLoad() as load:
+            subprocess.run(command, env=environment, check=True)
+        result = json.loads(answer.read_text())
+    result["other_load_cores"] = load.cores
+    result["commit"] = commit
+    print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=2), flush=True)
+    return result
 
 
 if __name__ == "__main__":

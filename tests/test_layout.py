@@ -337,7 +337,8 @@ PUBLIC_SURFACES = {
     ],
     "art_ray": [
         "INFRASTRUCTURE_ERRORS", "ExecutorShutdownError", "ExecutorStats", "NoLiveWorkersError",
-        "RayAuthenticationError", "RayExecutor", "RolloutBlockedError", "RolloutExitError",
+        "RayAuthenticationError", "RayClusterUnreachableError", "RayExecutor",
+        "RolloutBlockedError", "RolloutExitError",
         "RolloutTimeoutError",
         "WorkerStartError",
     ],

@@ -8,11 +8,9 @@ every time, a few per operation.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import shutil
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from tests.support.adapters import tar_of
 from tests.support.servers import RunningServer, running_server
 
 API_KEY = "schemathesis-key"
@@ -33,21 +32,11 @@ BINARY = {"type": "string", "format": "binary"}
 TAR_MEMBERS = ["adapter_config.json", "adapter_model.safetensors", "../adapter_config.json", "x"]
 
 
-def _tar_of(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 schemathesis.openapi.media_type(
     "application/x-tar",
     st.binary(max_size=64)
     | st.builds(
-        _tar_of, st.dictionaries(st.sampled_from(TAR_MEMBERS), st.binary(max_size=64), max_size=3)
+        tar_of, st.dictionaries(st.sampled_from(TAR_MEMBERS), st.binary(max_size=64), max_size=3)
     ),
 )
 # A few examples per operation keep the whole run (18 operations, two servers) well under a

@@ -23,3 +23,17 @@ def make_random_adapter(base_dir: Path, folder: Path, seed: int) -> Path:
     )
     get_peft_model(load_model(base_dir), config).save_pretrained(folder)
     return folder
+
+
+def tar_of(files: dict[str, bytes]) -> bytes:
+    """A tar archive of `files` (name -> bytes), names taken as they are (`../x` included)."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

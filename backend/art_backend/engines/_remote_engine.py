@@ -36,6 +36,7 @@ from art_backend.engines._engine_wire import (
     request_body,
     vocabulary_fingerprint,
 )
+from art_backend.engines._http_clients import LoopClients, error_text
 
 logger = logging.getLogger("art_backend.remote")
 
@@ -67,7 +68,9 @@ class RemoteEngine:
         self._control = httpx.Client(
             base_url=self.base_url, headers=self._headers, timeout=CONTROL_TIMEOUT_S
         )
-        self._clients: dict[int, httpx.AsyncClient] = {}  # one per event loop
+        self._clients = LoopClients(
+            self.base_url, headers=self._headers, timeout=httpx.Timeout(None, connect=10.0)
+        )
         self._rows = 0
         self._tasks: set[asyncio.Task] = set()
         self._stopping = False
@@ -110,7 +113,7 @@ class RemoteEngine:
         if response.status_code != 200:
             raise ModelLoadError(
                 f"The engine replica at {self.base_url} answered HTTP {response.status_code}: "
-                f"{_error_text(response)}"
+                f"{error_text(response)}"
             )
         described = response.json()
         ours = vocabulary_fingerprint(self.tokenizer)
@@ -151,13 +154,13 @@ class RemoteEngine:
         if response.status_code == 400:
             raise InvalidRequestError(
                 f"The engine replica at {self.base_url} refused adapter {served_name!r}: "
-                f"{_error_text(response)}",
+                f"{error_text(response)}",
                 param="path",
             )
         if response.status_code != 200:
             raise ModelLoadError(
                 f"The engine replica at {self.base_url} did not load adapter {served_name!r} "
-                f"(HTTP {response.status_code}): {_error_text(response)}"
+                f"(HTTP {response.status_code}): {error_text(response)}"
             )
         self.adapters[served_name] = served_name
 
@@ -169,7 +172,7 @@ class RemoteEngine:
         if response.status_code not in (200, 404):
             raise ModelLoadError(
                 f"The engine replica at {self.base_url} did not unload {served_name!r} "
-                f"(HTTP {response.status_code}): {_error_text(response)}"
+                f"(HTTP {response.status_code}): {error_text(response)}"
             )
 
     # ---------------------------------------------------------------------------------- requests
@@ -228,7 +231,7 @@ class RemoteEngine:
         async with client.stream("POST", url, json=request_body(request)) as response:
             if response.status_code != 200:
                 await response.aread()
-                raise RuntimeError(f"HTTP {response.status_code}: {_error_text(response)}")
+                raise RuntimeError(f"HTTP {response.status_code}: {error_text(response)}")
             async for line in response.aiter_lines():
                 if not line:
                     continue
@@ -239,18 +242,7 @@ class RemoteEngine:
                 emit(event)
 
     def _client(self) -> httpx.AsyncClient:
-        loop_id = id(asyncio.get_running_loop())
-        client = self._clients.get(loop_id)
-        if client is None:
-            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-            client = httpx.AsyncClient(
-                base_url=self.base_url,
-                headers=self._headers,
-                timeout=httpx.Timeout(None, connect=10.0),
-                limits=limits,
-            )
-            self._clients[loop_id] = client
-        return client
+        return self._clients.get()
 
 
 def _failed(index: int, request: GenerationRequest, error: str | None) -> FinishEvent:
@@ -267,13 +259,3 @@ def _failed(index: int, request: GenerationRequest, error: str | None) -> Finish
         error=error or "the engine replica closed the stream early",
         unavailable=True,
     )
-
-
-def _error_text(response: httpx.Response) -> str:
-    with contextlib.suppress(ValueError):
-        body = response.json()
-        error = body.get("error", body) if isinstance(body, dict) else body
-        if isinstance(error, dict):
-            return str(error.get("message", error))
-        return str(error)
-    return response.text[:500]

@@ -42,6 +42,7 @@ from art_backend.engines._engine import (
     GenerationRequest,
     TokenEvent,
 )
+from art_backend.engines._http_clients import LoopClients, error_text
 from art_backend.engines._vllm_choice import Chunk, VllmChoice, matched_by_vllm
 from art_backend.engines._vllm_process import VllmServer
 
@@ -86,7 +87,7 @@ class VllmEngine:
         self._stopping = False
         self._failure_logged = False
         self._tasks: set[asyncio.Task] = set()
-        self._clients: dict[int, httpx.AsyncClient] = {}
+        self._clients = LoopClients(process.base_url)
         self._control = httpx.Client(base_url=process.base_url, timeout=600.0)
         self._awake = asyncio.Event()
         self._awake.set()
@@ -135,7 +136,7 @@ class VllmEngine:
         response = self._control.post("/v1/load_lora_adapter", json=body)
         if response.status_code != 200:
             raise ModelLoadError(
-                f"vLLM refused adapter {served_name!r} from {path}: {_error_text(response)}"
+                f"vLLM refused adapter {served_name!r} from {path}: {error_text(response)}"
             )
         self.adapters[served_name] = lora_name
 
@@ -152,7 +153,7 @@ class VllmEngine:
         lora_name = self._prefix + served_name
         response = self._control.post("/v1/unload_lora_adapter", json={"lora_name": lora_name})
         if response.status_code != 200:
-            logger.warning("vLLM did not unload %s: %s", lora_name, _error_text(response))
+            logger.warning("vLLM did not unload %s: %s", lora_name, error_text(response))
 
     # --------------------------------------------------------------------- GPU sharing (CUDA only)
 
@@ -180,7 +181,7 @@ class VllmEngine:
     def _post_checked(self, path: str, params: dict[str, str]) -> None:
         response = self._control.post(path, params=params)
         if response.status_code != 200:
-            raise ModelLoadError(f"vLLM {path} failed: {_error_text(response)}")
+            raise ModelLoadError(f"vLLM {path} failed: {error_text(response)}")
 
     # ---------------------------------------------------------------------------------- requests
 
@@ -314,7 +315,7 @@ class VllmEngine:
         async with client.stream("POST", "/v1/completions", json=body) as response:
             if response.status_code != 200:
                 await response.aread()
-                raise RuntimeError(f"HTTP {response.status_code}: {_error_text(response)}")
+                raise RuntimeError(f"HTTP {response.status_code}: {error_text(response)}")
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -338,7 +339,7 @@ class VllmEngine:
                 return []
         response = post.result()
         if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {_error_text(response)}")
+            raise RuntimeError(f"HTTP {response.status_code}: {error_text(response)}")
         return list(response.json().get("choices") or [])
 
     def _body(
@@ -377,15 +378,7 @@ class VllmEngine:
         return body
 
     def _client(self) -> httpx.AsyncClient:
-        loop_id = id(asyncio.get_running_loop())
-        client = self._clients.get(loop_id)
-        if client is None:
-            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-            client = httpx.AsyncClient(
-                base_url=self.process.base_url, timeout=httpx.Timeout(None), limits=limits
-            )
-            self._clients[loop_id] = client
-        return client
+        return self._clients.get()
 
 
 def _chunk(raw: dict[str, Any]) -> Chunk:
@@ -412,13 +405,3 @@ def _adapter_rank(path: Path) -> int | None:
         ranks = [config.get("r"), *(config.get("rank_pattern") or {}).values()]
         return max(int(rank) for rank in ranks if rank is not None)
     return None
-
-
-def _error_text(response: httpx.Response) -> str:
-    with contextlib.suppress(ValueError):
-        body = response.json()
-        error = body.get("error", body) if isinstance(body, dict) else body
-        message = error.get("message") if isinstance(error, dict) else None
-        if message:
-            return str(message)
-    return response.text[:300] or f"HTTP {response.status_code}"

@@ -10,8 +10,6 @@ engine routes refuse bad requests with a 4xx saying what to change.
 
 from __future__ import annotations
 
-import io
-import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ from transformers import AutoTokenizer
 from art_backend.engines._remote_engine import RemoteEngine
 from art_backend.engines._replicas import PROBE_FAILURES_TO_TAKE_OUT, ReplicaSet
 from art_backend.testing import ModelLoadError
-from tests.support.adapters import make_random_adapter
+from tests.support.adapters import make_random_adapter, tar_of
 from tests.support.servers import RunningServer, running_server
 
 pytestmark = pytest.mark.torch_engine
@@ -208,25 +206,15 @@ def test_the_engine_routes_refuse_bad_requests_by_name(replica: RunningServer):
     assert httpx.post(f"{replica.url}/v1/engine/generate", json=good).status_code == 401
 
 
-def archive(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def test_the_adapter_route_takes_only_the_adapters_two_files(replica: RunningServer):
     url = f"{replica.url}/v1/engine/adapters"
     tar = {**replica.headers(), "Content-Type": "application/x-tar"}
     bodies = {
-        "a path out of the folder": archive({"../adapter_config.json": b"{}"}),
-        "another file": archive({"adapter_config.json": b"{}", "run.sh": b"echo"}),
-        "a file missing": archive({"adapter_config.json": b"{}"}),
+        "a path out of the folder": tar_of({"../adapter_config.json": b"{}"}),
+        "another file": tar_of({"adapter_config.json": b"{}", "run.sh": b"echo"}),
+        "a file missing": tar_of({"adapter_config.json": b"{}"}),
         "not a tar": b"not a tar at all",
-        "a config that is not LoRA": archive(
+        "a config that is not LoRA": tar_of(
             {"adapter_config.json": b"{}", "adapter_model.safetensors": b"x"}
         ),
     }
