@@ -18,8 +18,10 @@ The workload: 16 requests at once, distinct prompts of 20 to 120 tokens, 64 toke
 at temperature 1 with no end token (every row runs its 64). Ours: the torch engine in process
 (`TorchEngine`, continuous batching, the requests submitted together); the peer: one left-padded
 `model.generate()` of the same 16 prompts (`min_new_tokens` = `max_new_tokens` = 64). tokens/s =
-generated tokens / wall time, in `--dtype` (float32 by default). The CPU time other processes
-used during each measurement is recorded beside it (`other_cores`).
+generated tokens / wall time, in `--dtype` (float32 by default). Ours runs as `art-server` serves:
+in bf16 with the batch-invariant float64 attention (`engines/_batch_invariant.py`), `generate()`
+with transformers' default (SDPA). The CPU time other processes used during each measurement is
+recorded beside it (`other_cores`).
 
 `--baseline CHECKOUT` adds a third contender in the same run: our engine from another checkout
 of this repository (e.g. `git worktree add ../prev HEAD~1`), its `backend/` first on the child's
@@ -80,9 +82,11 @@ def prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
 
 def measure_ours(model: Any, tokenizer: Any, batch: list[list[int]]) -> float:
     """tokens/s of the torch engine serving `batch` as concurrent requests."""
+    from art_backend.engines._batch_invariant import make_batch_invariant
     from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams
     from art_backend.testing import TorchEngine
 
+    make_batch_invariant(model)  # as served: bf16 on a CPU decodes with float64 attention
     engine = TorchEngine(
         model, tokenizer, eos_token_ids=[], context_length=4096, max_batch_size=ROWS
     )
