@@ -1,10 +1,11 @@
 """HTTP to the server an engine decodes on (a vLLM server, another art-server): one async client
-per event loop, and what an error answer says."""
+per event loop, what an error answer says, and a request's start (its queue and its task)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import httpx
@@ -29,6 +30,21 @@ class LoopClients:
             client = httpx.AsyncClient(base_url=self.base_url, **self.options)
             self._clients[loop_id] = client
         return client
+
+
+def start_request(
+    request: Any, metrics: Any, tasks: set[asyncio.Task], run: Callable[[Any], Coroutine]
+) -> asyncio.Queue:
+    """Count `request` in `metrics`, point its events at a new queue, and run `run(request)` as
+    a task of the running loop kept in `tasks` until it ends; the queue."""
+    events: asyncio.Queue = asyncio.Queue()
+    request._emit = events.put_nowait
+    metrics.requests_total += 1
+    metrics.prompt_tokens_total += len(request.prompt_ids)
+    task = asyncio.get_running_loop().create_task(run(request))
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    return events
 
 
 def error_text(response: httpx.Response) -> str:

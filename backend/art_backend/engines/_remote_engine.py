@@ -36,7 +36,7 @@ from art_backend.engines._engine_wire import (
     request_body,
     vocabulary_fingerprint,
 )
-from art_backend.engines._http_clients import LoopClients, error_text
+from art_backend.engines._http_clients import LoopClients, error_text, start_request
 
 logger = logging.getLogger("art_backend.remote")
 
@@ -183,14 +183,7 @@ class RemoteEngine:
             raise EngineStoppedError(f"The engine replica at {self.base_url} was stopped.")
         if request.adapter is not None and request.adapter not in self.adapters:
             raise InvalidRequestError(f"Adapter {request.adapter!r} is not loaded.", param="model")
-        events: asyncio.Queue = asyncio.Queue()
-        request._emit = events.put_nowait
-        self.metrics.requests_total += 1
-        self.metrics.prompt_tokens_total += len(request.prompt_ids)
-        task = asyncio.get_running_loop().create_task(self._run(request))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return events
+        return start_request(request, self.metrics, self._tasks, self._run)
 
     async def _run(self, request: GenerationRequest) -> None:
         emit = request._emit

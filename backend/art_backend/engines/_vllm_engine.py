@@ -42,7 +42,7 @@ from art_backend.engines._engine import (
     GenerationRequest,
     TokenEvent,
 )
-from art_backend.engines._http_clients import LoopClients, error_text
+from art_backend.engines._http_clients import LoopClients, error_text, start_request
 from art_backend.engines._vllm_choice import Chunk, VllmChoice, matched_by_vllm
 from art_backend.engines._vllm_process import VllmServer
 
@@ -205,16 +205,9 @@ class VllmEngine:
             )
         if request.adapter is not None and request.adapter not in self.adapters:
             raise InvalidRequestError(f"Adapter {request.adapter!r} is not loaded.", param="model")
-        events: asyncio.Queue = asyncio.Queue()
-        request._emit = events.put_nowait
-        self.metrics.requests_total += 1
-        self.metrics.prompt_tokens_total += len(request.prompt_ids)
         with self._adapter_lock:
             self._in_flight[request.adapter] = self._in_flight.get(request.adapter, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._run(request))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return events
+        return start_request(request, self.metrics, self._tasks, self._run)
 
     async def _run(self, request: GenerationRequest) -> None:
         emit = request._emit
