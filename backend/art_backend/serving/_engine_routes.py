@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from art_backend._errors import (
     ContextLengthError,
-    InvalidNameError,
     InvalidRequestError,
     NotFoundError,
 )
@@ -39,11 +38,12 @@ from art_backend.engines._engine_wire import (
     unpack_adapter,
     vocabulary_fingerprint,
 )
+from art_backend.serving._models_routes import check_adapter_name
 from art_backend.serving._request import LogitBias, StopSequences, stop_list
 from art_backend.serving._sampling_params import sampling_params
 from art_backend.serving.chat._service import ChatService
 from art_backend.serving.completions._schemas import MAX_CHOICES, TokenIds
-from art_core.names import ROLLOUT_ID_PATTERN, is_adapter_name
+from art_core.names import ROLLOUT_ID_PATTERN
 from art_core.wire import SEED_RANGE
 
 MAX_TOP_LOGPROBS = 20  # as the Completions route's `logprobs`
@@ -112,7 +112,7 @@ def attach_engine_routes(app: FastAPI, service: ChatService, art_path: Path) -> 
         return StreamingResponse(_stream(generation, events), media_type=NDJSON)
 
     async def load_adapter(name: str, request: Request):
-        _check_adapter_name(name)
+        check_adapter_name(name)
         if request.headers.get("content-type", "").split(";")[0].strip() != TAR:
             raise InvalidRequestError(
                 "Send the adapter as a tar archive (Content-Type: application/x-tar).",
@@ -131,7 +131,7 @@ def attach_engine_routes(app: FastAPI, service: ChatService, art_path: Path) -> 
         return {"id": name, "object": "model"}
 
     async def unload_adapter(name: str):
-        _check_adapter_name(name)
+        check_adapter_name(name)
         if name not in engine.adapters:
             raise NotFoundError(f"Adapter {name!r} is not loaded here.", param="name")
         await asyncio.to_thread(engine.unload_adapter, name)
@@ -191,11 +191,8 @@ async def _generation(service: ChatService, body: EngineGenerateRequest) -> Gene
         session=body.session,
     )
     if params.grammar is not None:
-        compiler = service.grammar_compiler
-        grammar = await service.grammars.compile(partial(compiler.from_text, params.grammar))
-        if grammar is not None:
-            generation.params.grammar = grammar.text
-            generation.constraint_factory = lambda: compiler.matcher(grammar)
+        compile_text = partial(service.grammar_compiler.from_text, params.grammar)
+        service.constrain(generation, await service.grammars.compile(compile_text))
     return generation
 
 
@@ -212,15 +209,6 @@ async def _stream(generation: GenerationRequest, events: asyncio.Queue) -> Async
     finally:
         if open_choices:
             generation.cancel()
-
-
-def _check_adapter_name(name: str) -> None:
-    if not is_adapter_name(name):
-        raise InvalidNameError(
-            f"Invalid adapter name {name!r}: use `<name>@<step>` with letters, digits, '.', '_' "
-            "or '-' in the name.",
-            param="name",
-        )
 
 
 def _remove_other_copies(root: Path, name: str, keep: Path | None) -> None:

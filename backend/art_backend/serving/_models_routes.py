@@ -52,12 +52,7 @@ def attach_model_routes(app: FastAPI | APIRouter, service: ChatService, art_path
     router.get("/rollouts/{rollout_id}/v1/models")(list_models)
 
     async def load_adapter(body: LoadAdapterRequest):
-        if not is_adapter_name(body.name):
-            raise InvalidNameError(
-                f"Invalid adapter name {body.name!r}: use `<name>@<step>` with letters, digits, "
-                "'.', '_' or '-' in the name.",
-                param="name",
-            )
+        check_adapter_name(body.name)
         path = confined_adapter_folder(body.path, art_path)
         # Loading takes the engine lock between steps: keep the event loop free meanwhile.
         await asyncio.to_thread(service.engine.load_adapter, body.name, path)
@@ -67,3 +62,13 @@ def attach_model_routes(app: FastAPI | APIRouter, service: ChatService, art_path
         "/v1/adapters", load_adapter, methods=["POST"], route_class_override=CheckedJsonRoute
     )
     app.include_router(router)
+
+
+def check_adapter_name(name: str) -> None:
+    """A served adapter's name, `<name>@<step>`, else a 400 naming `name`."""
+    if not is_adapter_name(name):
+        raise InvalidNameError(
+            f"Invalid adapter name {name!r}: use `<name>@<step>` with letters, digits, '.', '_' "
+            "or '-' in the name.",
+            param="name",
+        )

@@ -272,12 +272,12 @@ class ChatService:
                 request, self.prepare, request
             )
             if build_grammar is not None:
-                self._constrain(generation, await self.grammars.compile(build_grammar))
+                self.constrain(generation, await self.grammars.compile(build_grammar))
             return generation, use_tools
         finally:
             self.preparing -= 1
 
-    def _constrain(self, generation: GenerationRequest, grammar: Grammar | None) -> None:
+    def constrain(self, generation: GenerationRequest, grammar: Grammar | None) -> None:
         """Attach a compiled grammar: its text for vLLM, a copy of its matcher per choice."""
         if grammar is None:
             return
