@@ -185,10 +185,14 @@ def test_the_switch_turns_it_off_and_a_wrong_value_is_refused_by_name(
         load_model(str(tiny_model_dir), dtype="bfloat16", device="cpu")
 
 
-def test_its_gradient_is_sdpas_gradient(tiny_model_dir: Path) -> None:
-    """The backward recomputes transformers' SDPA attention: the same gradients, for every input."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+@pytest.mark.parametrize("layout", ["causal", "padded", "blocks"])
+def test_its_gradient_is_the_exact_attentions(
+    layout: str, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backward (`attention_gradients`, float32) gives the float64 autograd gradient of the
+    same attention to bf16 rounding, for queries, keys and values: grouped heads, a causal
+    triangle, a padded row that attends to nothing (zeros, not NaN), queries in blocks."""
+    from art_backend.engines import _batch_invariant
     from art_backend.engines._batch_invariant import _attention
 
     module = load_model(str(tiny_model_dir), dtype="bfloat16").model.model.layers[0].self_attn
@@ -196,14 +200,28 @@ def test_its_gradient_is_sdpas_gradient(tiny_model_dir: Path) -> None:
     shapes = [(2, 4, 6, 16), (2, 2, 6, 16), (2, 2, 6, 16)]
     inputs = [torch.randn(shape, generator=generator).bfloat16() for shape in shapes]
     upstream = torch.randn(2, 6, 4, 16, generator=generator).bfloat16()
-    gradients = []
-    for attention in (_attention, sdpa_attention_forward):
-        leaves = [t.clone().requires_grad_() for t in inputs]
-        output, _ = attention(module, *leaves, None, scaling=0.25)
-        output.backward(upstream)
-        gradients.append([leaf.grad for leaf in leaves])
-    for ours, theirs in zip(*gradients, strict=True):
-        assert ours is not None and theirs is not None and torch.equal(ours, theirs)
+    mask = None
+    if layout == "padded":  # row 1 is two pad tokens then four real ones; pads see nothing
+        mask = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+        mask[1, :, :, :2] = False
+    if layout == "blocks":  # two queries a block
+        monkeypatch.setattr(_batch_invariant, "BLOCK_BYTES", 2 * 2 * 4 * 6 * 4 * 3)
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    output, _ = _attention(module, *leaves, mask, scaling=0.25)
+    output.backward(upstream)
+    exact = [t.double().requires_grad_() for t in inputs]
+    grouped = exact[0].reshape(2, 2, 2 * 6, 16) @ exact[1].transpose(-1, -2) * 0.25
+    scores = grouped.view(2, 2, 2, 6, 6)
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril() if mask is None else mask.unsqueeze(2)
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num(0.0)
+    reference = (probs.view(2, 2, 12, 6) @ exact[2]).view(2, 4, 6, 16).transpose(1, 2)
+    reference.backward(upstream.double())
+    for ours, theirs in zip(leaves, exact, strict=True):
+        assert ours.grad is not None and theirs.grad is not None
+        assert ours.grad.dtype == torch.bfloat16 and torch.isfinite(ours.grad).all()
+        assert torch.allclose(ours.grad.double(), theirs.grad, rtol=1e-2, atol=1e-2)
+    if layout == "padded":  # the pad queries get no gradient
+        assert torch.equal(leaves[0].grad[1, :, :2], torch.zeros_like(leaves[0].grad[1, :, :2]))
 
 
 def test_a_loras_one_row_decode_is_its_full_forward(tiny_model_dir: Path, tmp_path: Path) -> None:
