@@ -155,10 +155,10 @@ class _OurDecode:
     """The torch engine's decode loop, driven on this thread (module docstring)."""
 
     def __init__(self, model: Any, tokenizer: Any, spec: dict[str, Any]) -> None:
-        from art_backend.engines._batch_invariant import make_batch_invariant
+        from art_backend.engines._loading import prepare_to_serve
         from art_backend.testing import TorchEngine
 
-        make_batch_invariant(model)  # as served: bf16 on a CPU decodes with float64 attention
+        prepare_to_serve(model)  # as served: float32 logits, bf16's float64 attention, packing
         self.adapter = None
         # The adapter's folder lives only until the engine has loaded it (nothing left in TMPDIR).
         with tempfile.TemporaryDirectory(prefix="limit-lora-") as folder:

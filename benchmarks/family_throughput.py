@@ -82,11 +82,10 @@ def prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
 
 def measure_ours(model: Any, tokenizer: Any, batch: list[list[int]]) -> float:
     """tokens/s of the torch engine serving `batch` as concurrent requests."""
-    from art_backend.engines._batch_invariant import make_batch_invariant
     from art_backend.engines._engine import FinishEvent, GenerationRequest, SamplingParams
     from art_backend.testing import TorchEngine
 
-    make_batch_invariant(model)  # as served: bf16 on a CPU decodes with float64 attention
+    prepare_to_serve(model)
     engine = TorchEngine(
         model, tokenizer, eos_token_ids=[], context_length=4096, max_batch_size=ROWS
     )
@@ -113,6 +112,22 @@ def measure_ours(model: Any, tokenizer: Any, batch: list[list[int]]) -> float:
         return tokens / (time.perf_counter() - started)
     finally:
         engine.stop()
+
+
+def prepare_to_serve(model: Any) -> None:
+    """What `art-server` runs on the loaded model (float32 logits; on a CPU in bf16 float64
+    attention; packed linear layers), as the checkout on the path does it (a baseline's older
+    art_backend has no `prepare_to_serve`: its two steps of then)."""
+    try:
+        from art_backend.engines._loading import prepare_to_serve as prepare
+    except ImportError:
+        from art_backend.engines._batch_invariant import make_batch_invariant
+        from art_backend.engines._float32_logits import compute_logits_in_float32
+
+        compute_logits_in_float32(model)
+        make_batch_invariant(model)
+        return
+    prepare(model)
 
 
 def measure_generate(model: Any, batch: list[list[int]]) -> float:

@@ -43,17 +43,17 @@ of what the invariance costs (`benchmarks/logprob_gap.py`); any other value than
 
 from __future__ import annotations
 
-import os
 import types
 from typing import Any
 
 import torch
 from torch import nn
 
+from art_backend.engines._packed_linear import linear
+from art_backend.engines._switches import env_switch
+
 ATTENTION = "art_batch_invariant"
 VARIABLE = "ART_BATCH_INVARIANT"
-_SWITCH = {"1": True, "true": True, "yes": True, "on": True}
-_SWITCH |= {"0": False, "false": False, "no": False, "off": False}
 REDUCED = (torch.bfloat16, torch.float16)
 BLOCK_BYTES = 256 * 2**20  # float64 scores + probabilities of one block of queries
 # The fewest rows a linear layer's matmul runs with, by its input's dtype (module docstring).
@@ -82,15 +82,7 @@ def wants_batch_invariance(model: Any) -> bool:
 
 def switched_on() -> bool:
     """`ART_BATCH_INVARIANT`: on unless 0/false/no/off; another value is a `ModelLoadError`."""
-    from art_backend._errors import ModelLoadError
-
-    value = os.environ.get(VARIABLE, "1").strip().lower()
-    if value not in _SWITCH:
-        raise ModelLoadError(
-            f"{VARIABLE}={os.environ[VARIABLE]!r} is neither on (1, true, yes, on) nor off "
-            "(0, false, no, off); unset it to keep the default (on)"
-        )
-    return _SWITCH[value]
+    return env_switch(VARIABLE, default=True)
 
 
 def is_batch_invariant(model: Any) -> bool:
@@ -115,9 +107,9 @@ def _floored_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if 0 < rows < floor:
         padded = x.new_zeros((floor, x.shape[-1]))
         padded[:rows] = x.reshape(rows, -1)
-        out = nn.functional.linear(padded, self.weight, self.bias)[:rows]
+        out = linear(self, padded)[:rows]
         return out.reshape(*x.shape[:-1], out.shape[-1])
-    return nn.functional.linear(x, self.weight, self.bias)
+    return linear(self, x)
 
 
 def _register() -> None:

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from art_backend.engines._packed_linear import pack_weight, packed_linear, packing_on
+
 
 def compute_logits_in_float32(model: Any) -> None:
     """Make `model`'s output embeddings (its LM head) answer float32 logits; a float32 model is
@@ -30,6 +32,7 @@ def compute_logits_in_float32(model: Any) -> None:
         return
     head._float32_weight = None
     head._float32_key = None
+    head._float32_packed = None
     head.forward = types.MethodType(_float32_forward, head)
 
 
@@ -41,6 +44,9 @@ def _float32_forward(head: Any, hidden: torch.Tensor) -> torch.Tensor:
         # forward: an inference tensor cannot be saved for the trainer's backward.
         with torch.inference_mode(False):
             head._float32_weight = weight.detach().float()
+            head._float32_packed = pack_weight(head._float32_weight) if packing_on() else None
         head._float32_key = key
     bias = head.bias.float() if head.bias is not None else None
+    if head._float32_packed is not None:  # oneDNN's packed float32 kernel (_packed_linear)
+        return packed_linear(hidden.float(), head._float32_weight, head._float32_packed, bias)
     return torch.nn.functional.linear(hidden.float(), head._float32_weight, bias)

@@ -53,7 +53,9 @@ from art_backend.engines._gguf import (
     gguf_cache_key,
     read_gguf_metadata,
 )
+from art_backend.engines._packed_linear import pack_linear_layers
 from art_backend.engines._stop_tokens import stop_token_ids
+from art_backend.engines._switches import env_switch
 from art_core.names import DEFAULT_MODEL, DEFAULT_MODEL_ALIAS, is_default_model
 
 logger = logging.getLogger("art_backend.loading")
@@ -132,8 +134,7 @@ def load_model(
     logger.info("dtype %s -> %s: %s", dtype, str(torch_dtype).removeprefix("torch."), reason)
     model.to(torch_device)
     model.eval()
-    compute_logits_in_float32(model)  # sampler and trainer logprobs agree in bf16 too
-    make_batch_invariant(model)  # ... bit for bit (bf16/fp16 on a CPU)
+    prepare_to_serve(model)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,
@@ -230,9 +231,18 @@ def cpu_supports_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16", "bf16"} & cpu_flags())
 
 
+def prepare_to_serve(model: Any) -> None:
+    """What the engine and the trainer run on top of the loaded model: float32 logits, on a CPU
+    in bf16/fp16 the batch-invariant attention and row floors (sampler and trainer logprobs
+    agree bit for bit), and on a CPU oneDNN's packed linear layers (`_packed_linear`)."""
+    compute_logits_in_float32(model)
+    make_batch_invariant(model)
+    pack_linear_layers(model)
+
+
 def probe_enabled() -> bool:
-    """False when ART_DTYPE_PROBE is 0/false/no/off."""
-    return os.environ.get(PROBE_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
+    """False when ART_DTYPE_PROBE is 0/false/no/off; a value neither on nor off is refused."""
+    return env_switch(PROBE_VARIABLE, default=True)
 
 
 def _measured_dtype(config: Any) -> tuple[torch.dtype, str]:

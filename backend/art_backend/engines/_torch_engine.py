@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import queue
 import threading
 import time
@@ -52,6 +51,7 @@ from art_backend.engines._sampling import (
     make_generator,
     sample_batch,
 )
+from art_backend.engines._switches import env_switch
 from art_backend.engines._text import decode_increment
 from art_backend.engines._threads import ThreadGovernor
 from art_backend.engines._torch_adapters import AdapterSlots
@@ -93,7 +93,7 @@ class TorchEngine(AdapterSlots):
         self.metrics = EngineMetrics()
         # ART_ENGINE_PROFILE=1: on a GPU, wait for each forward so that /metrics splits a decode
         # step exactly between the forward and sampling (one more synchronisation a step).
-        self._profile = os.environ.get("ART_ENGINE_PROFILE", "") not in ("", "0")
+        self._profile = env_switch("ART_ENGINE_PROFILE", default=False)
         # On a CPU: torch's thread count follows the cores other processes leave idle.
         self.threads = threads
         self.adapters: dict[str, str] = {}  # served name -> PEFT adapter name
