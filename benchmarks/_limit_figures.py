@@ -89,8 +89,10 @@ def prompts(vocab_size: int, rows: int, length: int, seed: int = 0) -> list[list
 
 def linear_floor(spec: dict[str, Any]) -> dict[str, Any]:
     """Seconds a decode step's linear layers take alone at `rows` rows: the model's own weights
-    in its order, each read once a pass (streamed from memory, as a real step reads them),
-    `nn.functional.linear` on random inputs, best of `repeats` passes after one warm-up.
+    in its order, each read once a pass (streamed from memory, as a real step reads them), on
+    random inputs, best of `repeats` passes after one warm-up. `kernel`: `dense` is
+    `nn.functional.linear` (MKL's sgemm in float32, oneDNN on a plain weight in bf16), `packed`
+    oneDNN on the weight packed once, as the engine runs it (`_packed_linear`).
 
     At a decode step's few rows a weight is used for few FLOPs, so this is far below the large-
     matrix peak: it is the floor a decode step cannot go under with these GEMM kernels."""
@@ -102,12 +104,13 @@ def linear_floor(spec: dict[str, Any]) -> dict[str, Any]:
         width: torch.randn(spec["rows"], width, generator=generator).to(dtype)
         for width in {weight.shape[1] for weight in weights}
     }
+    layers = [_floor_layer(weight, spec.get("kernel", "dense")) for weight in weights]
     times = []
     with torch.inference_mode():
         for repeat in range(spec["repeats"] + 1):
             started = time.perf_counter()
-            for weight in weights:
-                torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+            for weight, layer in zip(weights, layers, strict=True):
+                layer(inputs[weight.shape[1]])
             if repeat:  # the first pass is the warm-up
                 times.append(time.perf_counter() - started)
     step = min(times)
@@ -120,7 +123,16 @@ def linear_floor(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------------------------- decoding
+def _floor_layer(weight: torch.Tensor, kernel: str) -> Any:
+    """The linear map of `weight` on the floor's `kernel` (see `linear_floor`)."""
+    if kernel == "dense":
+        return lambda x: torch.nn.functional.linear(x, weight)
+    from art_backend.engines._packed_linear import pack_weight, packed_linear
+
+    packed = pack_weight(weight)
+    if packed is None:
+        raise RuntimeError("this torch has no oneDNN packed linear")
+    return lambda x: packed_linear(x, weight, packed, None)
 
 
 def decode(spec: dict[str, Any]) -> dict[str, Any]:
@@ -364,12 +376,14 @@ def grpo_rows(vocab_size: int, spec: dict[str, Any]) -> Any:
 
 def train(spec: dict[str, Any]) -> dict[str, Any]:
     """The trainer's forward+backward FLOP/s on a GRPO step's rows, best of `repeats` steps."""
+    from art_backend.engines._loading import prepare_to_serve
     from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
     from art_backend.training._grpo import loss_denominator
     from art_backend.training._losses import GRPOLoss
 
     model, tokenizer = load_model(spec)
     linear = linear_parameters(model)
+    prepare_to_serve(model)  # as served: float32 logits, bf16's float64 attention, packing
     engine = TorchEngine(model, tokenizer, eos_token_ids=[], context_length=4096)
     trainer = LoraTrainer(engine, "bench", LORA, seed=0)
     lora_parameters = sum(p.numel() for p in trainer.params)

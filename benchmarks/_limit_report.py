@@ -75,7 +75,8 @@ def floor_table(result: dict[str, Any]) -> list[str]:
     ]
     for floor in result["linear_floor"]:
         lines.append(
-            f"| {floor['dtype']} | {floor['rows']} | {1000 * floor['step_s']:.1f} | "
+            f"| {floor['dtype']}, {floor.get('kernel', 'dense')} | {floor['rows']} | "
+            f"{1000 * floor['step_s']:.1f} | "
             f"{_giga(floor['flops_per_s'])} | {_percent(floor['share_of_peak'])} | "
             f"{floor['weight_bytes_per_s'] / 1e9:.1f} | {_load(floor)} |"
         )
@@ -155,10 +156,12 @@ def section(result: dict[str, Any], start: str, end: str) -> str:
         "the machine is shared.",
         "",
         "*Linear floor*: the model's linear layers alone at the decode step's rows, each weight "
-        "read once a pass as a step reads it (`nn.functional.linear` on random inputs): at a "
-        "few rows a weight serves few FLOPs, so this floor sits far below the large-matrix "
-        "peak, and a decode step cannot go under it with these kernels. *floor / step*: how "
-        "much of a decode step the linear layers alone would take.",
+        "read once a pass as a step reads it, on random inputs, with torch's dense kernels "
+        "(`nn.functional.linear`: MKL's sgemm in float32) and with oneDNN's on weights packed "
+        "once (`packed`, what the engine runs): at a few rows a weight serves few FLOPs, so "
+        "this floor sits far below the large-matrix peak, and a decode step cannot go under it "
+        "with these kernels. *floor / step*: how much of a decode step the packed linear "
+        "layers alone would take.",
         "",
         *floor_table(result),
         *decode_table(result),

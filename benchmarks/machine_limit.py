@@ -79,7 +79,8 @@ def measure(spec: dict[str, Any], in_process: bool) -> dict[str, Any]:
     result["loadavg_before"] = [round(v, 2) for v in before]
     result["loadavg_after"] = [round(v, 2) for v in os.getloadavg()]
     result["other_cores"] = round(load.cores, 2)
-    named = {k: spec[k] for k in ("figure", "contender", "dtype", "rows", "adapter") if k in spec}
+    keys = ("figure", "contender", "dtype", "rows", "adapter", "kernel")
+    named = {k: spec[k] for k in keys if k in spec}
     shown = {k: v for k, v in result.items() if k != "profile"}
     print(json.dumps({**named, **shown}), flush=True)
     return result
@@ -108,10 +109,11 @@ def run(
                 spec = {"figure": "decode", "contender": contender, "dtype": dtype, "rows": rows}
                 decode.append({**spec, **measure({**common, **spec}, in_process)})
     floors = []
-    for dtype in DTYPES:
-        for rows in sizes["rows"]:
-            spec = {"figure": "floor", "dtype": dtype, "rows": rows}
-            floors.append({**spec, **measure({**common, **spec}, in_process)})
+    for kernel in ("dense", "packed"):
+        for dtype in DTYPES:
+            for rows in sizes["rows"]:
+                spec = {"figure": "floor", "dtype": dtype, "rows": rows, "kernel": kernel}
+                floors.append({**spec, **measure({**common, **spec}, in_process)})
     profiles: dict[str, Any] = {}
     rows = sizes["rows"][0]
     for adapter in (False, True):
@@ -161,8 +163,11 @@ def assemble(
     for floor in floors:
         floor["share_of_peak"] = floor["flops_per_s"] / matmul_peak[floor["dtype"]]["flops_per_s"]
     for figure in decode:
-        floor = next(
-            f for f in floors if (f["dtype"], f["rows"]) == (figure["dtype"], figure["rows"])
+        floor = next(  # the kernels the engine runs
+            f
+            for f in floors
+            if (f["dtype"], f["rows"], f.get("kernel", "dense"))
+            == (figure["dtype"], figure["rows"], "packed")
         )
         figure["step_s"] = figure["rows"] / figure["decode_tokens_per_s"]
         figure["linear_floor_s"] = floor["step_s"]

@@ -39,8 +39,13 @@ def test_the_tiny_run_writes_every_figure_as_a_share_of_the_peak_and_the_profile
         for rows in result["workload"]["rows"]:
             assert {("ours", dtype, rows, False), ("hf", dtype, rows, False)} <= decoded
     assert ("ours", "float32", result["workload"]["rows"][0], True) in decoded
-    floors = {(f["dtype"], f["rows"]) for f in result["linear_floor"]}
-    assert floors == {(d, r) for d in ("float32", "bfloat16") for r in result["workload"]["rows"]}
+    floors = {(f["kernel"], f["dtype"], f["rows"]) for f in result["linear_floor"]}
+    assert floors == {
+        (k, d, r)
+        for k in ("dense", "packed")
+        for d in ("float32", "bfloat16")
+        for r in result["workload"]["rows"]
+    }
     for figure in result["decode"]:  # each step beside the floor of its dtype and rows
         assert figure["linear_floor_s"] > 0 and figure["share_of_linear_floor"] > 0, figure
     assert {f["dtype"] for f in result["train"]} == {"float32", "bfloat16"}
