@@ -52,6 +52,13 @@ def test_a_packed_layer_is_the_dense_one_and_a_row_sums_alike_in_any_batch(
         assert torch.equal(packed(x.view(4, 16, 1536))[1], got[16:32])  # any leading shape
 
 
+def test_a_small_layer_stays_dense() -> None:
+    """Below `MIN_WEIGHT` torch's dense call is as fast or faster: not marked."""
+    small = nn.Sequential(nn.Linear(64, 64), nn.Linear(256, 256).bfloat16())
+    assert pack_linear_layers(small) == 1
+    assert not is_packed(small[0]) and is_packed(small[1])
+
+
 def test_the_gradient_reaches_the_input_and_a_trained_weight_runs_dense() -> None:
     packed, dense = _layers(torch.float32)
     x = torch.randn(8, 1536, generator=torch.Generator().manual_seed(2))
@@ -80,10 +87,12 @@ def test_a_changed_weight_is_packed_again() -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_loaded_model_packs_its_base_layers_and_leaves_adapters_dense(
-    dtype: str, tiny_model_dir: Path, tmp_path: Path
+    dtype: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from art_backend.engines import _packed_linear
     from tests.support.adapters import make_random_adapter
 
+    monkeypatch.setattr(_packed_linear, "MIN_WEIGHT", {})  # the tiny model's layers are small
     loaded = load_model(str(tiny_model_dir), dtype=dtype, device="cpu")
     base = [m for m in loaded.model.modules() if type(m) is nn.Linear]
     assert base and all(is_packed(m) for m in base)
