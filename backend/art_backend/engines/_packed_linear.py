@@ -80,7 +80,7 @@ def pack_linear_layers(model: Any) -> int:
             continue
         if weight.dtype not in PACKED_DTYPES:
             continue
-        vars(module)["_art_packed"] = None  # packed at the first call
+        vars(module)["_art_packed"] = _PackedCache()  # packed at the first call
         if "forward" not in vars(module):
             module.forward = types.MethodType(linear, module)  # type: ignore[method-assign]
         marked += 1
@@ -94,25 +94,39 @@ def is_packed(module: Any) -> bool:
 
 def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`module`'s linear layer on `x`: packed if `pack_linear_layers` marked it, else dense."""
-    weight = module.weight
+    weight, bias = module.weight, module.bias
     cached = vars(module).get("_art_packed", _UNMARKED)
+    trains = weight.requires_grad or (bias is not None and bias.requires_grad)
     if (
         cached is _UNMARKED
         or x.dtype != weight.dtype
         or x.device.type != "cpu"
-        or (torch.is_grad_enabled() and weight.requires_grad)
+        or (trains and torch.is_grad_enabled())  # a weight or bias that trains: dense
     ):
-        return functional.linear(x, weight, module.bias)
+        return functional.linear(x, weight, bias)
     key = (weight.data_ptr(), weight._version)
-    if cached is None or cached[0] != key:
+    if cached.key != key:
         packed = pack_weight(weight)
         if packed is None:
-            return functional.linear(x, weight, module.bias)
-        cached = (key, packed)
-        vars(module)["_art_packed"] = cached
+            return functional.linear(x, weight, bias)
+        cached.key, cached.packed = key, packed
     if torch.is_grad_enabled() and x.requires_grad:
-        return _PackedLinear.apply(x, weight, cached[1], module.bias)
-    return _run(x, cached[1], module.bias)
+        return _PackedLinear.apply(x, weight, cached.packed, bias)
+    return _run(x, cached.packed, bias)
+
+
+class _PackedCache:
+    """A layer's packed weight and the (storage, version) of the weight it was packed from.
+    A deep copy of the layer (a replica's weights) starts empty: the copy packs its own."""
+
+    __slots__ = ("key", "packed")
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.packed: torch.Tensor | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _PackedCache:
+        return _PackedCache()
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:

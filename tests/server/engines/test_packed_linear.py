@@ -46,7 +46,7 @@ def test_a_packed_layer_is_the_dense_one_and_a_row_sums_alike_in_any_batch(
             assert torch.equal(got, dense(x))
         else:
             assert torch.allclose(got, dense(x), atol=1e-4)
-        assert packed._art_packed is not None  # the packed kernel ran
+        assert packed._art_packed.packed is not None  # the packed kernel ran
         for rows in (1, 2, 5):
             assert torch.equal(packed(x[:rows]), got[:rows])
         assert torch.equal(packed(x.view(4, 16, 1536))[1], got[16:32])  # any leading shape
@@ -71,6 +71,22 @@ def test_the_gradient_reaches_the_input_and_a_trained_weight_runs_dense() -> Non
     packed.weight.requires_grad_(True)  # a weight that trains gets its gradient (dense path)
     packed(x).sum().backward()
     assert packed.weight.grad is not None and packed.weight.grad.abs().sum() > 0
+
+
+def test_a_deep_copy_packs_its_own_weight() -> None:
+    """A replica's copy of the model (`copy.deepcopy`) runs packed on its own weights."""
+    import copy
+
+    packed, _ = _layers(torch.float32)
+    x = torch.randn(4, 1536, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        before = packed(x)
+        twin = copy.deepcopy(packed)
+        twin.weight.mul_(2)
+        assert torch.equal(packed(x), before) and is_packed(twin)
+        assert torch.allclose(
+            twin(x), torch.nn.functional.linear(x, twin.weight, twin.bias), atol=1e-4
+        )
 
 
 def test_a_changed_weight_is_packed_again() -> None:
