@@ -48,5 +48,9 @@ def _float32_forward(head: Any, hidden: torch.Tensor) -> torch.Tensor:
         head._float32_key = key
     bias = head.bias.float() if head.bias is not None else None
     if head._float32_packed is not None:  # oneDNN's packed float32 kernel (_packed_linear)
-        return packed_linear(hidden.float(), head._float32_weight, head._float32_packed, bias)
+        # The backward in the model's dtype: the hidden state's gradient is rounded to it anyway
+        # (SmolLM2's head backward 2.4x faster in bf16 than in float32 here).
+        return packed_linear(
+            hidden.float(), head._float32_weight, head._float32_packed, bias, weight.detach()
+        )
     return torch.nn.functional.linear(hidden.float(), head._float32_weight, bias)

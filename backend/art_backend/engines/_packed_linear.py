@@ -142,14 +142,20 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def packed_linear(
-    x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    packed: torch.Tensor,
+    bias: torch.Tensor | None,
+    backward_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ weight.T + bias through `packed` (`pack_weight(weight)`); the gradient of `x` (never
-    of the frozen weight) through the dense `weight`. Another dtype or device runs dense."""
+    of the frozen weight) through the dense `backward_weight` (default `weight`), in its dtype.
+    Another dtype or device runs dense."""
     if x.dtype != weight.dtype or x.device.type != "cpu" or x.shape[-1] != weight.shape[1]:
         return functional.linear(x, weight, bias)
     if torch.is_grad_enabled() and x.requires_grad:
-        return _PackedLinear.apply(x, weight, packed, bias)
+        dense = weight if backward_weight is None else backward_weight
+        return _PackedLinear.apply(x, dense, packed, bias)
     return _run(x, packed, bias)
 
 
@@ -166,7 +172,8 @@ def _run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> to
 
 
 class _PackedLinear(torch.autograd.Function):
-    """Forward: the packed kernel. Backward: the input's gradient only (frozen weights)."""
+    """Forward: the packed kernel. Backward: the input's gradient only (frozen weights), in the
+    dense weight's dtype (autograd casts it to the input's)."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -182,4 +189,4 @@ class _PackedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         (weight,) = ctx.saved_tensors
-        return grad @ weight.to(grad.dtype), None, None, None
+        return grad.to(weight.dtype) @ weight, None, None, None
