@@ -44,6 +44,7 @@ of what the invariance costs (`benchmarks/logprob_gap.py`); any other value than
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -169,14 +170,23 @@ def float64_attention(
     block = max(1, BLOCK_BYTES // per_query)
     if queries <= block:
         return _float64_block(query, key, value, mask, scale, causal, 0, queries)
-    parts = []
+    parts = [
+        _float64_block(rows, key, value, part_mask, scale, causal, start, queries)
+        for start, rows, part_mask in _query_blocks(query, mask, block)
+    ]
+    return torch.cat(parts, dim=2)
+
+
+def _query_blocks(
+    query: torch.Tensor, mask: torch.Tensor | None, block: int
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    """(first query, the block's queries, the block's rows of a per-query mask) by `block`."""
+    queries = query.shape[2]
     for start in range(0, queries, block):
-        rows = query[:, :, start : start + block]
         part_mask = mask
         if mask is not None and mask.shape[-2] == queries:
             part_mask = mask[..., start : start + block, :]
-        parts.append(_float64_block(rows, key, value, part_mask, scale, causal, start, queries))
-    return torch.cat(parts, dim=2)
+        yield start, query[:, :, start : start + block], part_mask
 
 
 def _float64_block(
@@ -261,12 +271,9 @@ def attention_gradients(
     value_grad = torch.zeros_like(key_grad)
     block = max(1, BLOCK_BYTES // (batch * heads * keys * 4 * 3))
     query_grads = []
-    for start in range(0, queries, block):
-        rows = query[:, :, start : start + block].float()
+    for start, block_queries, part_mask in _query_blocks(query, mask, block):
+        rows = block_queries.float()
         count = rows.shape[2]
-        part_mask = mask
-        if mask is not None and mask.shape[-2] == queries:
-            part_mask = mask[..., start : start + block, :]
         probs = _grouped_probabilities(rows, key32, part_mask, scale, causal, start, queries)
         upstream = grad[:, :, start : start + count].float()
         upstream = upstream.reshape(batch, kv_heads, groups * count, dim)
