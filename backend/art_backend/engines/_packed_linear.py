@@ -39,13 +39,12 @@ from torch.nn import functional
 from art_backend.engines._switches import env_switch
 
 VARIABLE = "ART_PACKED_LINEAR"
-PACKED_DTYPES = (torch.float32, torch.bfloat16)
 ROWS_HINT = 64  # the row count oneDNN's layout is chosen for (any count runs on it)
 ROW_FLOOR = 2  # one row takes another kernel than two or more (float32, K=1536)
 # The smallest weight packing pays for, by dtype: below it torch's dense call is as fast or
 # faster (16 rows, 2 threads: float32 64x64 7.7 against 22.5 us, 256x256 23.9 against 33.6,
 # 512x256 44.3 against 43.1; bf16 64x64 19.8 against 21.7, 256x256 27.8 against 25.7).
-MIN_WEIGHT = {torch.float32: 512 * 256, torch.bfloat16: 256 * 256}
+MIN_WEIGHT = {torch.float32: 512 * 256, torch.bfloat16: 256 * 256}  # and the dtypes packed
 _UNMARKED = object()
 
 
@@ -66,9 +65,9 @@ def packing_on() -> bool:
 
 def pack_linear_layers(model: Any) -> int:
     """Mark every plain `nn.Linear` of `model` on the CPU in float32 or bf16, of at least
-    `MIN_WEIGHT` weights, to run packed (`ART_PACKED_LINEAR`, on by default); returns how many. Call it before adapters are added:
-    their layers stay dense. A layer whose forward is already replaced (the float32 LM head, a
-    row floor) keeps it; those call `linear` themselves."""
+    `MIN_WEIGHT` weights, to run packed (`ART_PACKED_LINEAR`, on by default); returns how many.
+    Call it before adapters are added: their layers stay dense. A layer whose forward is already
+    replaced (the float32 LM head, a row floor) keeps it; those call `linear` themselves."""
     if not packing_on():
         return 0
     marked = 0
@@ -76,9 +75,8 @@ def pack_linear_layers(model: Any) -> int:
         weight = getattr(module, "weight", None)
         if type(module) is not nn.Linear or weight is None:
             continue
-        if weight.device.type != "cpu" or weight.numel() < MIN_WEIGHT.get(weight.dtype, 0):
-            continue
-        if weight.dtype not in PACKED_DTYPES:
+        smallest = MIN_WEIGHT.get(weight.dtype)  # None: a dtype never packed
+        if weight.device.type != "cpu" or smallest is None or weight.numel() < smallest:
             continue
         vars(module)["_art_packed"] = _PackedCache()  # packed at the first call
         if "forward" not in vars(module):
@@ -131,7 +129,7 @@ class _PackedCache:
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
     """`weight` reordered for oneDNN's linear; None where it cannot be (device, dtype, torch)."""
-    if weight.device.type != "cpu" or weight.dtype not in PACKED_DTYPES:
+    if weight.device.type != "cpu" or weight.dtype not in MIN_WEIGHT:
         return None
     if not packing_available():
         return None

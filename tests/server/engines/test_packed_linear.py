@@ -108,7 +108,8 @@ def test_a_loaded_model_packs_its_base_layers_and_leaves_adapters_dense(
     from art_backend.engines import _packed_linear
     from tests.support.adapters import make_random_adapter
 
-    monkeypatch.setattr(_packed_linear, "MIN_WEIGHT", {})  # the tiny model's layers are small
+    # the tiny model's layers are small: every size packs
+    monkeypatch.setattr(_packed_linear, "MIN_WEIGHT", {torch.float32: 0, torch.bfloat16: 0})
     loaded = load_model(str(tiny_model_dir), dtype=dtype, device="cpu")
     base = [m for m in loaded.model.modules() if type(m) is nn.Linear]
     assert base and all(is_packed(m) for m in base)
