@@ -132,7 +132,7 @@ def _floor_layer(weight: torch.Tensor, kernel: str) -> Any:
     packed = pack_weight(weight)
     if packed is None:
         raise RuntimeError("this torch has no oneDNN packed linear")
-    return lambda x: packed_linear(x, weight, packed, None)
+    return lambda x: packed_linear(x, packed, None, weight)
 
 
 def decode(spec: dict[str, Any]) -> dict[str, Any]:

@@ -224,13 +224,15 @@ def _grouped_probabilities(
     kv_heads, keys = key.shape[1], key.shape[2]
     groups = heads // kv_heads
     grouped = query.reshape(batch, kv_heads, groups * queries, dim)
-    scores = grouped @ key.transpose(-1, -2) * scale
+    # In place from the scores on: each pass over [B, Hkv, G * Q, K] writes no new tensor (at a
+    # GRPO step's packed rows a new one is tens of MB, and its first touch costs page faults).
+    scores = (grouped @ key.transpose(-1, -2)).mul_(scale)
     scores = scores.view(batch, kv_heads, groups, queries, keys)
     if causal:
         positions = torch.arange(first, first + queries, device=query.device)[:, None]
         last = positions + (keys - queries_in_all)
         allowed = torch.arange(keys, device=query.device)[None, :] <= last
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        scores.masked_fill_(~allowed, float("-inf"))
     if mask is not None:
         mask = mask[..., :keys]
         if mask.shape[1] == 1:
@@ -238,12 +240,13 @@ def _grouped_probabilities(
         else:  # a per-head mask: [B, H, Q, K] -> [B, Hkv, G, Q, K]
             mask = mask.reshape(mask.shape[0], kv_heads, groups, *mask.shape[-2:])
         if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
+            scores.masked_fill_(~mask, float("-inf"))
         else:
-            scores = scores + mask.to(scores.dtype)
-    # A query that may attend to nothing (a padding row) gets zeros, not NaN.
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return probs.view(batch, kv_heads, groups * queries, keys)
+            scores.add_(mask.to(scores.dtype))
+    # A query that may attend to nothing (a padding row) gets zeros, not NaN. (torch's softmax
+    # rather than exp_ in place: its float64 exp is vectorised, twice as fast here.)
+    scores = torch.softmax(scores, dim=-1).nan_to_num_(0.0)
+    return scores.view(batch, kv_heads, groups * queries, keys)
 
 
 def attention_gradients(
@@ -279,7 +282,9 @@ def attention_gradients(
         upstream = upstream.reshape(batch, kv_heads, groups * count, dim)
         value_grad += probs.transpose(-1, -2) @ upstream
         weights = upstream @ value32.transpose(-1, -2)
-        scores_grad = probs * (weights - (probs * weights).sum(-1, keepdim=True))
+        # dS = P * (W - rowsum(P * W)), written over W
+        rowsum = (probs * weights).sum(-1, keepdim=True)
+        scores_grad = weights.sub_(rowsum).mul_(probs)
         query_grads.append((scores_grad @ key32 * scale).view(batch, heads, count, dim))
         grouped = rows.reshape(batch, kv_heads, groups * count, dim)
         key_grad += scores_grad.transpose(-1, -2) @ grouped * scale

@@ -11,7 +11,8 @@ arXiv 2506.13585, traces its RL's train/inference probability mismatch to the LM
 precision and computes it in float32).
 
 The float32 copy of the head's weight is made once (the base weights never train: LoRA adapts
-other layers) and made again if the weight is replaced or changed in place.
+other layers) and made again if the weight is replaced or changed in place. On a CPU it is kept
+only packed for oneDNN (`_packed_linear`), not also dense.
 """
 
 from __future__ import annotations
@@ -43,14 +44,16 @@ def _float32_forward(head: Any, hidden: torch.Tensor) -> torch.Tensor:
         # Made outside inference mode even when the first call is the engine's (inference)
         # forward: an inference tensor cannot be saved for the trainer's backward.
         with torch.inference_mode(False):
-            head._float32_weight = weight.detach().float()
-            head._float32_packed = pack_weight(head._float32_weight) if packing_on() else None
+            full = weight.detach().float()
+            packed = pack_weight(full) if packing_on() else None
+        # Packed, the dense float32 copy is not kept (SmolLM2's: 113 MB): the forward reads the
+        # packed one, the backward the model's own weight.
+        head._float32_packed = packed
+        head._float32_weight = full if packed is None else None
         head._float32_key = key
     bias = head.bias.float() if head.bias is not None else None
     if head._float32_packed is not None:  # oneDNN's packed float32 kernel (_packed_linear)
         # The backward in the model's dtype: the hidden state's gradient is rounded to it anyway
         # (SmolLM2's head backward 2.4x faster in bf16 than in float32 here).
-        return packed_linear(
-            hidden.float(), head._float32_weight, head._float32_packed, bias, weight.detach()
-        )
+        return packed_linear(hidden.float(), head._float32_packed, bias, weight.detach())
     return torch.nn.functional.linear(hidden.float(), head._float32_weight, bias)

@@ -45,6 +45,7 @@ ROW_FLOOR = 2  # one row takes another kernel than two or more (float32, K=1536)
 # faster (16 rows, 2 threads: float32 64x64 7.7 against 22.5 us, 256x256 23.9 against 33.6,
 # 512x256 44.3 against 43.1; bf16 64x64 19.8 against 21.7, 256x256 27.8 against 25.7).
 MIN_WEIGHT = {torch.float32: 512 * 256, torch.bfloat16: 256 * 256}  # and the dtypes packed
+CAST_ROWS = 128  # rows of a gradient cast to the weight's dtype at a time (backward)
 _UNMARKED = object()
 
 
@@ -140,20 +141,15 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def packed_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    packed: torch.Tensor,
-    bias: torch.Tensor | None,
-    backward_weight: torch.Tensor | None = None,
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor
 ) -> torch.Tensor:
-    """x @ weight.T + bias through `packed` (`pack_weight(weight)`); the gradient of `x` (never
-    of the frozen weight) through the dense `backward_weight` (default `weight`), in its dtype.
-    Another dtype or device runs dense."""
-    if x.dtype != weight.dtype or x.device.type != "cpu" or x.shape[-1] != weight.shape[1]:
-        return functional.linear(x, weight, bias)
+    """x @ W.T + bias through `packed` (`pack_weight(W)`); the gradient of `x` (never of the
+    frozen W) through the dense `weight`, W or a copy of it in another dtype (the backward runs
+    in its dtype). Another dtype or device than the packed weight's runs dense."""
+    if x.dtype != packed.dtype or x.device.type != "cpu" or x.shape[-1] != packed.shape[1]:
+        return functional.linear(x, packed.to_dense().to(x.device, x.dtype), bias)
     if torch.is_grad_enabled() and x.requires_grad:
-        dense = weight if backward_weight is None else backward_weight
-        return _PackedLinear.apply(x, dense, packed, bias)
+        return _PackedLinear.apply(x, weight, packed, bias)
     return _run(x, packed, bias)
 
 
@@ -187,4 +183,14 @@ class _PackedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         (weight,) = ctx.saved_tensors
-        return grad.to(weight.dtype) @ weight, None, None, None
+        if grad.dtype == weight.dtype:
+            return grad @ weight, None, None, None
+        # Cast a block of rows at a time: the float32 LM head's gradient [positions, vocabulary]
+        # cast whole would be one more tensor of its size (100 MB on a GRPO step of SmolLM2).
+        flat = grad.reshape(-1, grad.shape[-1])
+        result = flat.new_empty((flat.shape[0], weight.shape[1]), dtype=weight.dtype)
+        for start in range(0, flat.shape[0], CAST_ROWS):
+            result[start : start + CAST_ROWS] = (
+                flat[start : start + CAST_ROWS].to(weight.dtype) @ weight
+            )
+        return result.view(*grad.shape[:-1], weight.shape[1]), None, None, None

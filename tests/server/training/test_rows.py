@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from art_backend.training._grpo import loss_denominator, loss_preset, policy_loss
-from art_backend.training._logprobs import token_logprobs, token_logprobs_and_entropy
+from art_backend.training._logprobs import (
+    CHUNK_POSITIONS,
+    scored_positions,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 from art_backend.training._rows import (
     DROP_REASONS,
     Rows,
@@ -257,6 +262,33 @@ def test_token_logprobs_of_a_window_match_the_full_forward():
     _, entropy = token_logprobs_and_entropy(logits, input_ids)
     expected = -(torch.softmax(logits[0, 0], -1) * torch.log_softmax(logits[0, 0], -1)).sum()
     torch.testing.assert_close(entropy[0, 1], expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scored_positions_equal_log_softmax_and_its_gradient(dtype):
+    # The chunked pass (no [positions, vocabulary] temporary) gives log_softmax's values bit for
+    # bit (the sampler's), the entropy, and autograd's gradient, across chunk boundaries and
+    # with a position scored for several labels (rows sharing a prefix).
+    generator = torch.Generator().manual_seed(0)
+    count, vocab = 2 * CHUNK_POSITIONS + 5, 300
+    logits = (torch.randn(count, vocab, generator=generator) * 4).to(dtype).requires_grad_()
+    positions = torch.cat([torch.arange(count), torch.tensor([3, 3, count - 1])])
+    labels = torch.randint(0, vocab, positions.shape, generator=generator)
+    upstream = torch.randn(positions.shape, generator=generator)
+    chosen, entropy = scored_positions(logits, positions, labels)
+    (chosen * upstream).sum().backward()
+    got_grad, logits.grad = logits.grad, None
+    reference = torch.log_softmax(logits.float(), dim=-1)
+    assert torch.equal(chosen, reference[positions, labels])
+    torch.testing.assert_close(entropy, -(reference.exp() * reference).sum(-1))
+    assert not entropy.requires_grad
+    (reference[positions, labels] * upstream).sum().backward()
+    assert got_grad.dtype == dtype
+    torch.testing.assert_close(
+        got_grad, logits.grad, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-2
+    )
+    with pytest.raises(ValueError, match="positions for"):
+        scored_positions(logits, positions[:-1], labels)
 
 
 def test_token_logprobs_refuse_a_window_of_the_wrong_width():
