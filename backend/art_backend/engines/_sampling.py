@@ -119,14 +119,21 @@ def sample_batch(
     """Draw one token per row of processed `logits` [B, V]; `raw_logprobs` gives the reported
     logprobs. A row with a generator draws from it (same seed, same tokens)."""
     device = logits.device
-    greedy_tokens = logits.argmax(dim=-1)
-    if all(p.greedy for p in params):  # decided on the host: no device synchronisation
-        tokens = greedy_tokens
+    greedy_rows = [p.greedy for p in params]
+    if all(greedy_rows):  # decided on the host: no device synchronisation
+        tokens = logits.argmax(dim=-1)
     else:
         probabilities = _filtered_probabilities(logits, params)
-        greedy = torch.tensor([p.greedy for p in params], device=device)
-        drawn = _inverse_cdf_draw(probabilities, generators, greedy_tokens)
-        tokens = torch.where(greedy, greedy_tokens, drawn)
+        drawn, drawable = _inverse_cdf_draw(probabilities, generators)
+        # The argmax only where a row needs it: a greedy row, or a draw that fell on a masked
+        # token (see `_inverse_cdf_draw`); on a CPU checking that costs no synchronisation.
+        if any(greedy_rows) or device.type != "cpu" or not bool(drawable.all()):
+            greedy_tokens = logits.argmax(dim=-1)
+            greedy = torch.tensor(greedy_rows, device=device)
+            drawn = torch.where(drawable, drawn, greedy_tokens)
+            tokens = torch.where(greedy, greedy_tokens, drawn)
+        else:
+            tokens = drawn
     chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
     top = max(p.top_logprobs for p in params)
     if not top:
@@ -145,15 +152,20 @@ def _filtered_probabilities(logits: torch.Tensor, params: list[SamplingParams]) 
     # Shift so the best logit is 0, and keep the divisor above float32's smallest normal
     # number: a temperature near zero then sends the others to -inf (a greedy draw, the limit
     # as T -> 0), never 0 / 0.
+    vocab_size = logits.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
+    top_p = [p.top_p for p in params]
+    filtered = any(top_k) or any(value < 1.0 for value in top_p) or any(p.min_p > 0 for p in params)
+    if not filtered and all(p.greedy or p.temperature == 1.0 for p in params):
+        return torch.softmax(
+            logits, dim=-1
+        )  # T = 1, no filter: the shift and the division are no-ops
     temperature = temperature.clamp(min=torch.finfo(logits.dtype).tiny)
     scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature[:, None]
     if any(p.min_p > 0 for p in params):
         # p_i >= min_p * p_max  <=>  scaled_i >= log(min_p), the best token's scaled logit being 0.
         floor = torch.tensor([p.min_p for p in params], device=device, dtype=logits.dtype).log()
         scaled = scaled.masked_fill(scaled < floor[:, None], float("-inf"))
-    vocab_size = scaled.shape[1]
-    top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
-    top_p = [p.top_p for p in params]
     if any(top_k) or any(value < 1.0 for value in top_p):
         scaled = _top_k_top_p(scaled, top_k, top_p)
     return torch.softmax(scaled, dim=-1)
@@ -177,19 +189,19 @@ def _top_k_top_p(scaled: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
 
 
 def _inverse_cdf_draw(
-    probabilities: torch.Tensor,
-    generators: list[torch.Generator | None],
-    most_probable: torch.Tensor,
-) -> torch.Tensor:
+    probabilities: torch.Tensor, generators: list[torch.Generator | None]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of `probabilities` [B, V]: the first whose running sum passes a uniform
     share of the row's total; a seeded row's uniform from its generator, the others' in one draw.
-    `most_probable` [B]: each row's argmax (the filters always keep it)."""
+    Also whether each row's token is drawable (probability > 0): `u` x total rounding up to the
+    total passes the last token with any probability, and such a row must take its most
+    probable token instead (the caller's argmax; the filters always keep it)."""
     rows, vocab_size = probabilities.shape
     device = probabilities.device
     # float64: a float32 running sum over 49,152 entries drifts by ~1e-5, more than a rare
     # token's whole probability; the sum's last entry is the row's total, so rounding in the
-    # softmax never leaves a draw past the end.
-    cdf = probabilities.double().cumsum(dim=-1)
+    # softmax never leaves a draw past the end. (cumsum's dtype: no float64 copy first.)
+    cdf = probabilities.cumsum(dim=-1, dtype=torch.float64)
     uniform = torch.empty(rows, dtype=torch.float64, device=device)
     unseeded = [row for row, generator in enumerate(generators) if generator is None]
     if unseeded:
@@ -200,10 +212,7 @@ def _inverse_cdf_draw(
             uniform[row] = torch.rand(1, generator=generator, dtype=torch.float64, device=device)[0]
     target = uniform * cdf[:, -1]
     tokens = torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=vocab_size - 1)
-    # `u` x total rounding up to the total would pass the last token with any probability and
-    # land on a masked one after it: such a row takes its most probable token instead.
-    drawable = probabilities.gather(1, tokens[:, None])[:, 0] > 0
-    return torch.where(drawable, tokens, most_probable)
+    return tokens, probabilities.gather(1, tokens[:, None])[:, 0] > 0
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:

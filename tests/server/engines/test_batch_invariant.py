@@ -266,3 +266,38 @@ def test_queries_in_blocks_attend_as_all_at_once(
     whole = float64_attention(query, key, value, *arguments)
     monkeypatch.setattr(_batch_invariant, "BLOCK_BYTES", 2 * 4 * 37 * 16 * 5)  # 5 queries
     assert torch.equal(float64_attention(query, key, value, *arguments), whole)
+
+
+def test_packed_queries_attend_over_the_keys_they_see_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packed row (a prompt, then completions that see it and themselves, then padding that
+    sees nothing): blocks of queries computed over the keys they attend to give the output of
+    all keys bit for bit, and the gradients to float32 rounding."""
+    from art_backend.engines import _batch_invariant
+    from art_backend.engines._batch_invariant import _attended, attention_gradients
+
+    prompt, completion, members, pad = 6, 8, 3, 4
+    length = prompt + completion * members + pad
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    allowed[:prompt, :prompt] = torch.ones(prompt, prompt, dtype=torch.bool).tril()
+    for member in range(members):
+        start = prompt + member * completion
+        rows = slice(start, start + completion)
+        allowed[rows, :prompt] = True
+        allowed[rows, rows] = torch.ones(completion, completion, dtype=torch.bool).tril()
+    additive = torch.zeros(2, 1, length, length).masked_fill(~allowed, torch.finfo().min)
+    mask = additive.bfloat16()
+    generator = torch.Generator().manual_seed(6)
+    query = torch.randn(2, 4, length, 16, generator=generator).bfloat16()
+    key, value = (torch.randn(2, 2, length, 16, generator=generator).bfloat16() for _ in range(2))
+    upstream = torch.randn(2, 4, length, 16, generator=generator).bfloat16()
+    monkeypatch.setattr(_batch_invariant, "SPARSE_QUERIES", 8)
+    assert len(_attended(mask[..., prompt : prompt + 8, :])) == prompt + 8
+    assert len(_attended(mask[..., -pad:, :])) == 0
+    sparse = float64_attention(query, key, value, mask, 0.25, causal=False)
+    sparse_grads = attention_gradients(query, key, value, mask, 0.25, False, upstream)
+    monkeypatch.setattr(_batch_invariant, "SPARSE_SHARE", -1.0)  # every block over all keys
+    assert torch.equal(sparse, float64_attention(query, key, value, mask, 0.25, causal=False))
+    assert torch.equal(sparse[..., -pad:, :], torch.zeros_like(sparse[..., -pad:, :]))
+    dense_grads = attention_gradients(query, key, value, mask, 0.25, False, upstream)
+    for ours, theirs in zip(sparse_grads, dense_grads, strict=True):
+        assert torch.allclose(ours.float(), theirs.float(), rtol=0, atol=1e-2)
