@@ -62,8 +62,10 @@ ATTENTION = "art_batch_invariant"
 VARIABLE = "ART_BATCH_INVARIANT"
 REDUCED = (torch.bfloat16, torch.float16)
 BLOCK_BYTES = 256 * 2**20  # float64 scores + probabilities of one block of queries
-SPARSE_QUERIES = 64  # queries per block under a per-query mask (`_attended`)
+SPARSE_QUERIES = 64  # queries per block under a per-query mask (`_attended`) ...
+SPARSE_MIN_QUERIES = 128  # ... from this many queries (a small prompt's one block is cheaper)
 SPARSE_SHARE = 0.75  # a block attending to more of the keys than this computes over all
+Columns = torch.Tensor | slice | None  # key columns: indices, a run of them, or all (None)
 # The fewest rows a linear layer's matmul runs with, by its input's dtype (module docstring).
 ROW_FLOOR = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 16}
 
@@ -189,13 +191,13 @@ def float64_attention(
 
 def _query_blocks(
     query: torch.Tensor, mask: torch.Tensor | None, block: int
-) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor | None, Columns]]:
     """(first query, the block's queries, the block's rows of a per-query mask, the key columns
     they attend to or None for all) by `block`, or by `SPARSE_QUERIES` under a per-query mask:
     then a block whose queries leave keys out computes over the others only (`_attended`)."""
     queries = query.shape[2]
     per_query = mask is not None and mask.shape[-2] == queries
-    sparse = per_query and queries > SPARSE_QUERIES
+    sparse = per_query and queries >= SPARSE_MIN_QUERIES
     if sparse:
         block = min(block, SPARSE_QUERIES)
     for start in range(0, queries, block):
@@ -204,13 +206,14 @@ def _query_blocks(
             part_mask = mask[..., start : start + block, :]
             columns = _attended(part_mask) if sparse else None
             if columns is not None:
-                part_mask = part_mask.index_select(-1, columns)
+                part_mask = _keys(part_mask, columns, dim=-1)
         yield start, query[:, :, start : start + block], part_mask, columns
 
 
-def _attended(mask: torch.Tensor) -> torch.Tensor | None:
+def _attended(mask: torch.Tensor) -> Columns:
     """The key columns that some query of `mask` ([B, 1 or H, Q, K], SDPA's) attends to, where
-    they are at most `SPARSE_SHARE` of them; None: compute over all.
+    they are at most `SPARSE_SHARE` of them, as a slice where they are one run (a causal
+    prompt's block: a view of the keys, no copy); None: compute over all.
 
     A packed GRPO row's completions attend to their prompt and themselves, not to each other:
     4 completions of 64 tokens behind a 64-token prompt leave a block of queries ~40 % of the
@@ -219,15 +222,21 @@ def _attended(mask: torch.Tensor) -> torch.Tensor | None:
     """
     keys = mask.shape[-1]
     allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
-    used = allowed.reshape(-1, keys).any(dim=0)
-    if int(used.sum()) > SPARSE_SHARE * keys:
+    used = allowed.reshape(-1, keys).any(dim=0).nonzero().squeeze(1)
+    if len(used) > SPARSE_SHARE * keys:
         return None
-    return used.nonzero().squeeze(1)
+    if len(used) and int(used[-1]) - int(used[0]) + 1 == len(used):  # one run: a view, no copy
+        return slice(int(used[0]), int(used[-1]) + 1)
+    return used
 
 
-def _keys(tensor: torch.Tensor, columns: torch.Tensor | None) -> torch.Tensor:
-    """[B, Hkv, K, D] keys or values at `columns` (all for None)."""
-    return tensor if columns is None else tensor.index_select(2, columns)
+def _keys(tensor: torch.Tensor, columns: Columns, dim: int = 2) -> torch.Tensor:
+    """[B, Hkv, K, D] keys or values (or a mask's last dimension) at `columns` (None: all)."""
+    if columns is None:
+        return tensor
+    if isinstance(columns, slice):
+        return tensor.narrow(dim, columns.start, columns.stop - columns.start)
+    return tensor.index_select(dim, columns)
 
 
 def _float64_block(
@@ -334,10 +343,12 @@ def attention_gradients(
     return query_grad.to(query.dtype), key_grad.to(key.dtype), value_grad.to(value.dtype)
 
 
-def _add_at(total: torch.Tensor, columns: torch.Tensor | None, part: torch.Tensor) -> None:
+def _add_at(total: torch.Tensor, columns: Columns, part: torch.Tensor) -> None:
     """total[:, :, columns] += part (all columns for None)."""
     if columns is None:
         total += part
+    elif isinstance(columns, slice):
+        total[:, :, columns] += part
     else:
         total.index_add_(2, columns, part)
 

@@ -291,7 +291,10 @@ def test_packed_queries_attend_over_the_keys_they_see_only(monkeypatch: pytest.M
     key, value = (torch.randn(2, 2, length, 16, generator=generator).bfloat16() for _ in range(2))
     upstream = torch.randn(2, 4, length, 16, generator=generator).bfloat16()
     monkeypatch.setattr(_batch_invariant, "SPARSE_QUERIES", 8)
-    assert len(_attended(mask[..., prompt : prompt + 8, :])) == prompt + 8
+    monkeypatch.setattr(_batch_invariant, "SPARSE_MIN_QUERIES", 16)
+    second = _attended(mask[..., prompt + 8 : prompt + 16, :])  # the prompt, then itself
+    assert isinstance(second, torch.Tensor) and len(second) == prompt + 8
+    assert _attended(mask[..., :prompt, :]) == slice(0, prompt)  # a run: a view
     assert len(_attended(mask[..., -pad:, :])) == 0
     sparse = float64_attention(query, key, value, mask, 0.25, causal=False)
     sparse_grads = attention_gradients(query, key, value, mask, 0.25, False, upstream)
