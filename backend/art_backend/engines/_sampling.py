@@ -146,27 +146,26 @@ def _filtered_probabilities(logits: torch.Tensor, params: list[SamplingParams]) 
     """Softmax of logits / temperature after each row's min-p, top-k and top-p (greedy rows:
     T = 1)."""
     device = logits.device
+    vocab_size = logits.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
+    top_p = [p.top_p for p in params]
+    min_p = any(p.min_p > 0 for p in params)
+    top_k_top_p = any(top_k) or any(value < 1.0 for value in top_p)
+    if not (min_p or top_k_top_p) and all(p.greedy or p.temperature == 1.0 for p in params):
+        return torch.softmax(logits, dim=-1)  # T = 1, no filter: no shift, no division
     temperature = torch.tensor(
         [1.0 if p.greedy else p.temperature for p in params], device=device, dtype=logits.dtype
     )
     # Shift so the best logit is 0, and keep the divisor above float32's smallest normal
     # number: a temperature near zero then sends the others to -inf (a greedy draw, the limit
     # as T -> 0), never 0 / 0.
-    vocab_size = logits.shape[1]
-    top_k = [p.top_k if 0 < p.top_k < vocab_size else 0 for p in params]
-    top_p = [p.top_p for p in params]
-    filtered = any(top_k) or any(value < 1.0 for value in top_p) or any(p.min_p > 0 for p in params)
-    if not filtered and all(p.greedy or p.temperature == 1.0 for p in params):
-        return torch.softmax(
-            logits, dim=-1
-        )  # T = 1, no filter: the shift and the division are no-ops
     temperature = temperature.clamp(min=torch.finfo(logits.dtype).tiny)
     scaled = (logits - logits.max(dim=-1, keepdim=True).values) / temperature[:, None]
-    if any(p.min_p > 0 for p in params):
+    if min_p:
         # p_i >= min_p * p_max  <=>  scaled_i >= log(min_p), the best token's scaled logit being 0.
         floor = torch.tensor([p.min_p for p in params], device=device, dtype=logits.dtype).log()
         scaled = scaled.masked_fill(scaled < floor[:, None], float("-inf"))
-    if any(top_k) or any(value < 1.0 for value in top_p):
+    if top_k_top_p:
         scaled = _top_k_top_p(scaled, top_k, top_p)
     return torch.softmax(scaled, dim=-1)
 

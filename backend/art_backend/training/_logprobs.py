@@ -33,18 +33,6 @@ if TYPE_CHECKING:
 CHUNK_POSITIONS = 64  # positions per pass over the vocabulary (module docstring)
 
 
-def chosen_logprobs_and_entropy(
-    logits: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log softmax(logits)[label] and the entropy of softmax(logits), per position: logits
-    [..., V], labels [...] (one label per position)."""
-    vocab = logits.shape[-1]
-    flat = logits.reshape(-1, vocab)
-    positions = torch.arange(flat.shape[0], device=flat.device)
-    chosen, entropy = scored_positions(flat, positions, labels.reshape(-1).to(flat.device))
-    return chosen.view(labels.shape), entropy.view(labels.shape)
-
-
 def scored_positions(
     logits: torch.Tensor, positions: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +160,7 @@ def packed_logprobs_and_entropy(
 
 def top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k most likely tokens of each position's distribution: (logprobs, ids), each [..., k],
-    most likely first, in float32 as `chosen_logprobs_and_entropy` computes them."""
+    most likely first, in float32."""
     logits = logits.float()
     values, ids = torch.topk(logits, k, dim=-1)
     return values - torch.logsumexp(logits, dim=-1, keepdim=True), ids
