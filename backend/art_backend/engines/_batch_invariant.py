@@ -10,14 +10,21 @@ SmolLM2 the sampler's logprobs and the trainer's differed by 0.025-0.033 on aver
 (`benchmarks/logprob_gap.py`). Measured op by op (layer outputs of a decode step against the full
 forward), the differences come from exactly two places:
 
-- **Linear layers with few rows.** oneDNN's bf16 matmul takes another kernel (another
-  summation order) for one row than for two or more, and a decode step of one sequence, or one
-  adapter's rows in a mixed-adapter batch, is one row. Its results for two rows or more were
-  equal bit for bit, whatever the row count (2 to 2,048). A LoRA adapter's layers run in float32
-  (PEFT keeps adapter weights in float32 under a bf16 model), where 1, 2, 3 and 7 rows take other
-  kernels than 16 or more (measured on SmolLM2's and its LoRAs' shapes). So a call with fewer rows
-  than its dtype's floor (2 in bf16 and fp16, 16 in float32) runs padded with zero rows to it and
-  keeps its own.
+- **Linear layers: the row count picks the kernel.** oneDNN's bf16 matmul takes another
+  kernel (another summation order) for one row than for two or more, and a decode step of one
+  sequence, or one adapter's rows in a mixed-adapter batch, is one row. On an AMD EPYC its
+  results for two rows or more were equal bit for bit, whatever the row count (2 to 2,048); on
+  an Intel Xeon with AMX, calls of 33 rows or more take AMX kernels whose sums differ from the
+  small calls' in a few rows, by shape and row count (SmolLM2's 1536x576 layer from 33 rows,
+  576x576 from 48, 192x576 from 77): the trainer's forward of ~500 rows and the sampler's
+  16-row decode differed there by 0.025 a token on average (`benchmarks/logprob_gap.py`,
+  2026-12-06). A LoRA adapter's layers run in float32 (PEFT keeps adapter weights in float32
+  under a bf16 model), where fewer than 16 rows, and on that Xeon 511 or more, take other
+  kernels. Calls of the same row count give a row the same bits wherever it sits in the call,
+  and calls of a dtype's floor (2 in bf16 and fp16, 16 in float32) to `ROW_CEILING` (32) rows
+  agreed with each other on both machines. So every linear layer runs its rows in calls of that
+  range: fewer than the floor padded with zero rows to it, more than the ceiling in blocks of
+  it (`_blocked`), the last block padded to the floor.
 - **Attention.** SDPA's CPU kernel blocks its reductions by the key length, and the softmax
   and the probabilities-times-values sums of a left-padded decode row, a right-padded trainer
   row and a packed row run over the same terms in different orders. Here scores, softmax and
@@ -55,7 +62,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from art_backend.engines._packed_linear import linear
+from art_backend.engines._packed_linear import linear, row_kernel
 from art_backend.engines._switches import env_switch
 
 ATTENTION = "art_batch_invariant"
@@ -66,8 +73,11 @@ SPARSE_QUERIES = 64  # queries per block under a per-query mask (`_attended`) ..
 SPARSE_MIN_QUERIES = 128  # ... from this many queries (a small prompt's one block is cheaper)
 SPARSE_SHARE = 0.75  # a block attending to more of the keys than this computes over all
 Columns = torch.Tensor | slice | None  # key columns: indices, a run of them, or all (None)
-# The fewest rows a linear layer's matmul runs with, by its input's dtype (module docstring).
+# The fewest rows a linear layer's matmul runs with, by its input's dtype, and the most
+# (module docstring): every call within both takes the same kernel for a given row.
 ROW_FLOOR = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 16}
+ROW_CEILING = 32
+FLOAT32_CEILING_ELEMENTS = 2**18  # MKL's float32 kernels change past ~600k (rows x in_features)
 
 
 def make_batch_invariant(model: Any) -> bool:
@@ -114,12 +124,72 @@ def floor_linear_rows(model: Any) -> None:
 def _floored_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     floor = ROW_FLOOR.get(x.dtype, 0)
-    if 0 < rows < floor:
-        padded = x.new_zeros((floor, x.shape[-1]))
-        padded[:rows] = x.reshape(rows, -1)
-        out = linear(self, padded)[:rows]
-        return out.reshape(*x.shape[:-1], out.shape[-1])
-    return linear(self, x)
+    if not floor or rows == 0:
+        return linear(self, x)
+    flat = x.reshape(rows, x.shape[-1])
+    ceiling = _ceiling(flat)
+    if floor <= rows <= ceiling:
+        return linear(self, x)
+    if torch.is_grad_enabled() and _wants_grad(self, x):
+        out = _BlockedLinear.apply(flat, self.weight, self.bias, self)
+    else:
+        out = _blocked(self, flat)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _wants_grad(layer: nn.Linear, x: torch.Tensor) -> bool:
+    tensors = (x, layer.weight, layer.bias)
+    return any(t is not None and t.requires_grad for t in tensors)
+
+
+def _blocked(layer: nn.Linear, flat: torch.Tensor) -> torch.Tensor:
+    """`layer` on [rows, in] in calls of `ROW_FLOOR` to `_ceiling` rows (zero rows pad a short
+    one to the floor), into one [rows, out] result."""
+    rows, floor = flat.shape[0], ROW_FLOOR[flat.dtype]
+    step, kernel = _ceiling(flat), row_kernel(layer, flat)
+    flat = flat.contiguous()
+    parts = [kernel(flat[start : start + step]) for start in range(0, rows - floor + 1, step)]
+    done = sum(part.shape[0] for part in parts)
+    if done < rows:  # a tail shorter than the floor
+        padded = flat.new_zeros((floor, flat.shape[1]))
+        padded[: rows - done] = flat[done:]
+        parts.append(kernel(padded)[: rows - done])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _ceiling(flat: torch.Tensor) -> int:
+    """The most rows of `flat` one call takes: `ROW_CEILING` in bf16/fp16; in float32 (a LoRA's
+    layers) `FLOAT32_CEILING_ELEMENTS` of input, at least the floor."""
+    if flat.dtype != torch.float32:
+        return ROW_CEILING
+    return max(ROW_FLOOR[torch.float32], FLOAT32_CEILING_ELEMENTS // max(flat.shape[1], 1))
+
+
+class _BlockedLinear(torch.autograd.Function):
+    """`_blocked`'s forward (the invariant values); the backward in whole matmuls (the
+    gradients need no invariance): the input's, and the weight's and bias's where they train."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        flat: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        layer: nn.Linear,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(flat if weight.requires_grad else None, weight)
+        ctx.has_bias = bias is not None
+        with torch.no_grad():
+            return _blocked(layer, flat)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        flat, weight = ctx.saved_tensors
+        wants_input, wants_weight, wants_bias, _ = ctx.needs_input_grad
+        input_grad = grad @ weight.to(grad.dtype) if wants_input else None
+        weight_grad = grad.t() @ flat if wants_weight and flat is not None else None
+        bias_grad = grad.sum(0) if wants_bias and ctx.has_bias else None
+        return input_grad, weight_grad, bias_grad, None
 
 
 def _register() -> None:

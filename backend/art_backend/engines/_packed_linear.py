@@ -30,6 +30,7 @@ rows 1.1-1.6x faster.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -94,6 +95,27 @@ def is_packed(module: Any) -> bool:
 def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`module`'s linear layer on `x`: packed if `pack_linear_layers` marked it, else dense."""
     weight, bias = module.weight, module.bias
+    packed = _packed_for(module, x)
+    if packed is None:
+        return functional.linear(x, weight, bias)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _PackedLinear.apply(x, weight, packed, bias)
+    return _run(x, packed, bias)
+
+
+def row_kernel(module: nn.Linear, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What `linear(module, x)` runs without autograd, decided once: for many calls on blocks
+    of `x`'s rows (contiguous, `ROW_FLOOR` rows or more each)."""
+    packed, bias = _packed_for(module, x), module.bias
+    if packed is None:
+        weight = module.weight
+        return lambda rows: functional.linear(rows, weight, bias)
+    return lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+
+
+def _packed_for(module: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
+    """`module`'s packed weight for `x` (packed now if new or changed); None: run it dense."""
+    weight, bias = module.weight, module.bias
     cached = vars(module).get("_art_packed", _UNMARKED)
     trains = weight.requires_grad or (bias is not None and bias.requires_grad)
     if (
@@ -102,16 +124,14 @@ def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         or x.device.type != "cpu"
         or (trains and torch.is_grad_enabled())  # a weight or bias that trains: dense
     ):
-        return functional.linear(x, weight, bias)
+        return None
     key = (weight.data_ptr(), weight._version)
     if cached.key != key:
         packed = pack_weight(weight)
         if packed is None:
-            return functional.linear(x, weight, bias)
+            return None
         cached.key, cached.packed = key, packed
-    if torch.is_grad_enabled() and x.requires_grad:
-        return _PackedLinear.apply(x, weight, cached.packed, bias)
-    return _run(x, cached.packed, bias)
+    return cached.packed
 
 
 class _PackedCache:

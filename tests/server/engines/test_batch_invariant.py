@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 from art_backend._errors import ModelLoadError
 from art_backend.engines._batch_invariant import (
     float64_attention,
+    floor_linear_rows,
     is_batch_invariant,
     make_batch_invariant,
 )
@@ -304,3 +305,73 @@ def test_packed_queries_attend_over_the_keys_they_see_only(monkeypatch: pytest.M
     dense_grads = attention_gradients(query, key, value, mask, 0.25, False, upstream)
     for ours, theirs in zip(sparse_grads, dense_grads, strict=True):
         assert torch.allclose(ours.float(), theirs.float(), rtol=0, atol=1e-2)
+
+
+class _Layers(torch.nn.Module):
+    """Linear layers of SmolLM2's shapes (bf16) and of a LoRA's (float32), switched as a
+    batch-invariant model's are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from types import SimpleNamespace
+
+        from art_backend.engines._batch_invariant import ATTENTION
+
+        generator = torch.Generator().manual_seed(6)
+        shapes = [(576, 1536, torch.bfloat16), (1536, 576, torch.bfloat16)]
+        shapes += [(576, 192, torch.bfloat16), (576, 16, torch.float32)]
+        self.layers = torch.nn.ModuleList()
+        for in_features, out_features, dtype in shapes:
+            layer = torch.nn.Linear(in_features, out_features, bias=False, dtype=dtype)
+            weight = torch.randn(out_features, in_features, generator=generator) * 0.05
+            layer.weight.data.copy_(weight)
+            self.layers.append(layer)
+        self.config = SimpleNamespace(_attn_implementation=ATTENTION)
+
+
+def test_a_linear_rows_values_do_not_depend_on_the_rows_beside_it() -> None:
+    """A row's output is the same bits whatever number of rows share the call: one alone (a
+    one-row decode), 16 or 33 (a decode step), 41 to 600 (a trainer's forward). On an Intel Xeon
+    with AMX oneDNN's bf16 kernels change with the row count from 33 rows up, and before the
+    row ceiling a decode step and the trainer's forward differed here."""
+    from art_backend.engines._packed_linear import pack_linear_layers
+
+    model = _Layers()
+    floor_linear_rows(model)  # as loading does: the floor first, then packing
+    assert pack_linear_layers(model) == 3  # the bf16 ones (a LoRA's stay dense)
+    generator = torch.Generator().manual_seed(7)
+    for layer in model.layers:
+        x = torch.randn(600, layer.in_features, generator=generator).to(layer.weight.dtype)
+        with torch.inference_mode():
+            alone = torch.cat([layer(x[i : i + 1]) for i in range(600)])
+            for rows in (2, 16, 17, 32, 33, 41, 64, 77, 100, 300, 513, 600):
+                assert torch.equal(layer(x[:rows]), alone[:rows]), (layer, rows)
+            batched = layer(x[:510].reshape(10, 51, -1))
+        assert torch.equal(batched.reshape(510, -1), alone[:510])
+
+
+def test_a_blocked_linears_gradients_are_the_dense_ones() -> None:
+    """Past the ceiling the forward runs in blocks; the backward is the dense layer's: the
+    input's, the weight's where it trains (a LoRA's), a bias's."""
+    generator = torch.Generator().manual_seed(8)
+    model = _Layers()
+    model.layers.append(torch.nn.Linear(16, 576, dtype=torch.float32))
+    floor_linear_rows(model)
+    for layer in (model.layers[3], model.layers[4], model.layers[1]):
+        trains = layer.weight.dtype == torch.float32
+        layer.requires_grad_(trains)
+        x = torch.randn(3, 70, layer.in_features, generator=generator).to(layer.weight.dtype)
+        ours, theirs = x.clone().requires_grad_(), x.clone().double().requires_grad_()
+        upstream = torch.randn(3, 70, layer.out_features, generator=generator)
+        layer(ours).backward(upstream.to(layer.weight.dtype))
+        ours_grads = [p.grad.clone() for p in layer.parameters() if p.requires_grad]
+        layer.zero_grad()
+        weight = layer.weight.detach().double().requires_grad_(trains)
+        bias = None if layer.bias is None else layer.bias.detach().double().requires_grad_()
+        torch.nn.functional.linear(theirs, weight, bias).backward(upstream.double())
+        tolerance = 1e-4 if trains else 2e-2
+        assert torch.allclose(ours.grad.double(), theirs.grad, rtol=tolerance, atol=tolerance)
+        theirs_grads = [t.grad for t in (weight, bias) if t is not None and t.requires_grad]
+        assert len(ours_grads) == len(theirs_grads) == (2 if layer.bias is not None else 1) * trains
+        for got, expected in zip(ours_grads, theirs_grads, strict=True):
+            assert torch.allclose(got.double(), expected, rtol=1e-4, atol=1e-4)
