@@ -43,6 +43,7 @@ from art_backend.engines._engine import (
     TokenEvent,
 )
 from art_backend.engines._kv_cache import cache_keyword, check_servable, engine_cache
+from art_backend.engines._loop_calls import LoopCalls
 from art_backend.engines._prefill_groups import prefill_groups
 from art_backend.engines._running_choice import RunningChoice
 from art_backend.engines._sampling import (
@@ -59,6 +60,7 @@ from art_backend.engines._torch_adapters import AdapterSlots
 logger = logging.getLogger("art_backend.engine")
 
 BASE_ADAPTER = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+_WAKE = object()  # on the request queue: a call waits for the engine thread
 
 
 class TorchEngine(AdapterSlots):
@@ -103,7 +105,9 @@ class TorchEngine(AdapterSlots):
         self._adapter_counter = itertools.count()
         self._lora_layers_key: tuple[str, ...] | None = None
         self._lora_layers_cache: list[Any] = []
-        self._pending: queue.Queue[GenerationRequest] = queue.Queue()
+        self._pending: queue.Queue[Any] = queue.Queue()  # requests, and _WAKE
+        # The trainer's model work, on this thread on a CPU (`_loop_calls.py`: why).
+        self._calls = LoopCalls(wake=lambda: self._pending.put(_WAKE))
         self._lock = threading.Lock()  # guards adapter changes against the decode loop
         self._exclusive_waiters = 0  # threads waiting in exclusive(): the loop yields to them
         self._stopping = False
@@ -189,9 +193,23 @@ class TorchEngine(AdapterSlots):
 
     # ------------------------------------------------------------------------------ engine thread
 
+    def run_between_steps(self, function: Any) -> bool:
+        """Run `function()` on the engine thread between two decode steps (on a CPU; it
+        settles its own result); False where it cannot: run it elsewhere."""
+        return self._calls.submit(function)
+
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        if self.device.type == "cpu":
+            self._calls.open()
+        try:
+            self._loop()
+        finally:
+            self._calls.close()
+
+    def _loop(self) -> None:
         while True:
+            self._calls.run_pending()
             if self._stopping and not self._batch and self._pending.empty():
                 return
             new_requests = self._take_pending(block=not self._batch)
@@ -225,9 +243,12 @@ class TorchEngine(AdapterSlots):
         free_tokens = self.max_batch_tokens - sum(self._kv_tokens(s.request) for s in self._batch)
         if block:
             try:
-                taken.append(self._pending.get(timeout=0.05))
+                first = self._pending.get(timeout=0.05)
             except queue.Empty:
                 return []
+            if first is _WAKE:  # a call for this thread (`run_between_steps`)
+                return []
+            taken.append(first)
             free_rows -= taken[0].n
             free_tokens -= taken[0].n * self._kv_tokens(taken[0])
         while free_rows > 0 and free_tokens > 0:
@@ -235,6 +256,8 @@ class TorchEngine(AdapterSlots):
                 request = self._pending.get_nowait()
             except queue.Empty:
                 break
+            if request is _WAKE:
+                continue
             taken.append(request)
             free_rows -= request.n
             free_tokens -= request.n * self._kv_tokens(request)

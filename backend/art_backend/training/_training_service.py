@@ -78,9 +78,9 @@ class TrainingService:
         self.steps_total = 0
         self._step_lock = asyncio.Lock()  # one training step at a time on this engine
         self._waiting = 0
-        # Model work of training: one call at a time, each on a thread that exits after it
-        # (why: _trainer_thread.py).
-        self._trainer_thread = TrainerThread()
+        # Model work of training: one call at a time, each on a thread that exits after it,
+        # a step's forward and backward on the engine's thread (why: _trainer_thread.py).
+        self._trainer_thread = TrainerThread(host=trainer_host)
         self.registry = ModelRegistry(
             engine,
             trainer_host,
@@ -94,6 +94,10 @@ class TrainingService:
 
     async def _in_trainer_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
         return await self._trainer_thread.run(function, *args, **kwargs)
+
+    async def _on_model_thread(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """A step's model work (forward, backward, optimizer): on the engine's thread."""
+        return await self._trainer_thread.run_on_model(function, *args, **kwargs)
 
     def _trainer_step(
         self, trainer: LoraTrainer, step: Callable[..., Any], *args: Any, **kwargs: Any
@@ -159,7 +163,7 @@ class TrainingService:
         """`function(*args)` on the trainer's thread while no other step runs: one part of a step
         that a client drives part by part (the Tinker API's forward_backward, optim_step)."""
         async with self._step_lock, self._engine_paused():
-            return await self._in_trainer_thread(function, *args)
+            return await self._on_model_thread(function, *args)
 
     async def save_step(
         self,
@@ -265,7 +269,7 @@ class TrainingService:
         """The GRPO loss over the rows and one optimizer step, on the trainer's thread."""
         try:
             async with self._engine_paused():
-                return await self._in_trainer_thread(
+                return await self._on_model_thread(
                     self._trainer_step,
                     model.trainer,
                     LoraTrainer.grpo_step,
@@ -375,7 +379,7 @@ class TrainingService:
             if rows.num_rows:
                 settings = OptimizerSettings.from_config(config, learning_rate=rate)
                 async with self._engine_paused():
-                    result = await self._in_trainer_thread(
+                    result = await self._on_model_thread(
                         self._trainer_step, model.trainer, LoraTrainer.sft_step, rows, settings
                     )
                 losses.append(result["loss"])
