@@ -122,14 +122,12 @@ def floor_linear_rows(model: Any) -> None:
 
 
 def _floored_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    width = x.shape[-1]
+    rows = x.numel() // width if width else 0
     floor = ROW_FLOOR.get(x.dtype, 0)
-    if not floor or rows == 0:
+    if not floor or rows == 0 or floor <= rows <= _ceiling(x.dtype, width):
         return linear(self, x)
-    flat = x.reshape(rows, x.shape[-1])
-    ceiling = _ceiling(flat)
-    if floor <= rows <= ceiling:
-        return linear(self, x)
+    flat = x.reshape(rows, width)
     if torch.is_grad_enabled() and _wants_grad(self, x):
         out = _BlockedLinear.apply(flat, self.weight, self.bias, self)
     else:
@@ -146,7 +144,7 @@ def _blocked(layer: nn.Linear, flat: torch.Tensor) -> torch.Tensor:
     """`layer` on [rows, in] in calls of `ROW_FLOOR` to `_ceiling` rows (zero rows pad a short
     one to the floor), into one [rows, out] result."""
     rows, floor = flat.shape[0], ROW_FLOOR[flat.dtype]
-    step, kernel = _ceiling(flat), row_kernel(layer, flat)
+    step, kernel = _ceiling(flat.dtype, flat.shape[1]), row_kernel(layer, flat)
     flat = flat.contiguous()
     parts = [kernel(flat[start : start + step]) for start in range(0, rows - floor + 1, step)]
     done = sum(part.shape[0] for part in parts)
@@ -157,12 +155,12 @@ def _blocked(layer: nn.Linear, flat: torch.Tensor) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _ceiling(flat: torch.Tensor) -> int:
-    """The most rows of `flat` one call takes: `ROW_CEILING` in bf16/fp16; in float32 (a LoRA's
-    layers) `FLOAT32_CEILING_ELEMENTS` of input, at least the floor."""
-    if flat.dtype != torch.float32:
+def _ceiling(dtype: torch.dtype, width: int) -> int:
+    """The most rows of `width` inputs one call takes: `ROW_CEILING` in bf16/fp16; in float32
+    (a LoRA's layers) `FLOAT32_CEILING_ELEMENTS` of input, at least the floor."""
+    if dtype != torch.float32:
         return ROW_CEILING
-    return max(ROW_FLOOR[torch.float32], FLOAT32_CEILING_ELEMENTS // max(flat.shape[1], 1))
+    return max(ROW_FLOOR[torch.float32], FLOAT32_CEILING_ELEMENTS // max(width, 1))
 
 
 class _BlockedLinear(torch.autograd.Function):

@@ -95,7 +95,7 @@ def is_packed(module: Any) -> bool:
 def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`module`'s linear layer on `x`: packed if `pack_linear_layers` marked it, else dense."""
     weight, bias = module.weight, module.bias
-    packed = _packed_for(module, x)
+    packed = _packed_for(module, x, weight, bias)
     if packed is None:
         return functional.linear(x, weight, bias)
     if torch.is_grad_enabled() and x.requires_grad:
@@ -106,16 +106,17 @@ def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def row_kernel(module: nn.Linear, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """What `linear(module, x)` runs without autograd, decided once: for many calls on blocks
     of `x`'s rows (contiguous, `ROW_FLOOR` rows or more each)."""
-    packed, bias = _packed_for(module, x), module.bias
+    weight, bias = module.weight, module.bias
+    packed = _packed_for(module, x, weight, bias)
     if packed is None:
-        weight = module.weight
         return lambda rows: functional.linear(rows, weight, bias)
     return lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
 
-def _packed_for(module: nn.Linear, x: torch.Tensor) -> torch.Tensor | None:
+def _packed_for(
+    module: nn.Linear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor | None:
     """`module`'s packed weight for `x` (packed now if new or changed); None: run it dense."""
-    weight, bias = module.weight, module.bias
     cached = vars(module).get("_art_packed", _UNMARKED)
     trains = weight.requires_grad or (bias is not None and bias.requires_grad)
     if (
