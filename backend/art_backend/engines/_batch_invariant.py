@@ -19,8 +19,8 @@ forward), the differences come from exactly two places:
   576x576 from 48, 192x576 from 77): the trainer's forward of ~500 rows and the sampler's
   16-row decode differed there by 0.025 a token on average (`benchmarks/logprob_gap.py`,
   2026-12-06). A LoRA adapter's layers run in float32 (PEFT keeps adapter weights in float32
-  under a bf16 model), where fewer than 16 rows, and on that Xeon 511 or more, take other
-  kernels. Calls of the same row count give a row the same bits wherever it sits in the call,
+  under a bf16 model), where fewer than 16 rows take other kernels, and on that Xeon so do
+  calls past ~600k inputs (380-510 rows of 2,048-1,536 features). Calls of the same row count give a row the same bits wherever it sits in the call,
   and calls of a dtype's floor (2 in bf16 and fp16, 16 in float32) to `ROW_CEILING` (32) rows
   agreed with each other on both machines. So every linear layer runs its rows in calls of that
   range: fewer than the floor padded with zero rows to it, more than the ceiling in blocks of
