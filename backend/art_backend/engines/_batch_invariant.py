@@ -184,7 +184,7 @@ class _BlockedLinear(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         flat, weight = ctx.saved_tensors
         wants_input, wants_weight, wants_bias, _ = ctx.needs_input_grad
-        input_grad = grad @ weight.to(grad.dtype) if wants_input else None
+        input_grad = grad @ weight if wants_input else None
         weight_grad = grad.t() @ flat if wants_weight and flat is not None else None
         bias_grad = grad.sum(0) if wants_bias and ctx.has_bias else None
         return input_grad, weight_grad, bias_grad, None

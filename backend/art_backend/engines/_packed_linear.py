@@ -110,7 +110,7 @@ def row_kernel(module: nn.Linear, x: torch.Tensor) -> Callable[[torch.Tensor], t
     packed = _packed_for(module, x, weight, bias)
     if packed is None:
         return lambda rows: functional.linear(rows, weight, bias)
-    return lambda rows: torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return lambda rows: _run(rows, packed, bias)
 
 
 def _packed_for(
