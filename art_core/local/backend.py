@@ -43,6 +43,8 @@ __all__ = ["LocalBackend"]
 
 logger = logging.getLogger("art_core.local")
 
+_START_ATTEMPTS = 3  # a port taken between the probe and the child's bind: another port
+_PORT_TAKEN = b"address already in use"
 STARTUP_TIMEOUT_SECONDS = 600.0  # the first start may convert the embedded model (~40 s)
 _KEYWORDS = ["path", "dtype", "device", "max_batch_size", "chat_template", "extra_args"]
 _HINTS = {
@@ -176,8 +178,23 @@ class LocalBackend(RemoteBackend):
             self.max_batch_size = int(settings["max_batch_size"])
 
     def _start(self, base_model: str) -> None:
+        """Start art-server on a free port. The port is free when probed and the child binds it
+        seconds later (after loading the model): another process may take it meanwhile, and
+        then the child exits on "address already in use" and starts again on another port."""
         self.path.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        atexit.register(self._stop)
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            offset = self._launch(base_model, _free_port())
+            try:
+                self._wait_until_healthy(_PhaseLines(self.log_path, offset))
+                return
+            except BackendCrashedError:
+                if attempt == _START_ATTEMPTS or not _lost_its_port(self.log_path, offset):
+                    raise
+                _say("the port was taken while the backend started; starting it on another")
+
+    def _launch(self, base_model: str, port: int) -> int:
+        """Start the child on `port`; the log's offset where its output begins."""
         command = [
             sys.executable, "-m", "art_backend.cli",
             "--model", base_model,
@@ -196,7 +213,7 @@ class LocalBackend(RemoteBackend):
         # process's command line to every local user; /proc/<pid>/environ only to this one.
         env = {**os.environ, "ART_API_KEY": self._api_key or ""}
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child keeps writing after we return
-        phases = _PhaseLines(self.log_path, log.tell())
+        offset = log.tell()
         try:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
@@ -207,8 +224,7 @@ class LocalBackend(RemoteBackend):
             log.close()
         self.base_model = base_model
         self.base_url = f"http://127.0.0.1:{port}"
-        atexit.register(self._stop)
-        self._wait_until_healthy(phases)
+        return offset
 
     def _wait_until_healthy(self, phases: _PhaseLines) -> None:
         """Poll /health; meanwhile the server's start-up phases are shown on stderr (its own
@@ -317,6 +333,8 @@ class _PhaseLines:
             line = raw.decode(errors="replace").rsplit("\r", 1)[-1].strip()
             if line.startswith(_PHASE) and not line.startswith(f"{_PHASE}error:"):
                 _say(f"{line.removeprefix(_PHASE)} ({time.monotonic() - started:.0f} s)")
+            elif _PORT_TAKEN.decode() in line:
+                continue  # `_start` starts the child again on another port, or quotes it
             elif (warning := _warning_in(line)) is not None:
                 # Named after the log (line 0: no source line to quote), each shown every time.
                 warnings.warn_explicit(
@@ -353,6 +371,16 @@ def _template_argument(chat_template: str | os.PathLike[str] | None) -> str | No
         return None
     path = Path(chat_template).expanduser()
     return str(path.resolve()) if path.is_file() else str(chat_template)
+
+
+def _lost_its_port(log_path: Path, offset: int) -> bool:
+    """Whether the child's output from `offset` on says its port was taken (errno 98)."""
+    try:
+        with log_path.open("rb") as log:
+            log.seek(offset)
+            return _PORT_TAKEN in log.read()
+    except OSError:
+        return False
 
 
 def _free_port() -> int:

@@ -6,6 +6,7 @@ template was said only in backend.log; the user learnt of it from a 400 at the f
 
 from __future__ import annotations
 
+import socket
 import warnings
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import art_core as art
 from art_backend.engines._loading import _build_cache
 from art_core.errors import BackendWarning
+from art_core.local import backend as local_backend
 from art_core.local.backend import _PhaseLines
 from tests.support.tiny_model import build_tiny_model
 
@@ -79,8 +81,17 @@ def test_a_first_conversion_says_so(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 async def test_local_backend_shows_the_servers_start_phases_and_warns_with_its_warnings(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ):
+    # The port probed free is taken by another process before the child binds it (a race seen
+    # in CI): the child exits on "address already in use" and the backend starts on another.
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    taken_port = taken.getsockname()[1]
+    ports = iter([taken_port])
+    probe = local_backend._free_port
+    monkeypatch.setattr(local_backend, "_free_port", lambda: next(ports, None) or probe())
     base_model = build_tiny_model(tmp_path / "base-model", chat_template=False)
     backend = art.LocalBackend(path=tmp_path / "art", dtype="float32")
     try:
@@ -89,9 +100,13 @@ async def test_local_backend_shows_the_servers_start_phases_and_warns_with_its_w
             await model.register(backend)
     finally:
         await backend.close()
+        taken.close()
     assert "--chat-template" in str(warned[0].message)  # what to do about it, too
+    assert not [w for w in warned if "already in use" in str(w.message)]  # handled, not warned
+    assert backend.base_url != f"http://127.0.0.1:{taken_port}"
     shown = capfd.readouterr().err
     assert "  starting (importing torch and transformers) (" in shown
     assert f"  loading the model {base_model} (" in shown
     assert "  starting the torch engine (torch.float32 on cpu) (" in shown
     assert "  backend ready (" in shown
+    assert "  the port was taken while the backend started; starting it on another" in shown
