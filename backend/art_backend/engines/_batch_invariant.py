@@ -121,12 +121,20 @@ def floor_linear_rows(model: Any) -> None:
             module.forward = types.MethodType(_floored_forward, module)  # type: ignore[method-assign]
 
 
-def _floored_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+def one_call(x: torch.Tensor) -> bool:
+    """Whether a floored layer runs `x` in one call (its rows between the floor and the
+    ceiling, or a dtype without a floor)."""
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
     floor = ROW_FLOOR.get(x.dtype, 0)
-    if not floor or rows == 0 or floor <= rows <= _ceiling(x.dtype, width):
+    return not floor or rows == 0 or floor <= rows <= _ceiling(x.dtype, width)
+
+
+def _floored_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if one_call(x):
         return linear(self, x)
+    width = x.shape[-1]
+    rows = x.numel() // width
     flat = x.reshape(rows, width)
     if torch.is_grad_enabled() and _wants_grad(self, x):
         out = _BlockedLinear.apply(flat, self.weight, self.bias, self)

@@ -17,6 +17,7 @@ from typing import Any
 
 from art_backend.engines._adapter_files import check_adapter_folder
 from art_backend.engines._batch_invariant import floor_linear_rows
+from art_backend.engines._lora_forward import lean_lora_forward
 
 # PEFT's PeftModel() reads `model.is_gradient_checkpointing`, which transformers 5 deprecated for
 # `is_activation_checkpointing` with a FutureWarning: shown once per process in backend.log and
@@ -58,6 +59,7 @@ class AdapterSlots:
                 )
             self.model.eval()
             floor_linear_rows(self.model)  # the adapter's new LoRA layers too
+            lean_lora_forward(self.model)
             previous = self.adapters.get(served_name)
             self.adapters[served_name] = adapter_name
             if previous is not None:
@@ -74,6 +76,7 @@ class AdapterSlots:
                 self.model = get_peft_model(self.model, peft_config, adapter_name=adapter_name)
             self.model.eval()
             floor_linear_rows(self.model)  # the adapter's new LoRA layers too
+            lean_lora_forward(self.model)
 
     def remove_trainable_adapter(self, adapter_name: str) -> None:
         """Remove a trainer's adapter (its trainer closed, or failed to start)."""
