@@ -86,10 +86,10 @@ async def our_steps(args: argparse.Namespace, engine: str = "torch") -> dict[str
         client = model.openai_client()
         config = art.TrainConfig(learning_rate=1e-5, loss="grpo", scale_rewards="group", beta=0.0)
         steps = []
-        for _ in range(args.warmup + args.steps):
+        for step in range(args.warmup + args.steps):
             started = time.perf_counter()
 
-            async def prompt_group(prompt: str) -> art.TrajectoryGroup:
+            async def prompt_group(prompt: str, seed: int) -> art.TrajectoryGroup:
                 messages = [{"role": "user", "content": prompt}]
                 response = await client.chat.completions.create(
                     model=model.get_inference_name(),
@@ -97,6 +97,9 @@ async def our_steps(args: argparse.Namespace, engine: str = "torch") -> dict[str
                     max_tokens=32,
                     temperature=1.0,
                     n=4,
+                    # Seeded: the baseline checkout samples the same tokens (its sampler and
+                    # trainer are deterministic), so the two steps train the same rows.
+                    seed=seed,
                 )
                 return art.TrajectoryGroup(
                     art.Trajectory(
@@ -106,7 +109,9 @@ async def our_steps(args: argparse.Namespace, engine: str = "torch") -> dict[str
                     for choice in response.choices
                 )
 
-            groups = await asyncio.gather(*(prompt_group(p) for p in DEFAULT_PROMPTS))
+            groups = await asyncio.gather(
+                *(prompt_group(p, 100 * step + 4 * i) for i, p in enumerate(DEFAULT_PROMPTS))
+            )
             generated = time.perf_counter()
             result = await model.train(list(groups), config=config)
             finished = time.perf_counter()
