@@ -9,7 +9,8 @@ most of a LoRA layer's time: an adapter on SmolLM2's seven projections (210 laye
 
 `lean_lora_forward` runs, where no gradient is taken (the engine's decode and prefill), the
 operations PEFT runs and nothing else: the base layer, the input cast to the adapter's dtype
-(once for the layers that share an input, q/k/v and gate/up), A's and B's own forwards (their
+(once for the layers that share an input, q/k/v and gate/up; only a cast of up to
+`SHARED_CAST_ELEMENTS` values is kept for the next layer, never a long prompt's), A's and B's own forwards (their
 row floor and packing, as the trainer runs them), and the scaled sum, cast back to the base's
 dtype, into the base's output in one `torch.add` (`out=`: computed in float32, rounded once, as
 PEFT's add and cast are). The scale goes through `alpha` only when it is a power of two of at
@@ -36,6 +37,7 @@ from art_backend.engines._batch_invariant import one_call
 from art_backend.engines._packed_linear import is_packed
 
 _shared = threading.local()  # (input, its cast): the last input cast on this thread
+SHARED_CAST_ELEMENTS = 2**20  # the largest cast kept for the next layer (4 MB in float32)
 
 
 def lean_lora_forward(model: Any) -> None:
@@ -131,5 +133,7 @@ def _cast(flat: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tens
     if last is not None and last[0] is x and last[1].dtype == dtype:
         return last[1]
     cast = flat.to(dtype)
-    _shared.last = (x, cast)
+    # Kept until the next cast on this thread: only a small one (a decode step's), never a
+    # long prompt's activations.
+    _shared.last = (x, cast) if flat.numel() <= SHARED_CAST_ELEMENTS else None
     return cast

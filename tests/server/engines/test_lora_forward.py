@@ -131,3 +131,17 @@ def test_a_dora_adapter_runs_pefts_forward(model_dir: Path, peft_calls: list[int
     lean_lora_forward(model)
     _logits(model, torch.tensor([[3, 1, 4]]))
     assert peft_calls[0] == 7 * 2
+
+
+def test_layers_sharing_an_input_share_its_cast_and_a_large_one_is_not_kept() -> None:
+    from art_backend.engines import _lora_forward
+
+    x = torch.randn(16, 1, 8, dtype=torch.bfloat16)
+    first = _lora_forward._cast(x.reshape(-1, 8), x, torch.float32)
+    assert _lora_forward._cast(x.reshape(-1, 8), x, torch.float32) is first  # k after q
+    assert torch.equal(first, x.reshape(-1, 8).float())
+    other = x.clone()  # equal values, another tensor: its own cast
+    assert _lora_forward._cast(other.reshape(-1, 8), other, torch.float32) is not first
+    large = torch.randn(_lora_forward.SHARED_CAST_ELEMENTS + 1, 1, dtype=torch.bfloat16)
+    _lora_forward._cast(large.reshape(-1, 1), large, torch.float32)
+    assert _lora_forward._shared.last is None  # not held until the next layer's call
