@@ -3,29 +3,15 @@ and our layers' logits compared bit for bit (no timing is asserted: tiny figures
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks import tiny_run
 
 
 def test_the_tiny_run_compares_the_three_and_finds_the_logits_equal(tmp_path):
-    out = tmp_path / "lora_decode.json"
-    done = subprocess.run(
-        [sys.executable, "benchmarks/lora_decode.py", "--shape", "tiny", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, printed = tiny_run("lora_decode.py", tmp_path / "lora_decode.json")
     assert [figure["dtype"] for figure in result["figures"]] == ["bfloat16", "float32"]
     for figure in result["figures"]:
         assert figure["adapter_layers"] == 14  # seven projections of the tiny model's two layers
         assert set(figure["ms_per_step"]) == {"base", "peft", "ours"}
         assert all(len(runs) == result["runs"] for runs in figure["runs_ms"].values())
         assert figure["logits_equal"] is True
-    assert "<!-- lora_decode:start -->" in done.stdout
+    assert "<!-- lora_decode:start -->" in printed

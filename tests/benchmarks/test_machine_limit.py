@@ -4,12 +4,8 @@ asserted: tiny figures mean nothing)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+from tests.benchmarks import tiny_run
 
-ROOT = Path(__file__).resolve().parents[2]
 BUCKETS = {
     "matmul", "attention", "lora", "sampling", "rows", "loss", "optimizer", "copies", "views",
     "elementwise", "python",
@@ -17,16 +13,7 @@ BUCKETS = {
 
 
 def test_the_tiny_run_writes_every_figure_as_a_share_of_the_peak_and_the_profiles(tmp_path):
-    out = tmp_path / "machine_limit.json"
-    done = subprocess.run(
-        [sys.executable, "benchmarks/machine_limit.py", "--shape", "tiny", "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result, printed = tiny_run("machine_limit.py", tmp_path / "machine_limit.json")
 
     assert set(result["matmul_peak"]) == {"float32", "bfloat16"}
     assert all(peak["flops_per_s"] > 0 for peak in result["matmul_peak"].values())
@@ -63,4 +50,4 @@ def test_the_tiny_run_writes_every_figure_as_a_share_of_the_peak_and_the_profile
     assert result["profiles"]["decode"]["buckets"]["lora"]["share"] == 0
     assert result["profiles"]["train"]["buckets"]["optimizer"]["share"] > 0
 
-    assert "<!-- machine_limit:start -->" in done.stdout  # the section renders from it
+    assert "<!-- machine_limit:start -->" in printed  # the section renders from it
