@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from art_backend.engines._adapter_files import check_adapter_folder
+from art_backend.engines._adapter_reuse import RETIRED, load_into
 from art_backend.engines._batch_invariant import floor_linear_rows
 from art_backend.engines._lora_forward import lean_lora_forward
 
@@ -41,29 +42,43 @@ class AdapterSlots:
     _adapter_counter: itertools.count[int]
     _lora_layers_key: tuple[str, ...] | None
     _lora_layers_cache: list[Any]
+    _retired: list[str]  # unloaded adapters whose layers the next load may reuse
     _lock: threading.Lock
 
-    def load_adapter(self, served_name: str, path: Path) -> None:
-        """Load a PEFT LoRA adapter from `path`, served as `served_name` (e.g. `agent@3`)."""
-        from peft import PeftModel
+    def _init_adapter_slots(self) -> None:
+        self._lora_layers_key, self._lora_layers_cache, self._retired = None, [], []
 
+    def load_adapter(self, served_name: str, path: Path) -> None:
+        """Load a PEFT LoRA adapter from `path`, served as `served_name` (e.g. `agent@3`): into
+        a retired adapter's layers where they fit it (`_adapter_reuse`), else by PEFT."""
         # A folder PEFT would fail on is a 400 before PEFT wraps any layer of the model.
         check_adapter_folder(path, self.adaptable_modules, self._linear_shapes)
-        adapter_name = f"adapter_{next(self._adapter_counter)}"
         with self._lock:
-            if isinstance(self.model, PeftModel):
-                self.model.load_adapter(str(path), adapter_name=adapter_name, is_trainable=False)
+            adapter_name = next((n for n in self._retired if load_into(self.model, n, path)), None)
+            if adapter_name is not None:
+                self._retired.remove(adapter_name)  # its layers hold the new weights now
             else:
-                self.model = PeftModel.from_pretrained(
-                    self.model, str(path), adapter_name=adapter_name, is_trainable=False
-                )
-            self.model.eval()
-            floor_linear_rows(self.model)  # the adapter's new LoRA layers too
-            lean_lora_forward(self.model)
+                adapter_name = self._peft_load(path)
             previous = self.adapters.get(served_name)
             self.adapters[served_name] = adapter_name
             if previous is not None:
-                self._delete_adapter(previous)
+                self._retire(previous)
+
+    def _peft_load(self, path: Path) -> str:
+        """PEFT's load of the adapter in `path` as a new adapter of the model; its name."""
+        from peft import PeftModel
+
+        adapter_name = f"adapter_{next(self._adapter_counter)}"
+        if isinstance(self.model, PeftModel):
+            self.model.load_adapter(str(path), adapter_name=adapter_name, is_trainable=False)
+        else:
+            self.model = PeftModel.from_pretrained(
+                self.model, str(path), adapter_name=adapter_name, is_trainable=False
+            )
+        self.model.eval()
+        floor_linear_rows(self.model)  # the adapter's new LoRA layers too
+        lean_lora_forward(self.model)
+        return adapter_name
 
     def add_trainable_adapter(self, adapter_name: str, peft_config: Any) -> None:
         """Add a fresh LoRA adapter for a trainer; it is never served under its own name."""
@@ -82,12 +97,27 @@ class AdapterSlots:
         """Remove a trainer's adapter (its trainer closed, or failed to start)."""
         with self._lock:
             self._delete_adapter(adapter_name)
+            self._drop_retired_if_alone()
 
     def unload_adapter(self, served_name: str) -> None:
-        """Stop serving an adapter and free its weights."""
+        """Stop serving an adapter; its layers are kept for the next load (`RETIRED` at most)."""
         with self._lock:
-            adapter_name = self.adapters.pop(served_name)
-            self._delete_adapter(adapter_name)
+            self._retire(self.adapters.pop(served_name))
+
+    def _retire(self, adapter_name: str) -> None:
+        """Keep a served adapter no name reaches any more for the next load; delete the oldest
+        past `RETIRED`, and every retired one once nothing else is loaded (the plain model
+        again: a base model's forward pays nothing for PEFT's wrapper). Lock held."""
+        self._retired.append(adapter_name)
+        while len(self._retired) > RETIRED:
+            self._delete_adapter(self._retired.pop(0))
+        self._drop_retired_if_alone()
+
+    def _drop_retired_if_alone(self) -> None:
+        """Delete the retired adapters if no other adapter is loaded (lock held)."""
+        if self._retired and set(self.model.peft_config) <= set(self._retired):
+            while self._retired:
+                self._delete_adapter(self._retired.pop())
 
     def _delete_adapter(self, adapter_name: str) -> None:
         """Delete one PEFT adapter; the plain model again once none is left (lock held).

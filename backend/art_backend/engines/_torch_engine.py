@@ -103,8 +103,7 @@ class TorchEngine(AdapterSlots):
         self.adaptable_modules = adaptable_modules(model)
         self._linear_shapes = linear_shapes(model)  # what a served adapter's weights must fit
         self._adapter_counter = itertools.count()
-        self._lora_layers_key: tuple[str, ...] | None = None
-        self._lora_layers_cache: list[Any] = []
+        self._init_adapter_slots()
         self._pending: queue.Queue[Any] = queue.Queue()  # requests, and _WAKE
         # The trainer's model work, on this thread on a CPU (`_loop_calls.py`: why).
         self._calls = LoopCalls(wake=lambda: self._pending.put(_WAKE))

@@ -288,3 +288,47 @@ async def test_a_decode_step_is_split_into_the_forward_sampling_and_the_rows(eng
         + metrics.decode_rows_seconds_total
     )
     assert parts <= metrics.busy_seconds_total
+
+
+async def test_a_new_step_reuses_the_layers_of_the_step_it_replaces(
+    engine, tokenizer, tiny_model_dir, tmp_path
+):
+    """`_adapter_reuse`: the layers of an adapter unloaded while another is served take the next
+    adapter of the same shape (its values exactly, as PEFT's load gives them); another shape
+    gets layers of its own; with nothing loaded the model is plain again."""
+    from peft import LoraConfig, get_peft_model
+
+    ids = prompt_ids(tokenizer, "which step am I")
+    third = make_random_adapter(tiny_model_dir, tmp_path / "3", seed=3)
+    fresh = started_engine(tiny_model_dir, tokenizer)  # PEFT's own load of the third step
+    try:
+        fresh.load_adapter("agent@3", third)
+        expected = (await run(fresh, greedy(ids, adapter="agent@3")))[0].token_ids
+    finally:
+        fresh.stop()
+
+    # A run's steps: each new step is loaded, then the oldest unloaded (the served window).
+    engine.load_adapter("agent@1", make_random_adapter(tiny_model_dir, tmp_path / "1", seed=1))
+    first_layers = engine.adapters["agent@1"]
+    first_tokens = (await run(engine, greedy(ids, adapter="agent@1")))[0].token_ids
+    engine.load_adapter("agent@2", make_random_adapter(tiny_model_dir, tmp_path / "2", seed=2))
+    second_layers = engine.adapters["agent@2"]
+    engine.unload_adapter("agent@1")
+    engine.load_adapter("agent@3", third)
+    assert engine.adapters["agent@3"] == first_layers  # the same layers, no new adapter
+    assert set(engine.model.peft_config) == {first_layers, second_layers}
+    tokens = (await run(engine, greedy(ids, adapter="agent@3")))[0].token_ids
+    assert tokens == expected != first_tokens
+
+    torch.manual_seed(4)  # another rank: layers of its own
+    config = LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+    )
+    get_peft_model(load_model(tiny_model_dir), config).save_pretrained(tmp_path / "r8")
+    engine.unload_adapter("agent@2")
+    engine.load_adapter("agent@4", tmp_path / "r8")
+    assert engine.adapters["agent@4"] not in (first_layers, second_layers)
+    for name in ("agent@3", "agent@4"):  # nothing served: nothing kept, the model plain again
+        engine.unload_adapter(name)
+    assert not hasattr(engine.model, "peft_config")
+    assert (await run(engine, greedy(ids)))[0].token_ids
