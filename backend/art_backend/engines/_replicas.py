@@ -394,6 +394,8 @@ class ReplicaSet:
         if replica.probe() is not None:
             return
         with self._adapter_lock:
+            if replica.out is None or not replica.returns:
+                return  # another health check (the watcher's, a caller's) took it back first
             try:
                 for served_name, path in list(self.adapters.items()):
                     replica.engine.load_adapter(served_name, path)

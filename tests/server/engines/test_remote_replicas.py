@@ -10,6 +10,7 @@ engine routes refuse bad requests with a 4xx saying what to change.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,6 +137,9 @@ def test_a_replica_that_stops_answering_is_taken_out_and_back_with_the_adapters(
     remote = engines.replicas[1]
     probe = remote.probe
     assert probe is not None
+    # The servers are the module's: on a loaded machine the background health check may have
+    # taken the replica out and back before this test (a probe past its timeout).
+    taken_back = engines.replica_states()[1]["taken_back"]
     remote.probe = lambda: "no answer (the test cut it)"
     try:
         for _ in range(PROBE_FAILURES_TO_TAKE_OUT):
@@ -154,7 +158,7 @@ def test_a_replica_that_stops_answering_is_taken_out_and_back_with_the_adapters(
         remote.probe = probe
     engines.check_health()
     state = engines.replica_states()[1]
-    assert state["up"] is True and state["taken_back"] == 1
+    assert state["up"] is True and state["taken_back"] == taken_back + 1
     assert "while-out@1" in replica.service.engine.adapters
     assert "stale@1" not in replica.service.engine.adapters
     assert set(answers_by_replica(front, "while-out@1")) == {0, 1}
@@ -226,3 +230,32 @@ def test_the_adapter_route_takes_only_the_adapters_two_files(replica: RunningSer
     assert httpx.put(f"{url}/..@1", content=b"", headers=tar).status_code in (400, 404)
     assert httpx.delete(f"{url}/never@1", headers=replica.headers()).status_code == 404
     assert not list((replica.art_path / "replica-adapters").glob("ok@1*"))
+
+
+def test_two_health_checks_at_once_take_a_replica_back_once(
+    front: RunningServer, replica: RunningServer
+):
+    # The watcher thread and a caller may both find the replica out and its probe passing.
+    engines = replicas(front)
+    remote = engines.replicas[1]
+    engines._take_out(1, "the test took it out", returns=True)
+    taken_back = engines.replica_states()[1]["taken_back"]
+    probe = remote.probe
+    assert probe is not None
+    both_probed = threading.Barrier(2)
+
+    def slow_probe() -> str | None:
+        both_probed.wait(timeout=10)  # both checks past the probe before either takes it back
+        return probe()
+
+    remote.probe = slow_probe
+    try:
+        checks = [threading.Thread(target=engines._try_take_back, args=(1,)) for _ in range(2)]
+        for check in checks:
+            check.start()
+        for check in checks:
+            check.join(timeout=60)
+    finally:
+        remote.probe = probe
+    state = engines.replica_states()[1]
+    assert state["up"] is True and state["taken_back"] == taken_back + 1
