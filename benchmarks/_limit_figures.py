@@ -176,7 +176,8 @@ class _OurDecode:
         with tempfile.TemporaryDirectory(prefix="limit-lora-") as folder:
             lora_folder = Path(folder)
             if spec.get("adapter"):
-                model = _with_lora_folder(model, lora_folder)
+                targets = spec.get("lora_targets", LORA["target_modules"])
+                model = _with_lora_folder(model, lora_folder, targets)
             self.engine = TorchEngine(
                 model,
                 tokenizer,
@@ -274,15 +275,15 @@ def _split(metrics: Any) -> dict[str, float]:
     }
 
 
-def _with_lora_folder(model: Any, folder: Path) -> Any:
-    """Save a LoRA adapter (LORA, random B so that it changes the logits) for `model` into
-    `folder`; return the model unwrapped again."""
+def _with_lora_folder(model: Any, folder: Path, targets: list[str]) -> Any:
+    """Save a LoRA adapter (LORA's rank and alpha on `targets`, random B so that it changes the
+    logits) for `model` into `folder`; return the model unwrapped again."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
         r=LORA["r"],
         lora_alpha=LORA["alpha"],
-        target_modules=LORA["target_modules"],
+        target_modules=targets,
         init_lora_weights=False,
         task_type="CAUSAL_LM",
     )

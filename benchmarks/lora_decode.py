@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests/ (the tiny model)
 
-from _limit_figures import LORA, _OurDecode, load_model, prompts
+from _limit_figures import _OurDecode, load_model, prompts
 from _machine import OtherLoad, machine_info
 from _markdown import publish
 
@@ -50,14 +50,9 @@ def measure(model_dir: str, dtype: str, shape: dict[str, int], runs: int) -> dic
     from peft.tuners.lora.layer import Linear
 
     spec = {"model_dir": model_dir, "dtype": dtype, "contender": "ours", **shape}
-    targets = LORA["target_modules"]
-    LORA["target_modules"] = TARGETS
-    try:
-        model, tokenizer = load_model(spec)
-        base = _OurDecode(copy.deepcopy(model), tokenizer, spec)
-        adapted = _OurDecode(model, tokenizer, {**spec, "adapter": True})
-    finally:
-        LORA["target_modules"] = targets
+    model, tokenizer = load_model(spec)
+    base = _OurDecode(copy.deepcopy(model), tokenizer, spec)
+    adapted = _OurDecode(model, tokenizer, {**spec, "adapter": True, "lora_targets": TARGETS})
     layers = [m for m in adapted.engine.model.modules() if type(m) is Linear]
     lean = {id(m): vars(m).pop("forward") for m in layers}  # PEFT's forward until put back
 

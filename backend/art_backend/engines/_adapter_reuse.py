@@ -39,9 +39,11 @@ def load_into(model: Any, adapter_name: str, folder: Path) -> bool:
     slot = model.peft_config[adapter_name].to_dict()
     if any(_normal(config.get(key)) != _normal(slot.get(key)) for key in SAME_LAYERS):
         return False
-    tensors = _slot_tensors(model, adapter_name)
+    from peft import get_peft_model_state_dict
     from safetensors.torch import load_file
 
+    # The slot's tensors (views of its parameters) by the names PEFT saves them under.
+    tensors = get_peft_model_state_dict(model, adapter_name=adapter_name)
     weights = load_file(folder / ADAPTER_SAFETENSORS)
     if weights.keys() != tensors.keys():
         return False
@@ -52,17 +54,6 @@ def load_into(model: Any, adapter_name: str, folder: Path) -> bool:
         for key, weight in weights.items():
             tensors[key].copy_(weight)
     return True
-
-
-def _slot_tensors(model: Any, adapter_name: str) -> dict[str, torch.Tensor]:
-    """The adapter's parameters under the names PEFT saves them by (the adapter's name left
-    out: `...q_proj.lora_A.weight`)."""
-    marker = f".{adapter_name}."
-    return {
-        name.replace(marker, "."): parameter
-        for name, parameter in model.named_parameters()
-        if marker in name
-    }
 
 
 def _normal(value: Any) -> Any:

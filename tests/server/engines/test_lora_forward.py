@@ -69,7 +69,8 @@ def _logits(model: torch.nn.Module, ids: torch.Tensor, **kwargs) -> torch.Tensor
 
 def _peft_only(model: torch.nn.Module) -> None:
     for module in model.modules():
-        vars(module).pop("forward", None) if hasattr(module, "lora_A") else None
+        if hasattr(module, "lora_A"):
+            vars(module).pop("forward", None)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
