@@ -63,6 +63,7 @@ import torch
 from torch import nn
 
 from art_backend.engines._packed_linear import linear, row_kernel
+from art_backend.engines._sibling_linear import Kernel, sibling_output
 from art_backend.engines._switches import env_switch
 
 ATTENTION = "art_batch_invariant"
@@ -131,6 +132,9 @@ def one_call(x: torch.Tensor) -> bool:
 
 
 def _floored_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    grouped = sibling_output(self, x, _floored_group)  # q/k/v, gate/up: one call
+    if grouped is not None:
+        return grouped
     if one_call(x):
         return linear(self, x)
     width = x.shape[-1]
@@ -148,11 +152,25 @@ def _wants_grad(layer: nn.Linear, x: torch.Tensor) -> bool:
     return any(t is not None and t.requires_grad for t in tensors)
 
 
+def _floored_group(kernel: Kernel, x: torch.Tensor) -> torch.Tensor:
+    """A sibling group's output on `x` through `kernel`, in the row floor's calls."""
+    if one_call(x):
+        return kernel(x)
+    width = x.shape[-1]
+    out = _blocks(kernel, x.reshape(x.numel() // width, width))
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 def _blocked(layer: nn.Linear, flat: torch.Tensor) -> torch.Tensor:
     """`layer` on [rows, in] in calls of `ROW_FLOOR` to `_ceiling` rows (zero rows pad a short
     one to the floor), into one [rows, out] result."""
+    return _blocks(row_kernel(layer, flat), flat)
+
+
+def _blocks(kernel: Kernel, flat: torch.Tensor) -> torch.Tensor:
+    """`kernel` on [rows, in] in calls of `ROW_FLOOR` to `_ceiling` rows (`_blocked`)."""
     rows, floor = flat.shape[0], ROW_FLOOR[flat.dtype]
-    step, kernel = _ceiling(flat.dtype, flat.shape[1]), row_kernel(layer, flat)
+    step = _ceiling(flat.dtype, flat.shape[1])
     flat = flat.contiguous()
     parts = [kernel(flat[start : start + step]) for start in range(0, rows - floor + 1, step)]
     done = sum(part.shape[0] for part in parts)

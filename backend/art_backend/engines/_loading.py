@@ -54,6 +54,7 @@ from art_backend.engines._gguf import (
     read_gguf_metadata,
 )
 from art_backend.engines._packed_linear import pack_linear_layers
+from art_backend.engines._sibling_linear import group_siblings
 from art_backend.engines._stop_tokens import stop_token_ids
 from art_backend.engines._switches import env_switch
 from art_core.names import DEFAULT_MODEL, DEFAULT_MODEL_ALIAS, is_default_model
@@ -234,10 +235,12 @@ def cpu_supports_bf16() -> bool:
 def prepare_to_serve(model: Any) -> None:
     """What the engine and the trainer run on top of the loaded model: float32 logits, on a CPU
     in bf16/fp16 the batch-invariant attention and row floors (sampler and trainer logprobs
-    agree bit for bit), and on a CPU oneDNN's packed linear layers (`_packed_linear`)."""
+    agree bit for bit), and on a CPU oneDNN's packed linear layers (`_packed_linear`), the
+    layers that read one input (q/k/v, gate/up) in one call (`_sibling_linear`)."""
     compute_logits_in_float32(model)
     make_batch_invariant(model)
     pack_linear_layers(model)
+    group_siblings(model)
 
 
 def probe_enabled() -> bool:

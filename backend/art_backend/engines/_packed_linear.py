@@ -100,7 +100,7 @@ def linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         return functional.linear(x, weight, bias)
     if torch.is_grad_enabled() and x.requires_grad:
         return _PackedLinear.apply(x, weight, packed, bias)
-    return _run(x, packed, bias)
+    return run_packed(x, packed, bias)
 
 
 def row_kernel(module: nn.Linear, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -110,7 +110,7 @@ def row_kernel(module: nn.Linear, x: torch.Tensor) -> Callable[[torch.Tensor], t
     packed = _packed_for(module, x, weight, bias)
     if packed is None:
         return lambda rows: functional.linear(rows, weight, bias)
-    return lambda rows: _run(rows, packed, bias)
+    return lambda rows: run_packed(rows, packed, bias)
 
 
 def _packed_for(
@@ -171,10 +171,12 @@ def packed_linear(
         return functional.linear(x, packed.to_dense().to(x.device, x.dtype), bias)
     if torch.is_grad_enabled() and x.requires_grad:
         return _PackedLinear.apply(x, weight, packed, bias)
-    return _run(x, packed, bias)
+    return run_packed(x, packed, bias)
 
 
-def _run(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def run_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ W.T + bias through `packed` (`pack_weight(W)`), no autograd; fewer rows than
+    `ROW_FLOOR` run padded to it."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if rows == 0:
         return x.new_zeros((*x.shape[:-1], packed.shape[0]))
@@ -199,19 +201,24 @@ class _PackedLinear(torch.autograd.Function):
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         ctx.save_for_backward(weight)
-        return _run(x, packed, bias)
+        return run_packed(x, packed, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
         (weight,) = ctx.saved_tensors
-        if grad.dtype == weight.dtype:
-            return grad @ weight, None, None, None
-        # Cast a block of rows at a time: the float32 LM head's gradient [positions, vocabulary]
-        # cast whole would be one more tensor of its size (100 MB on a GRPO step of SmolLM2).
-        flat = grad.reshape(-1, grad.shape[-1])
-        result = flat.new_empty((flat.shape[0], weight.shape[1]), dtype=weight.dtype)
-        for start in range(0, flat.shape[0], CAST_ROWS):
-            result[start : start + CAST_ROWS] = (
-                flat[start : start + CAST_ROWS].to(weight.dtype) @ weight
-            )
-        return result.view(*grad.shape[:-1], weight.shape[1]), None, None, None
+        return input_gradient(grad, weight), None, None, None
+
+
+def input_gradient(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The input's gradient of a frozen linear layer, `grad @ weight`, in the weight's dtype."""
+    if grad.dtype == weight.dtype:
+        return grad @ weight
+    # Cast a block of rows at a time: the float32 LM head's gradient [positions, vocabulary]
+    # cast whole would be one more tensor of its size (100 MB on a GRPO step of SmolLM2).
+    flat = grad.reshape(-1, grad.shape[-1])
+    result = flat.new_empty((flat.shape[0], weight.shape[1]), dtype=weight.dtype)
+    for start in range(0, flat.shape[0], CAST_ROWS):
+        result[start : start + CAST_ROWS] = (
+            flat[start : start + CAST_ROWS].to(weight.dtype) @ weight
+        )
+    return result.view(*grad.shape[:-1], weight.shape[1])

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoTokenizer
 
 from art_backend._errors import ModelLoadError
+from art_backend.engines import _packed_linear
 from art_backend.engines._batch_invariant import (
     float64_attention,
     floor_linear_rows,
@@ -25,6 +26,7 @@ from art_backend.engines._batch_invariant import (
 )
 from art_backend.engines._engine import GenerationRequest, SamplingParams
 from art_backend.engines._loading import load_model
+from art_backend.engines._sibling_linear import MEMBER
 from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
 from art_backend.training._rows import Sequence, pack_rows
 from tests.server.engines.test_architectures import (
@@ -48,9 +50,19 @@ def family_dir(family: Family, tmp_path_factory: pytest.TempPathFactory) -> Path
     return build_family_model(family, tmp_path_factory.mktemp(family.name))
 
 
-async def test_engine_and_trainer_logprobs_are_equal_in_bf16(family_dir: Path) -> None:
+@pytest.mark.parametrize("packing", ["as-loaded", "every-layer"])
+async def test_engine_and_trainer_logprobs_are_equal_in_bf16(
+    family_dir: Path, packing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`every-layer`: the tiny layers packed too (below `MIN_WEIGHT` they stay dense), so q/k/v
+    and gate/up run as one call where the family names them so (`_sibling_linear`)."""
+    if packing == "every-layer":
+        monkeypatch.setattr(_packed_linear, "MIN_WEIGHT", {torch.float32: 0, torch.bfloat16: 0})
     tokenizer = AutoTokenizer.from_pretrained(family_dir)
     loaded = load_model(str(family_dir), dtype="bfloat16", device="cpu")
+    names = {name.rsplit(".", 1)[-1] for name, _ in loaded.model.named_modules()}
+    grouped = any(MEMBER in vars(module) for module in loaded.model.modules())
+    assert grouped == (packing == "every-layer" and bool({"q_proj", "gate_proj"} & names))
     if not is_batch_invariant(loaded.model):
         # Only models on transformers' SDPA attention are switched; the rest keep theirs.
         assert loaded.model.config._attn_implementation != "sdpa"
