@@ -40,6 +40,11 @@ from art_backend.engines._packed_linear import (
 )
 
 SIBLING_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# Where grouping paid (`benchmarks/sibling_linear.py`, SmolLM2, 2-core Xeon with AMX): bf16,
+# whose row floors make every call 32 rows or fewer, 0.95x a decode step and 0.97x a training
+# step; in float32 1.01x and 1.02x (a trainer's calls are whole there, and the members' copies
+# cost what the calls saved), so float32 layers stay a call each.
+GROUPED_DTYPES = (torch.bfloat16,)
 MEMBER = "_art_sibling"  # a member's (group, index) in its module's __dict__
 Kernel = Callable[[torch.Tensor], torch.Tensor]  # rows -> the group's outputs for them
 Full = Callable[[Kernel, torch.Tensor], torch.Tensor]  # (kernel, input) -> the group's output
@@ -68,6 +73,8 @@ def _groupable(layers: list[Any]) -> bool:
     if not all(type(layer) is nn.Linear and is_packed(layer) for layer in layers):
         return False
     first = layers[0].weight
+    if first.dtype not in GROUPED_DTYPES:
+        return False
     return all(
         layer.in_features == layers[0].in_features
         and layer.weight.dtype == first.dtype
@@ -87,9 +94,9 @@ class SiblingGroup:
             bounds.append((start, start + layer.out_features))
             start += layer.out_features
         self.bounds = bounds
-        self._key: tuple[tuple[int, int], ...] | None = None
+        self.key: list[WeightKey] | None = None  # the members' weights as last packed
         self._packed: torch.Tensor | None = None
-        self._bias: torch.Tensor | None = None
+        self._kernel: Kernel | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SiblingGroup:
         import copy
@@ -98,61 +105,68 @@ class SiblingGroup:
         # members may be half copied here: nothing of theirs is read).
         twin = SiblingGroup.__new__(SiblingGroup)
         twin.members = [copy.deepcopy(layer, memo) for layer in self.members]
-        twin.bounds, twin._key, twin._packed, twin._bias = list(self.bounds), None, None, None
+        twin.bounds, twin.key, twin._packed, twin._kernel = list(self.bounds), None, None, None
         return twin
 
     def kernel(self, x: torch.Tensor) -> Kernel | None:
         """The group's one call on rows of `x`, or None where a member must run alone: another
         dtype or device than the weights', a weight or bias that trains under autograd."""
-        tensors = [t for layer in self.members for t in (layer.weight, layer.bias) if t is not None]
-        dtype = tensors[0].dtype
-        if x.device.type != "cpu" or x.dtype != dtype:
+        if x.device.type != "cpu":
             return None
-        if any(t.dtype != dtype or t.device.type != "cpu" for t in tensors):
+        grad = torch.is_grad_enabled()
+        for layer in self.members:
+            for tensor in (layer.weight, layer.bias):
+                if tensor is not None and (
+                    tensor.dtype != x.dtype
+                    or tensor.device.type != "cpu"
+                    or (grad and tensor.requires_grad)
+                ):
+                    return None
+        key = [_weight_key(layer) for layer in self.members]
+        if key != self.key and not self._pack(key):
             return None
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return None
-        key = tuple((t.data_ptr(), t._version) for t in tensors)
-        if key != self._key and not self._pack(key):
-            return None
-        packed, bias = self._packed, self._bias
-        return lambda rows: run_packed(rows, packed, bias)  # type: ignore[arg-type]
+        return self._kernel
 
-    def _pack(self, key: tuple[tuple[int, int], ...]) -> bool:
+    def _pack(self, key: list[WeightKey]) -> bool:
         with torch.inference_mode(False), torch.no_grad():
-            stacked = torch.cat([layer.weight.detach() for layer in self.members])
-            packed = pack_weight(stacked)
+            packed = pack_weight(torch.cat([layer.weight.detach() for layer in self.members]))
             if packed is None:
                 return False
             biases = [layer.bias for layer in self.members]
             bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])  # type: ignore[union-attr]
-        self._key, self._packed, self._bias = key, packed, bias
+        self.key, self._packed = key, packed
+        self._kernel = lambda rows: run_packed(rows, packed, bias)
         return True
 
 
 class _Kept:
-    """A group's output on `input`, the members yet to take their part, and each member's
-    weight as it was (`_weight_key`): a member whose weight changed since runs anew."""
+    """A group's output on `input`, the members yet to take their part, and the members'
+    weights it was computed with (`_weight_key`): a member whose weight changed since runs
+    anew."""
 
     __slots__ = ("group", "input", "left", "output", "weights")
 
     def __init__(self, group: SiblingGroup, x: torch.Tensor, output: torch.Tensor) -> None:
         self.group, self.input, self.output = group, x, output
         self.left = set(range(len(group.members)))
-        self.weights = [_weight_key(layer) for layer in group.members]
+        self.weights = group.key  # replaced, never changed, by a new packing
 
     def serves(self, group: SiblingGroup, index: int, x: torch.Tensor) -> bool:
         return (
             self.group is group
             and self.input is x
             and index in self.left
+            and self.weights is not None
             and self.weights[index] == _weight_key(group.members[index])
         )
 
 
-def _weight_key(layer: nn.Linear) -> tuple[int, int, int, int]:
-    bias = layer.bias
-    weight = layer.weight
+WeightKey = tuple[int, int, int, int]
+
+
+def _weight_key(layer: nn.Linear) -> WeightKey:
+    """A layer's weight and bias by storage and version: changed in place or replaced, it differs."""
+    weight, bias = layer.weight, layer.bias
     if bias is None:
         return weight.data_ptr(), weight._version, 0, 0
     return weight.data_ptr(), weight._version, bias.data_ptr(), bias._version

@@ -39,9 +39,11 @@ class _Attention(nn.Module):
 def _pair(
     dtype: torch.dtype, floored: bool, monkeypatch: pytest.MonkeyPatch, bias: bool = False
 ) -> tuple[_Attention, _Attention]:
-    """A grouped model and its ungrouped twin (the same weights), both packed, floored or not."""
+    """A grouped model and its ungrouped twin (the same weights), both packed, floored or not.
+    float32 layers are grouped here too (not by default, where it did not pay): the same code."""
     _sibling_linear._kept.last = None
     monkeypatch.setattr(_packed_linear, "MIN_WEIGHT", {torch.float32: 0, torch.bfloat16: 0})
+    monkeypatch.setattr(_sibling_linear, "GROUPED_DTYPES", (torch.bfloat16, torch.float32))
     torch.manual_seed(0)
     models = []
     for grouped in (True, False):
@@ -127,6 +129,10 @@ def test_a_deep_copy_groups_its_own_layers(monkeypatch: pytest.MonkeyPatch) -> N
 def test_what_cannot_be_grouped_runs_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_packed_linear, "MIN_WEIGHT", {torch.float32: 0, torch.bfloat16: 0})
     _sibling_linear._kept.last = None
+    float32 = _Attention()
+    pack_linear_layers(float32)
+    assert group_siblings(float32) == 0  # float32 layers: a call each, by default
+    monkeypatch.setattr(_sibling_linear, "GROUPED_DTYPES", (torch.bfloat16, torch.float32))
     model = _Attention()
     model.v_proj = nn.Linear(64, 32)  # another input width
     mlp = nn.Module()
