@@ -61,7 +61,14 @@ def draws(params: SamplingParams, count: int, *, seeded: bool) -> torch.Tensor:
     ],
     ids=["plain", "top_k", "top_p", "both", "min_p", "all"],
 )
-def test_draws_follow_the_filtered_softmax(params: SamplingParams, seeded: bool):
+@pytest.mark.parametrize("cdf_block", [256, 1], ids=["two-level", "one-running-sum"])
+def test_draws_follow_the_filtered_softmax(
+    params: SamplingParams, seeded: bool, cdf_block: int, monkeypatch: pytest.MonkeyPatch
+):
+    """Two-level: the vocabulary of 8 in blocks of 4 (`_blocked_search`); else one running sum."""
+    from art_backend.engines import _sampling
+
+    monkeypatch.setattr(_sampling, "CDF_BLOCK", cdf_block)
     torch.manual_seed(0)
     count = 20_000
     tokens = draws(params, count, seeded=seeded)
@@ -87,7 +94,34 @@ def test_a_seeded_row_draws_the_same_tokens_whatever_shares_its_batch():
     assert len(set(alone)) > 1  # the generator advanced: five draws, not one repeated
 
 
-def test_a_draw_at_the_very_top_of_the_distribution_never_lands_on_a_masked_token(monkeypatch):
+@pytest.mark.parametrize("vocab_size", [4096, 4099], ids=["blocks-of-256", "no-block-divides"])
+def test_the_two_level_draw_takes_the_one_running_sums_token(
+    vocab_size: int, monkeypatch: pytest.MonkeyPatch
+):
+    """The same seeds draw the same tokens either way (up to float64's rounding of the sums,
+    which no draw here meets), masked tokens included; 4,099 (a prime) falls back to one sum."""
+    from art_backend.engines import _sampling
+
+    assert _sampling._cdf_block(vocab_size) == (256 if vocab_size == 4096 else 1)
+    logits = torch.randn(64, vocab_size, generator=torch.Generator().manual_seed(5)) * 4
+    logits[:, ::7] = float("-inf")  # masked tokens inside every block
+    params = [SamplingParams(max_new_tokens=1, temperature=1.0)] * 64
+    tokens = {}
+    for block in (256, 1):
+        monkeypatch.setattr(_sampling, "CDF_BLOCK", block)
+        generators = [make_generator(seed) for seed in range(64)]
+        tokens[block] = torch.stack(
+            [sample_batch(logits, logits, params, generators).tokens for _ in range(20)]
+        )
+    assert torch.equal(tokens[256], tokens[1])
+    assert not (tokens[256] % 7 == 0).any()  # never a masked token
+    assert len(set(tokens[256].flatten().tolist())) > 500  # draws across the blocks
+
+
+@pytest.mark.parametrize("width", [5, 8], ids=["one-running-sum", "two-level"])
+def test_a_draw_at_the_very_top_of_the_distribution_never_lands_on_a_masked_token(
+    monkeypatch, width: int
+):
     # u x total can round up to the total itself: the search then passes every token with mass
     # and would land on the masked tail. Force that draw (u = 1) for seeded and unseeded rows.
     from art_backend.engines import _sampling
@@ -96,7 +130,7 @@ def test_a_draw_at_the_very_top_of_the_distribution_never_lands_on_a_masked_toke
     monkeypatch.setattr(
         _sampling.torch, "rand", lambda *args, **kwargs: torch.ones_like(real_rand(*args, **kwargs))
     )
-    logits = torch.tensor([[1.0, 2.0, 0.5, 0.0, 0.0]] * 2)
+    logits = torch.tensor([[1.0, 2.0, 0.5, 0.0, 0.0, 0.0, 0.0, 0.0][:width]] * 2)
     logits[:, 3:] = float("-inf")  # banned by bias or a grammar: the tail has no mass
     params = [SamplingParams(max_new_tokens=1, temperature=1.0)] * 2
     tokens = sample_batch(logits, logits, params, [make_generator(3), None]).tokens
