@@ -54,6 +54,28 @@ class SampledBatch:
         return tokens, logprobs, tops
 
 
+def processed_logits(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    token_counts: list[dict[int, int]],
+    prompt_ids: Sequence[Iterable[int]],
+    *,
+    masked: bool,
+) -> torch.Tensor:
+    """The batch's logits to sample from: a copy with `apply_bias_and_penalties` applied where
+    some row has a bias or a penalty, or will be masked in place (`masked`: a grammar); else
+    `logits` itself (a [16, 49,152] copy is ~0.5 ms of a decode step, and no row needs it)."""
+    changes = any(
+        p.logit_bias or p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0
+        for p in params
+    )
+    if not (changes or masked):
+        return logits
+    processed = logits.clone()
+    apply_bias_and_penalties(processed, params, token_counts, prompt_ids)
+    return processed
+
+
 def apply_bias_and_penalties(
     logits: torch.Tensor,
     params: list[SamplingParams],

@@ -48,8 +48,8 @@ from art_backend.engines._prefill_groups import prefill_groups
 from art_backend.engines._running_choice import RunningChoice
 from art_backend.engines._sampling import (
     SampledBatch,
-    apply_bias_and_penalties,
     make_generator,
+    processed_logits,
     sample_batch,
 )
 from art_backend.engines._switches import env_switch
@@ -463,14 +463,10 @@ class TorchEngine(AdapterSlots):
             if not sequence.finished and sequence.request.cancelled:
                 self._finish(sequence, "cancelled", None)
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-        processed = logits.clone()
         params = [s.request.params for s in sequences]
-        apply_bias_and_penalties(
-            processed,
-            params,
-            [s.token_counts for s in sequences],
-            [s.prompt_id_set for s in sequences],
-        )
+        counts, prompts = [s.token_counts for s in sequences], [s.prompt_id_set for s in sequences]
+        masked = any(s.constraint is not None for s in sequences)
+        processed = processed_logits(logits, params, counts, prompts, masked=masked)
         self._apply_grammars(processed, sequences)
         sampled = sample_batch(processed, raw_logprobs, params, [s.generator for s in sequences])
         return sampled, sampled.to_host()

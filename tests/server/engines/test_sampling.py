@@ -206,3 +206,21 @@ def test_the_repetition_penalty_pushes_down_every_seen_token_prompt_included():
     apply_bias_and_penalties(logits, params, [{3: 1}, {3: 5}], prompt_ids=[[0, 1, 1], [0]])
     # Seen: 0 and 1 (the prompt), 3 (the output); positive logits halve, negative ones double.
     assert logits.tolist() == [[1.0, -2.0, 0.5, 1.5, -2.0], [2.0, -1.0, 0.5, 3.0, -2.0]]
+
+
+def test_logits_are_copied_only_when_a_row_changes_them():
+    """No bias, penalty or grammar in the batch: the logits themselves (no copy a step); else a
+    copy with the changes, the logits (the reported logprobs' source) untouched."""
+    from art_backend.engines._sampling import processed_logits
+
+    logits = torch.zeros(2, 6)
+    plain = [SamplingParams(max_new_tokens=1)] * 2
+    counts: list[dict[int, int]] = [{1: 2}, {}]
+    assert processed_logits(logits, plain, counts, [[], []], masked=False) is logits
+    masked = processed_logits(logits, plain, counts, [[], []], masked=True)
+    assert masked is not logits and torch.equal(masked, logits)
+    biased = [SamplingParams(max_new_tokens=1, logit_bias={4: -5.0}), plain[0]]
+    changed = processed_logits(logits, biased, counts, [[], []], masked=False)
+    assert changed[0, 4] == -5.0 and logits[0, 4] == 0.0
+    penalised = [SamplingParams(max_new_tokens=1, frequency_penalty=1.0), plain[0]]
+    assert processed_logits(logits, penalised, counts, [[], []], masked=False)[0, 1] == -2.0
