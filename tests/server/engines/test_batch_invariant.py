@@ -24,7 +24,7 @@ from art_backend.engines._batch_invariant import (
     is_batch_invariant,
     make_batch_invariant,
 )
-from art_backend.engines._engine import GenerationRequest, SamplingParams
+from art_backend.engines._engine import GenerationRequest, SamplingParams, TokenEvent
 from art_backend.engines._loading import load_model
 from art_backend.engines._sibling_linear import MEMBER
 from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
@@ -82,6 +82,7 @@ async def test_engine_and_trainer_logprobs_are_equal_in_bf16(
         packed, padded = (LoraTrainer(engine, name, lora, seed=1) for name in ("packed", "padded"))
         padded.packs_prefixes = False
         sequences = await _samples(engine, tokenizer)
+        assert engine.metrics.max_batch_size_seen == 9  # the joiner decoded beside the 8
         scores = [tinker_scores(trainer, sequences, engine) for trainer in (packed, padded)]
         rows, _ = pack_rows(sequences, max_length=4096, mask_truncated=False)
         settings = OptimizerSettings(learning_rate=1e-3, micro_batch_tokens=4096)
@@ -100,26 +101,30 @@ async def test_engine_and_trainer_logprobs_are_equal_in_bf16(
 
 
 async def _samples(engine: TorchEngine, tokenizer) -> list[Sequence]:
-    """Two groups of four, submitted together (one batch, rows of two prompt lengths), then
-    one request alone (a one-row batch)."""
+    """Two groups of four, submitted together (one batch, rows of two prompt lengths), a
+    request that joins them once they decode (its prompt's keys added beside theirs), then one
+    request alone (a one-row batch)."""
     requests = [
         GenerationRequest(
             prompt_ids=prompt(tokenizer, words),
             params=SamplingParams(max_new_tokens=12, temperature=1.0, seed=group),
             n=4 if group < 2 else 1,
         )
-        for group, words in enumerate((2, 9, 5))
+        for group, words in enumerate((2, 9, 4, 5))
     ]
     sequences: list[Sequence] = []
     queues = [engine.submit(request) for request in requests[:2]]
-    for group, (request, queue) in enumerate(zip(requests[:2], queues, strict=True)):
-        choices = await finished(queue, n=4)
+    first = await queues[0].get()  # a token of the first group: the batch is decoding
+    assert isinstance(first, TokenEvent)
+    queues.append(engine.submit(requests[2]))
+    for group, (request, queue) in enumerate(zip(requests[:3], queues, strict=True)):
+        choices = await finished(queue, n=request.n)
         for index, choice in choices.items():
             sequences.append(
                 sampled_sequence(request.prompt_ids, choice, group, advantage=index - 1.5)
             )
-    alone = (await finished(engine.submit(requests[2])))[0]
-    sequences.append(sampled_sequence(requests[2].prompt_ids, alone, 2, advantage=1.0))
+    alone = (await finished(engine.submit(requests[3])))[0]
+    sequences.append(sampled_sequence(requests[3].prompt_ids, alone, 3, advantage=1.0))
     return sequences
 
 
