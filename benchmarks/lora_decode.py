@@ -18,13 +18,9 @@ BENCHMARKS.md section.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +29,8 @@ import torch
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests/ (the tiny model)
 
 from _limit_figures import _OurDecode, load_model, prompts
-from _machine import OtherLoad, machine_info
-from _markdown import publish
+from _machine import OtherLoad
+from _turns import run_in_turns
 
 RESULTS = Path(__file__).resolve().parent / "results" / "lora_decode.json"
 START, END = "<!-- lora_decode:start -->", "<!-- lora_decode:end -->"
@@ -134,37 +130,17 @@ def section(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtypes", default="bfloat16,float32")
-    parser.add_argument("--runs", type=int, default=6)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as scratch:
-        if args.shape == "tiny":
-            from tests.support.tiny_model import build_tiny_model
-
-            model_dir, runs = str(build_tiny_model(Path(scratch) / "tiny")), 1
-        else:
-            from art_backend.engines._loading import ensure_default_model
-
-            model_dir, runs = str(ensure_default_model()), args.runs
-        shape = SHAPES[args.shape]
-        figures = [measure(model_dir, d, shape, runs) for d in args.dtypes.split(",")]
-    result = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info("torch", "peft", torch_threads=torch.get_num_threads()),
-        "model": Path(model_dir).name if args.shape == "smollm2" else "tiny",
-        "workload": shape,
-        "runs": runs,
-        "figures": figures,
-    }
-    if args.shape == "tiny":  # its figures mean nothing: the JSON only, no published section
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(section(result))
-    else:
-        publish(result, args.out, START, END, section(result))
-    return result
+    return run_in_turns(
+        argv,
+        description=__doc__.split("\n\n")[0],
+        shapes=SHAPES,
+        measure=measure,
+        section=section,
+        results=RESULTS,
+        markers=(START, END),
+        dtypes="bfloat16,float32",
+        packages=("torch", "peft"),
+    )
 
 
 if __name__ == "__main__":

@@ -21,12 +21,9 @@ Writes benchmarks/results/sibling_linear.json and its BENCHMARKS.md section.
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,8 +33,8 @@ import torch
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests/ (the tiny model)
 
 from _limit_figures import LORA, _OurDecode, grpo_rows, load_model, prompts
-from _machine import OtherLoad, machine_info
-from _markdown import publish
+from _machine import OtherLoad
+from _turns import run_in_turns
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sibling_linear.json"
 START, END = "<!-- sibling_linear:start -->", "<!-- sibling_linear:end -->"
@@ -204,40 +201,24 @@ def section(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtypes", default="bfloat16")  # float32 layers are not grouped
-    parser.add_argument("--runs", type=int, default=6)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as scratch:
-        if args.shape == "tiny":
-            from art_backend.engines import _packed_linear
-            from tests.support.tiny_model import build_tiny_model
+    return run_in_turns(
+        argv,
+        description=__doc__.split("\n\n")[0],
+        shapes=SHAPES,
+        measure=measure,
+        section=section,
+        results=RESULTS,
+        markers=(START, END),
+        dtypes="bfloat16",  # float32 layers are not grouped
+        tiny_setup=_pack_every_layer,
+    )
 
-            # The tiny layers are under `MIN_WEIGHT`: packed (and so grouped) only this way.
-            _packed_linear.MIN_WEIGHT = {torch.float32: 0, torch.bfloat16: 0}
-            model_dir, runs = str(build_tiny_model(Path(scratch) / "tiny")), 1
-        else:
-            from art_backend.engines._loading import ensure_default_model
 
-            model_dir, runs = str(ensure_default_model()), args.runs
-        shape = SHAPES[args.shape]
-        figures = [measure(model_dir, d, shape, runs) for d in args.dtypes.split(",")]
-    result = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_info("torch", torch_threads=torch.get_num_threads()),
-        "model": Path(model_dir).name if args.shape == "smollm2" else "tiny",
-        "workload": shape,
-        "runs": runs,
-        "figures": figures,
-    }
-    if args.shape == "tiny":  # its figures mean nothing: the JSON only, no published section
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(section(result))
-    else:
-        publish(result, args.out, START, END, section(result))
-    return result
+def _pack_every_layer() -> None:
+    """The tiny model's layers are under `MIN_WEIGHT`: packed (and so grouped) only this way."""
+    from art_backend.engines import _packed_linear
+
+    _packed_linear.MIN_WEIGHT = {torch.float32: 0, torch.bfloat16: 0}
 
 
 if __name__ == "__main__":
