@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -21,19 +22,20 @@ Measure = Callable[[str, str, dict[str, int], int], dict[str, Any]]
 
 def run_in_turns(
     argv: list[str] | None,
+    script: ModuleType,
     *,
-    description: str,
-    shapes: dict[str, dict[str, int]],
-    measure: Measure,
-    section: Callable[[dict[str, Any]], str],
-    results: Path,
-    markers: tuple[str, str],
     dtypes: str,
     packages: tuple[str, ...] = ("torch",),
     tiny_setup: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Parse `--dtypes --runs --shape --out`, `measure(model_dir, dtype, shape, runs)` each
-    dtype, and write the JSON and (SmolLM2 only) the BENCHMARKS.md section between `markers`."""
+    """Parse `--dtypes --runs --shape --out`, run the script's `measure(model_dir, dtype, shape,
+    runs)` on each dtype, and write its JSON (`RESULTS`) and, on SmolLM2, its `section` of
+    BENCHMARKS.md between `START` and `END`; `SHAPES` names the workloads."""
+    shapes: dict[str, dict[str, int]] = script.SHAPES
+    measure: Measure = script.measure
+    section: Callable[[dict[str, Any]], str] = script.section
+    description = (script.__doc__ or "").split("\n\n")[0]
+    results, markers = script.RESULTS, (script.START, script.END)
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--dtypes", default=dtypes)
     parser.add_argument("--runs", type=int, default=6)

@@ -131,15 +131,7 @@ def section(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     return run_in_turns(
-        argv,
-        description=__doc__.split("\n\n")[0],
-        shapes=SHAPES,
-        measure=measure,
-        section=section,
-        results=RESULTS,
-        markers=(START, END),
-        dtypes="bfloat16,float32",
-        packages=("torch", "peft"),
+        argv, sys.modules[__name__], dtypes="bfloat16,float32", packages=("torch", "peft")
     )
 
 

@@ -201,16 +201,9 @@ def section(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    # bf16 only: float32 layers are not grouped
     return run_in_turns(
-        argv,
-        description=__doc__.split("\n\n")[0],
-        shapes=SHAPES,
-        measure=measure,
-        section=section,
-        results=RESULTS,
-        markers=(START, END),
-        dtypes="bfloat16",  # float32 layers are not grouped
-        tiny_setup=_pack_every_layer,
+        argv, sys.modules[__name__], dtypes="bfloat16", tiny_setup=_pack_every_layer
     )
 
 
