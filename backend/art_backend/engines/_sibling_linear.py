@@ -48,6 +48,7 @@ GROUPED_DTYPES = (torch.bfloat16,)
 MEMBER = "_art_sibling"  # a member's (group, index) in its module's __dict__
 Kernel = Callable[[torch.Tensor], torch.Tensor]  # rows -> the group's outputs for them
 Full = Callable[[Kernel, torch.Tensor], torch.Tensor]  # (kernel, input) -> the group's output
+Packed = tuple[list["WeightKey"], Kernel]  # the members' weights packed, and the call on them
 _kept = threading.local()  # `_Kept`: the last group output on this thread
 
 
@@ -94,9 +95,9 @@ class SiblingGroup:
             bounds.append((start, start + layer.out_features))
             start += layer.out_features
         self.bounds = bounds
-        self.key: list[WeightKey] | None = None  # the members' weights as last packed
-        self._packed: torch.Tensor | None = None
-        self._kernel: Kernel | None = None
+        # The members' weights as last packed and the call on them, set in one assignment: a
+        # thread reading it sees the old pair or the new one, never a key beside another call.
+        self.packed: Packed | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> SiblingGroup:
         import copy
@@ -105,12 +106,13 @@ class SiblingGroup:
         # members may be half copied here: nothing of theirs is read).
         twin = SiblingGroup.__new__(SiblingGroup)
         twin.members = [copy.deepcopy(layer, memo) for layer in self.members]
-        twin.bounds, twin.key, twin._packed, twin._kernel = list(self.bounds), None, None, None
+        twin.bounds, twin.packed = list(self.bounds), None
         return twin
 
-    def kernel(self, x: torch.Tensor) -> Kernel | None:
-        """The group's one call on rows of `x`, or None where a member must run alone: another
-        dtype or device than the weights', a weight or bias that trains under autograd."""
+    def kernel(self, x: torch.Tensor) -> Packed | None:
+        """The group's one call on rows of `x` with the weights it reads, or None where a member
+        must run alone: another dtype or device than the weights', a weight or bias that trains
+        under autograd."""
         if x.device.type != "cpu":
             return None
         grad = torch.is_grad_enabled()
@@ -123,20 +125,19 @@ class SiblingGroup:
                 ):
                     return None
         key = [_weight_key(layer) for layer in self.members]
-        if key != self.key and not self._pack(key):
-            return None
-        return self._kernel
+        state = self.packed
+        return state if state is not None and state[0] == key else self._pack(key)
 
-    def _pack(self, key: list[WeightKey]) -> bool:
+    def _pack(self, key: list[WeightKey]) -> Packed | None:
         with torch.inference_mode(False), torch.no_grad():
             packed = pack_weight(torch.cat([layer.weight.detach() for layer in self.members]))
             if packed is None:
-                return False
+                return None
             biases = [layer.bias for layer in self.members]
             bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])  # type: ignore[union-attr]
-        self.key, self._packed = key, packed
-        self._kernel = lambda rows: run_packed(rows, packed, bias)
-        return True
+        state: Packed = (key, lambda rows: run_packed(rows, packed, bias))
+        self.packed = state
+        return state
 
 
 class _Kept:
@@ -146,17 +147,17 @@ class _Kept:
 
     __slots__ = ("group", "input", "left", "output", "weights")
 
-    def __init__(self, group: SiblingGroup, x: torch.Tensor, output: torch.Tensor) -> None:
-        self.group, self.input, self.output = group, x, output
+    def __init__(
+        self, group: SiblingGroup, x: torch.Tensor, output: torch.Tensor, weights: list[WeightKey]
+    ) -> None:
+        self.group, self.input, self.output, self.weights = group, x, output, weights
         self.left = set(range(len(group.members)))
-        self.weights = group.key  # replaced, never changed, by a new packing
 
     def serves(self, group: SiblingGroup, index: int, x: torch.Tensor) -> bool:
         return (
             self.group is group
             and self.input is x
             and index in self.left
-            and self.weights is not None
             and self.weights[index] == _weight_key(group.members[index])
         )
 
@@ -180,26 +181,27 @@ def sibling_output(module: nn.Module, x: torch.Tensor, full: Full) -> torch.Tens
         return None
     group, index = entry
     if torch.is_grad_enabled() and x.requires_grad:
-        kernel = group.kernel(x)
-        if kernel is None:
+        packed = group.kernel(x)
+        if packed is None:
             return None
-        return _SiblingLinear.apply(x, module.weight, group, index, kernel, full)
+        return _SiblingLinear.apply(x, module.weight, group, index, packed, full)
     kept = getattr(_kept, "last", None)
     if kept is not None and kept.serves(group, index, x):
         return _part(kept, index)  # the group's call on this input, this member's weight as it was
-    kernel = group.kernel(x)
-    if kernel is None:
+    packed = group.kernel(x)
+    if packed is None:
         return None
-    return _call(group, index, x, kernel, full)
+    return _call(group, index, x, packed, full)
 
 
 def _call(
-    group: SiblingGroup, index: int, x: torch.Tensor, kernel: Kernel, full: Full
+    group: SiblingGroup, index: int, x: torch.Tensor, packed: Packed, full: Full
 ) -> torch.Tensor:
     """Member `index`'s columns of the group's new call on `x`, the rest kept for the others
     (one output kept a thread: the last one is dropped before the call)."""
     _kept.last = None
-    kept = _Kept(group, x, full(kernel, x))
+    weights, kernel = packed
+    kept = _Kept(group, x, full(kernel, x), weights)
     _kept.last = kept
     return _part(kept, index)
 
@@ -233,14 +235,14 @@ class _SiblingLinear(torch.autograd.Function):
         weight: torch.Tensor,
         group: SiblingGroup,
         index: int,
-        kernel: Kernel,
+        packed: Packed,
         full: Full,
     ) -> torch.Tensor:
         ctx.save_for_backward(weight)
         kept = getattr(_kept, "last", None)
         if kept is not None and kept.serves(group, index, x):
             return _part(kept, index)
-        return _call(group, index, x, kernel, full)
+        return _call(group, index, x, packed, full)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]

@@ -77,7 +77,8 @@ def test_each_member_gives_its_own_layers_values_bit_for_bit(
             assert got.is_contiguous() and torch.equal(got, expected), name
         assert _sibling_linear._kept.last is None  # every member took its part: nothing kept
         group = vars(grouped.q_proj)[MEMBER][0]
-        assert group._packed is not None and group._packed.shape[0] == 96 + 32 + 32
+        assert group.packed is not None  # one call, all three members' columns
+        assert group.packed[1](x.reshape(-1, 96)).shape[-1] == 96 + 32 + 32
         assert torch.equal(grouped(x), alone(x))
 
 
@@ -121,7 +122,7 @@ def test_a_deep_copy_groups_its_own_layers(monkeypatch: pytest.MonkeyPatch) -> N
         twin = copy.deepcopy(grouped)
         group, twin_group = vars(grouped.k_proj)[MEMBER][0], vars(twin.k_proj)[MEMBER][0]
         assert twin_group is not group and twin_group.members[1] is twin.k_proj
-        assert twin_group._packed is None  # packs its own at its first call
+        assert twin_group.packed is None  # packs its own at its first call
         grouped.k_proj.weight.zero_()
         assert torch.equal(twin.k_proj(x), before)
 
