@@ -185,20 +185,22 @@ def sibling_output(module: nn.Module, x: torch.Tensor, full: Full) -> torch.Tens
         if packed is None:
             return None
         return _SiblingLinear.apply(x, module.weight, group, index, packed, full)
+    return _take(group, index, x, full)
+
+
+def _take(
+    group: SiblingGroup, index: int, x: torch.Tensor, full: Full, packed: Packed | None = None
+) -> torch.Tensor | None:
+    """Member `index`'s columns of the group's output on `x`: the kept one where this thread's
+    last group call was this group's on `x` with the member's weight as it is, else a new call
+    (`packed`, or the group's, None where the member must run alone), the rest kept for the
+    others (one output kept a thread: the last one is dropped before the call)."""
     kept = getattr(_kept, "last", None)
     if kept is not None and kept.serves(group, index, x):
-        return _part(kept, index)  # the group's call on this input, this member's weight as it was
-    packed = group.kernel(x)
+        return _part(kept, index)
+    packed = packed if packed is not None else group.kernel(x)
     if packed is None:
         return None
-    return _call(group, index, x, packed, full)
-
-
-def _call(
-    group: SiblingGroup, index: int, x: torch.Tensor, packed: Packed, full: Full
-) -> torch.Tensor:
-    """Member `index`'s columns of the group's new call on `x`, the rest kept for the others
-    (one output kept a thread: the last one is dropped before the call)."""
     _kept.last = None
     weights, kernel = packed
     kept = _Kept(group, x, full(kernel, x), weights)
@@ -239,10 +241,9 @@ class _SiblingLinear(torch.autograd.Function):
         full: Full,
     ) -> torch.Tensor:
         ctx.save_for_backward(weight)
-        kept = getattr(_kept, "last", None)
-        if kept is not None and kept.serves(group, index, x):
-            return _part(kept, index)
-        return _call(group, index, x, packed, full)
+        output = _take(group, index, x, full, packed)
+        assert output is not None  # `packed` given: a call is made
+        return output
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
