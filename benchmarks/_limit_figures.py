@@ -375,23 +375,29 @@ def grpo_rows(vocab_size: int, spec: dict[str, Any]) -> Any:
     return rows
 
 
-def train(spec: dict[str, Any]) -> dict[str, Any]:
-    """The trainer's forward+backward FLOP/s on a GRPO step's rows, best of `repeats` steps."""
+def grpo_trainer(model: Any, tokenizer: Any, spec: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """A LoRA trainer (`LORA`) on `model`, prepared as served, with a GRPO step's rows
+    (`grpo_rows` of `spec`), its loss and optimizer settings: (trainer, rows, loss, settings)."""
     from art_backend.engines._loading import prepare_to_serve
     from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
     from art_backend.training._grpo import loss_denominator
     from art_backend.training._losses import GRPOLoss
 
-    model, tokenizer = load_model(spec)
-    linear = linear_parameters(model)
     prepare_to_serve(model)  # as served: float32 logits, bf16's float64 attention, packing
     engine = TorchEngine(model, tokenizer, eos_token_ids=[], context_length=4096)
     trainer = LoraTrainer(engine, "bench", LORA, seed=0)
-    lora_parameters = sum(p.numel() for p in trainer.params)
     rows = grpo_rows(model.config.vocab_size, spec)
     config = loss_preset("grpo")
     loss = GRPOLoss(config, 0.0, loss_denominator(rows.trained_mask, config))
-    settings = OptimizerSettings(learning_rate=1e-5)
+    return trainer, rows, loss, OptimizerSettings(learning_rate=1e-5)
+
+
+def train(spec: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's forward+backward FLOP/s on a GRPO step's rows, best of `repeats` steps."""
+    model, tokenizer = load_model(spec)
+    linear = linear_parameters(model)
+    trainer, rows, loss, settings = grpo_trainer(model, tokenizer, spec)
+    lora_parameters = sum(p.numel() for p in trainer.params)
 
     with counting_flops() as counter:  # also the warm-up
         totals = trainer.forward_backward(rows, loss, settings)

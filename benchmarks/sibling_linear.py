@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests/ (the tiny model)
 
-from _limit_figures import LORA, _OurDecode, grpo_rows, load_model, prompts
+from _limit_figures import _OurDecode, grpo_trainer, load_model, prompts
 from _machine import OtherLoad
 from _turns import run_in_turns
 
@@ -66,9 +66,7 @@ def measure(model_dir: str, dtype: str, shape: dict[str, int], runs: int) -> dic
     spec = {"model_dir": model_dir, "dtype": dtype, "contender": "ours", **shape}
     model, tokenizer = load_model(spec)
     trained = copy.deepcopy(model)
-    decode = _OurDecode(
-        model, tokenizer, {**spec, "adapter": True, "lora_targets": LORA["target_modules"]}
-    )
+    decode = _OurDecode(model, tokenizer, {**spec, "adapter": True})  # LORA's q/k/v/o
     trainer, step = _trainer(trained, tokenizer, shape)
     groupings = [Grouping(decode.engine.model), Grouping(trainer.engine.model)]
     batch = prompts(model.config.vocab_size, shape["rows"], shape["prompt_tokens"])
@@ -112,24 +110,13 @@ def _groups(grouping: Grouping) -> int:
 
 def _trainer(model: Any, tokenizer: Any, shape: dict[str, int]) -> tuple[Any, Any]:
     """A LoRA trainer on `model` (prepared as served) and its step: (seconds, loss)."""
-    from art_backend.engines._loading import prepare_to_serve
-    from art_backend.testing import LoraTrainer, OptimizerSettings, TorchEngine, loss_preset
-    from art_backend.training._grpo import loss_denominator
-    from art_backend.training._losses import GRPOLoss
-
-    prepare_to_serve(model)
-    engine = TorchEngine(model, tokenizer, eos_token_ids=[], context_length=4096)
-    trainer = LoraTrainer(engine, "bench", LORA, seed=0)
     spec = {
         "groups": shape["groups"],
         "per_group": 4,
         "prompt_tokens": shape["train_prompt"],
         "completion_tokens": 32,
     }
-    rows = grpo_rows(model.config.vocab_size, spec)
-    config = loss_preset("grpo")
-    loss = GRPOLoss(config, 0.0, loss_denominator(rows.trained_mask, config))
-    settings = OptimizerSettings(learning_rate=1e-5)
+    trainer, rows, loss, settings = grpo_trainer(model, tokenizer, spec)
 
     def step(optimize: bool = True) -> tuple[float, float]:
         started = time.perf_counter()
