@@ -34,7 +34,6 @@ from art_backend.engines._adapter_files import (
     adaptable_modules,
     linear_shapes,
 )
-from art_backend.engines._allocator import keep_freed_memory
 from art_backend.engines._constrained import mask_rows
 from art_backend.engines._decode_rows import DecodeRows, DynamicRows, decode_rows
 from art_backend.engines._engine import (
@@ -91,7 +90,6 @@ class TorchEngine(AdapterSlots):
         # Rows x (prompt + max new tokens): what the batch's KV cache may come to hold.
         self.max_batch_tokens = max_batch_tokens
         self.device = next(model.parameters()).device
-        self.allocator = keep_freed_memory() if self.device.type == "cpu" else "not a CPU engine"
         self._config = model.config
         self._cache_keyword = cache_keyword(model)
         self.metrics = EngineMetrics()
