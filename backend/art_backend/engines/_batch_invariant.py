@@ -248,8 +248,33 @@ def _attention(
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         output = _InvariantAttention.apply(module, query, key, value, attention_mask, scale, causal)
     else:
+        if attention_mask is not None and _sliding(module, query):
+            key, value, attention_mask = _in_window(key, value, attention_mask)
         output = float64_attention(query, key, value, attention_mask, scale, causal)
     return output.transpose(1, 2).contiguous(), None
+
+
+def _sliding(module: Any, query: torch.Tensor) -> bool:
+    """A sliding-window layer's few queries (a decode step's): their keys are narrowed to the
+    windows (`_in_window`). Longer prompts go through `_query_blocks`' own narrowing."""
+    return bool(getattr(module, "sliding_window", None)) and query.shape[2] < SPARSE_MIN_QUERIES
+
+
+def _in_window(
+    key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys, values and mask narrowed to the columns some query attends to, where they are
+    one run of at most `SPARSE_SHARE` of the keys (views, no copy); else as they are.
+
+    A sliding layer's cache keeps every token (`_kv_cache.py`) and the mask keeps the window:
+    a decode step over Gemma 3's 64-token window and a 184-token cache cast and summed all 184
+    columns of each row in float64. A masked key adds exactly 0 to a query's sums, so leaving
+    it out changes a float64 sum's order only (the module docstring's argument)."""
+    mask = mask[..., : key.shape[2]]
+    columns = _attended(mask)
+    if not isinstance(columns, slice):
+        return key, value, mask
+    return _keys(key, columns), _keys(value, columns), _keys(mask, columns, dim=-1)
 
 
 def float64_attention(

@@ -324,6 +324,44 @@ def test_packed_queries_attend_over_the_keys_they_see_only(monkeypatch: pytest.M
         assert torch.allclose(ours.float(), theirs.float(), rtol=0, atol=1e-2)
 
 
+def test_a_sliding_layers_decode_step_attends_over_its_window_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decode step of a sliding-window layer over left-padded rows of different lengths: its
+    keys narrowed to the windows' columns (views) give the output of all keys bit for bit; a
+    mask whose attended columns are not one run (slots ending apart) keeps every key."""
+    from types import SimpleNamespace
+
+    from art_backend.engines import _batch_invariant
+
+    keys, window = 40, 8
+    generator = torch.Generator().manual_seed(7)
+    query = torch.randn(3, 4, 1, 16, generator=generator).bfloat16()
+    key, value = (torch.randn(3, 2, keys, 16, generator=generator).bfloat16() for _ in range(2))
+    left_padded = torch.zeros(3, 1, 1, keys, dtype=torch.bool)
+    for row, length in enumerate((40, 25, 5)):  # a row shorter than the window too
+        left_padded[row, ..., keys - min(length, window) :] = True
+    slots = torch.zeros(3, 1, 1, keys, dtype=torch.bool)  # rows from column 0, ending apart
+    for row, length in enumerate((10, 30, 40)):
+        slots[row, ..., length - window : length] = True
+    seen: list[int] = []
+    computed = _batch_invariant.float64_attention
+
+    def counted(query: torch.Tensor, key: torch.Tensor, *args: object) -> torch.Tensor:
+        seen.append(key.shape[2])
+        return computed(query, key, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_batch_invariant, "float64_attention", counted)
+    sliding = SimpleNamespace(sliding_window=window, is_causal=True, training=False)
+    full = SimpleNamespace(sliding_window=None, is_causal=True, training=False)
+    for mask, narrowed_to in ((left_padded, window), (slots, keys)):
+        seen.clear()
+        narrowed, _ = _batch_invariant._attention(sliding, query, key, value, mask, scaling=0.25)
+        whole, _ = _batch_invariant._attention(full, query, key, value, mask, scaling=0.25)
+        assert seen == [narrowed_to, keys]
+        assert torch.equal(narrowed, whole)
+
+
 class _Layers(torch.nn.Module):
     """Linear layers of SmolLM2's shapes (bf16) and of a LoRA's (float32), switched as a
     batch-invariant model's are."""
