@@ -39,7 +39,8 @@ forward), the differences come from exactly two places:
   (`_attended`): a packed row's completions see their prompt and themselves, not each other, so
   a block of them computes over ~40 % of the row's keys. On a GRPO step of 4 packed rows (a
   64-token prompt and 4 completions of 64) the trainer's forward+backward took 2.1-2.4 s instead
-  of 2.9 s, best of 6 (bf16, 2 threads, 2026-12-06).
+  of 2.9 s, best of 6 (bf16, 2 threads, 2026-12-06). A sliding-window layer's decode step
+  likewise reads only the columns its rows' windows reach (`_in_window`).
 
 With both, the engine's logprobs of its own samples equal the trainer's forward on the same
 tokens bit for bit in bf16 on SmolLM2 (single and batched, left-padded decode against right-
