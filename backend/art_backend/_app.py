@@ -157,6 +157,11 @@ def _prometheus_metrics(service: ChatService) -> str:
             engine_metrics.decode_sampling_seconds_total,
         ),
         "art_decode_rows_seconds_total": ("counter", engine_metrics.decode_rows_seconds_total),
+        "art_decode_compiled_steps_total": ("counter", engine_metrics.decode_compiled_steps_total),
+        "art_decode_compile_seconds_total": (
+            "counter",
+            engine_metrics.decode_compile_seconds_total,
+        ),
         "art_records": ("gauge", len(service.records)),
         "art_records_bytes": ("gauge", service.records.bytes),
         "art_records_total": ("counter", service.records.recorded),

@@ -1,15 +1,16 @@
-"""The torch engine's running rows and their KV cache, in one of two layouts (`ART_DECODE_STEP`).
+"""The torch engine's running rows and their KV cache, left-padded or in slots (`ART_DECODE_STEP`).
 
 | ART_DECODE_STEP | rows | a join | a finish | a step's mask |
 |---|---|---|---|---|
 | `dynamic` (default) | left-padded to a common length (`_kv_cache.py`) | re-pads and copies the cache | copies the cache | one more 2-D column; transformers builds the 4-D mask |
 | `static` | one slot each in a preallocated cache (`_static_rows.py`) | copies the joining rows only | frees a slot, no copy | from the slots' lengths |
+| `compiled` | as `static`; its steps through `torch.compile` (`_compiled_step.py`) | as `static` | as `static` | as `static` |
 
 Both take the same calls from the engine: `join` after a prefill, `keep` after rows finish,
 `step` for a decode step's inputs and `batch_logits` for its logits in row order. `dynamic` stays
 the default until the static step measures faster (docs/performance.md). Any other value is
 refused at start, naming the variable; so is a model whose attention takes neither a boolean
-nor an additive mask under `static`.
+nor an additive mask under `static` or `compiled`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from art_backend.engines._static_rows import (
 )
 
 VARIABLE = "ART_DECODE_STEP"
-LAYOUTS = ("dynamic", "static")
+LAYOUTS = ("dynamic", "static", "compiled")
 
 
 class DecodeRows(Protocol):
@@ -92,12 +93,14 @@ class DynamicRows:
 
 
 def decode_step_layout() -> str:
-    """`ART_DECODE_STEP`, checked: dynamic (the default) or static; else a `ModelLoadError`."""
+    """`ART_DECODE_STEP`, checked: dynamic (the default), static or compiled; else a
+    `ModelLoadError`."""
     value = os.environ.get(VARIABLE, "dynamic").strip().lower() or "dynamic"
     if value not in LAYOUTS:
         raise ModelLoadError(
             f"{VARIABLE}={os.environ[VARIABLE]!r} is not a decode step layout: use dynamic "
-            "(the default: left-padded rows) or static (preallocated slots), or unset it"
+            "(the default: left-padded rows), static (preallocated slots) or compiled (the "
+            "static step through torch.compile), or unset it"
         )
     return value
 
@@ -112,7 +115,7 @@ def decode_rows(model: Any, pad_token_id: int, device: torch.device) -> DecodeRo
     if attention not in BOOLEAN_MASK_ATTENTION + ADDITIVE_MASK_ATTENTION:
         family = getattr(config, "model_type", type(config).__name__)
         raise ModelLoadError(
-            f"{VARIABLE}=static cannot run this '{family}' model: its attention "
+            f"{VARIABLE}={decode_step_layout()} cannot run this '{family}' model: its attention "
             f"({attention!r}) takes a mask the static step does not build (it builds "
             f"{', '.join(BOOLEAN_MASK_ATTENTION + ADDITIVE_MASK_ATTENTION)} masks). "
             f"Unset {VARIABLE} to decode with the dynamic step."

@@ -189,6 +189,10 @@ class EngineMetrics:
     decode_forward_seconds_total: float = 0.0
     decode_sampling_seconds_total: float = 0.0
     decode_rows_seconds_total: float = 0.0
+    # ART_DECODE_STEP=compiled: steps through the compiled graph, and the seconds spent
+    # compiling (each compiled shape's first step).
+    decode_compiled_steps_total: int = 0
+    decode_compile_seconds_total: float = 0.0
 
 
 @runtime_checkable

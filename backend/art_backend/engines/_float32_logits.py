@@ -37,7 +37,15 @@ def compute_logits_in_float32(model: Any) -> None:
     head.forward = types.MethodType(_float32_forward, head)
 
 
-def _float32_forward(head: Any, hidden: torch.Tensor) -> torch.Tensor:
+def refresh_head(model: Any) -> None:
+    """Make `model`'s float32 head current with its weight, as its next eager call would: what
+    a compiled step (`_compiled_step.py`), which cannot read a storage pointer, reads."""
+    head = model.get_output_embeddings()
+    if head is not None and "_float32_key" in vars(head):
+        _refresh(head)
+
+
+def _refresh(head: Any) -> None:
     weight = head.weight
     key = (weight.data_ptr(), weight._version, weight.device)
     if head._float32_key != key:
@@ -51,6 +59,12 @@ def _float32_forward(head: Any, hidden: torch.Tensor) -> torch.Tensor:
         head._float32_packed = packed
         head._float32_weight = full if packed is None else None
         head._float32_key = key
+
+
+def _float32_forward(head: Any, hidden: torch.Tensor) -> torch.Tensor:
+    weight = head.weight
+    if not torch.compiler.is_compiling():  # a compiled step refreshed it before (refresh_head)
+        _refresh(head)
     bias = head.bias.float() if head.bias is not None else None
     if head._float32_packed is not None:  # oneDNN's packed float32 kernel (_packed_linear)
         # The backward in the model's dtype: the hidden state's gradient is rounded to it anyway

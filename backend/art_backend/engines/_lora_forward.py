@@ -18,7 +18,7 @@ least 1: then `alpha * u` is exact and a fused multiply-add rounds as PEFT's sep
 and add do; any other scale is multiplied first, as PEFT does. So the sampler's logprobs stay
 the trainer's bit for bit (tested against PEFT's forward). Anything else (gradients, several
 active adapters, `adapter_names`, DoRA or another variant, dropout in training mode, merged or
-disabled adapters, hooks on the base layer) runs PEFT's own forward.
+disabled adapters, hooks on the base layer, a compiled step's trace) runs PEFT's own forward.
 """
 
 from __future__ import annotations
@@ -50,7 +50,10 @@ def lean_lora_forward(model: Any) -> None:
 
 
 def _forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    adapter = None if args or kwargs or torch.is_grad_enabled() else _plain_adapter(self)
+    # Traced into a compiled step (`_compiled_step.py`), PEFT's forward: the per-call work
+    # this saves is gone from a compiled graph, and its `out=` sum into a view came out wrong.
+    plain = not (args or kwargs or torch.is_grad_enabled() or torch.compiler.is_compiling())
+    adapter = _plain_adapter(self) if plain else None
     if adapter is None:
         return type(self).forward(self, x, *args, **kwargs)
     lora_a, lora_b, scaling = adapter

@@ -116,8 +116,12 @@ def row_kernel(module: nn.Linear, x: torch.Tensor) -> Callable[[torch.Tensor], t
 def _packed_for(
     module: nn.Linear, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor | None:
-    """`module`'s packed weight for `x` (packed now if new or changed); None: run it dense."""
+    """`module`'s packed weight for `x` (packed now if new or changed); None: run it dense.
+    Inside a compiled step the pack is the one `refresh_packs` made before the step (a storage
+    pointer cannot be read while tracing)."""
     cached = vars(module).get("_art_packed", _UNMARKED)
+    if torch.compiler.is_compiling():
+        return None if cached is _UNMARKED or x.dtype != weight.dtype else cached.packed
     trains = weight.requires_grad or (bias is not None and bias.requires_grad)
     if (
         cached is _UNMARKED
@@ -133,6 +137,19 @@ def _packed_for(
             return None
         cached.key, cached.packed = key, packed
     return cached.packed
+
+
+def refresh_packs(model: Any) -> None:
+    """Pack every marked layer of `model` whose weight is new or changed since its last pack, as
+    its next eager call would: what a compiled step (`_compiled_step.py`) reads is current."""
+    for module in model.modules():
+        cached = vars(module).get("_art_packed")
+        if cached is None:
+            continue
+        weight = module.weight
+        key = (weight.data_ptr(), weight._version)
+        if cached.key != key:
+            cached.key, cached.packed = key, pack_weight(weight)
 
 
 class _PackedCache:
@@ -183,9 +200,32 @@ def run_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None)
     if rows < ROW_FLOOR:
         padded = x.new_zeros((ROW_FLOOR, x.shape[-1]))
         padded[:rows] = x.reshape(rows, -1)
-        out = torch.ops.mkldnn._linear_pointwise(padded, packed, bias, "none", [], "")[:rows]
+        out = _pointwise(padded, packed, bias)[:rows]
         return out.reshape(*x.shape[:-1], out.shape[-1])
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+    return _pointwise(x.contiguous(), packed, bias)
+
+
+def _pointwise(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's packed linear; inside a compiled step through `art::packed_linear`, an op
+    inductor calls as it is (it lowers `mkldnn._linear_pointwise` only for weights it packed)."""
+    if torch.compiler.is_compiling():
+        return packed_linear_op(x, packed, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@torch.library.custom_op("art::packed_linear", mutates_args=())
+def packed_linear_op(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`mkldnn._linear_pointwise` as an op of ours: what a compiled step's graph calls."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@packed_linear_op.register_fake
+def _packed_linear_shape(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
 
 
 class _PackedLinear(torch.autograd.Function):

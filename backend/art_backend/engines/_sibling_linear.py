@@ -177,8 +177,8 @@ def sibling_output(module: nn.Module, x: torch.Tensor, full: Full) -> torch.Tens
     """`module`'s output on `x` from its group's one call (`full(kernel, x)`, the group's
     output), or None where `module` has no group or must run alone."""
     entry = vars(module).get(MEMBER)
-    if entry is None:
-        return None
+    if entry is None or torch.compiler.is_compiling():
+        return None  # traced into a compiled step: a packed layer of its own (`_compiled_step`)
     group, index = entry
     if torch.is_grad_enabled() and x.requires_grad:
         packed = group.kernel(x)

@@ -3,7 +3,7 @@
 Each attention layer keeps keys and values in one buffer `[slots, kv_heads, columns, head_dim]`
 (`_step_shapes.py` picks slots and columns). A slot's tokens start at column 0 and its length
 is a tensor (`lengths[slot]`): a decode step writes each slot's new key and value at column
-`lengths[slot]` (one `scatter_` per layer) and attends over the whole buffer with a mask built
+`lengths[slot]` (one indexed write per layer) and attends over the whole buffer with a mask built
 from the lengths, not from a growing 2-D mask:
 
     full attention:     column <= position
@@ -45,7 +45,8 @@ class SlotCache(Cache):
         self.keys = [self._buffer(heads, dim, dtype, device) for heads, dim in layer_shapes]
         self.values = [self._buffer(heads, dim, dtype, device) for heads, dim in layer_shapes]
         self.lengths = torch.zeros(shape.slots, dtype=torch.long, device=device)
-        self._write_index: dict[tuple[int, int], torch.Tensor] = {}
+        self._slots = torch.arange(shape.slots, device=device)
+        self._write_at = (self._slots, self.lengths.clone())  # (slots, columns) of the next write
 
     def _buffer(self, heads: int, dim: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
         return torch.zeros(
@@ -65,21 +66,19 @@ class SlotCache(Cache):
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """Write each slot's new key and value at its write column; the layer's whole buffers."""
-        heads, dim = self.layer_shapes[layer_idx]
-        index = self._write_index[(heads, dim)]
-        self.keys[layer_idx].scatter_(2, index, key_states)
-        self.values[layer_idx].scatter_(2, index, value_states)
+        """Write each slot's new key and value at its write column; the layer's whole buffers.
+        An indexed assignment, not a `scatter_`: a compiled step (`_compiled_step.py`) writes it
+        in place, where a scatter made it copy every buffer a step."""
+        slots, columns = self._write_at
+        self.keys[layer_idx][slots, :, columns] = key_states[:, :, 0, :]
+        self.values[layer_idx][slots, :, columns] = value_states[:, :, 0, :]
         return self.keys[layer_idx], self.values[layer_idx]
 
     def begin_step(self, live: torch.Tensor) -> torch.Tensor:
         """Fix this step's write columns (the lengths now), then advance the `live` slots' lengths
         (a [slots] 0/1 tensor); returns the write columns, the new tokens' positions."""
         positions = self.lengths.clone()
-        self._write_index = {
-            (heads, dim): positions.view(-1, 1, 1, 1).expand(-1, heads, 1, dim)
-            for heads, dim in set(self.layer_shapes)
-        }
+        self._write_at = (self._slots, positions)
         self.lengths += live
         return positions
 

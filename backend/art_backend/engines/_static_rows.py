@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 
+from art_backend.engines._gqa_attention import ATTENTION as GROUPED
 from art_backend.engines._kv_cache import layer_types
 from art_backend.engines._static_cache import SlotCache
 from art_backend.engines._step_shapes import StepShape, step_shape
 
-BOOLEAN_MASK_ATTENTION = ("sdpa", "art_batch_invariant")  # take True = attend
+BOOLEAN_MASK_ATTENTION = ("sdpa", "art_batch_invariant", GROUPED)  # take True = attend
 ADDITIVE_MASK_ATTENTION = ("eager",)  # take 0 = attend, the dtype's minimum = masked
 
 

@@ -12,7 +12,7 @@ ours, not transformers' per-layer-type one: every attention layer keeps every to
 and sliding windows come from the mask (`_kv_cache.py` has the table of cache layer types, which
 it serves and which it refuses at `start`, by family). docs/models.md lists the tested families.
 `ART_DECODE_STEP=static` keeps the rows in the slots of a preallocated cache instead of padding
-them (`_decode_rows.py`: the two layouts behind one set of calls).
+them (`_decode_rows.py`: the layouts behind one set of calls); `compiled` compiles its steps.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from art_backend.engines._adapter_files import (
     adaptable_modules,
     linear_shapes,
 )
+from art_backend.engines._compiled_step import CompiledStep, compiled_step
 from art_backend.engines._constrained import mask_rows
 from art_backend.engines._decode_rows import DecodeRows, DynamicRows, decode_rows
 from art_backend.engines._engine import (
@@ -114,6 +115,7 @@ class TorchEngine(AdapterSlots):
         self._batch: list[RunningChoice] = []
         # The rows' KV cache, left-padded or in slots (ART_DECODE_STEP, read at start).
         self._rows: DecodeRows = DynamicRows(self.device)
+        self._compiled: CompiledStep | None = None  # ART_DECODE_STEP=compiled
         self._next_tokens: Any = None  # tensor of the tokens to feed at the next decode step
 
     # ----------------------------------------------------------------------------------- control
@@ -121,6 +123,7 @@ class TorchEngine(AdapterSlots):
     def start(self) -> None:
         """Start the engine thread; a model whose cache layers it cannot batch is refused first."""
         check_servable(self._config)
+        self._compiled = compiled_step(self.model, self._cache_keyword, self.device, self.metrics)
         self._rows = decode_rows(self.model, self.tokenizer.pad_token_id or 0, self.device)
         self._thread.start()
 
@@ -296,16 +299,16 @@ class TorchEngine(AdapterSlots):
                 # One adapter for the whole batch: PEFT's plain LoRA forward, much cheaper per
                 # step than the mixed-batch path (train_step generation 12.1 s -> 10.6 s, SmolLM2).
                 self.model.set_adapter(adapters[0])
+        inputs = {
+            "input_ids": input_ids.to(self.device),
+            "attention_mask": _on_device(attention_mask, self.device),
+            "position_ids": position_ids.to(self.device),
+        }
         with scope:
-            output = self.model(
-                input_ids=input_ids.to(self.device),
-                attention_mask=_on_device(attention_mask, self.device),
-                position_ids=position_ids.to(self.device),
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_keyword: cache},
-                **kwargs,
-            )
+            if self._compiled and self._compiled.runs(cache, None if kwargs else adapters[0]):
+                return self._compiled(self.model, cache=cache, adapter_state=adapters[0], **inputs)
+            cache_input = {self._cache_keyword: cache}
+            output = self.model(**inputs, use_cache=True, logits_to_keep=1, **cache_input, **kwargs)
         return output.logits[:, -1, :].float()  # stays on the device: sampling happens there
 
     def _admit(self, requests: list[GenerationRequest]) -> None:

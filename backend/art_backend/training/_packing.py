@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from art_backend.engines._batch_invariant import ATTENTION as BATCH_INVARIANT
+from art_backend.engines._gqa_attention import ATTENTION as GROUPED
 from art_backend.training._rows import Rows
 
 
@@ -132,7 +133,12 @@ def packing_supported(model: Any) -> bool:
         patched.append(type(attention))
     if not all(cls.forward.__module__.startswith("transformers.") for cls in patched):
         return False
-    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", BATCH_INVARIANT):
+    if getattr(config, "_attn_implementation", None) not in (
+        "sdpa",
+        "eager",
+        BATCH_INVARIANT,
+        GROUPED,
+    ):
         return False
     rotary = any(
         getattr(config, name, None) is not None for name in ("rope_parameters", "rope_theta")

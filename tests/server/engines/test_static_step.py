@@ -218,8 +218,10 @@ async def test_rows_decode_on_through_an_adapter_loaded_while_they_run(
 def test_a_wrong_setting_is_refused_at_start_by_name(
     llama_dir: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setenv("ART_DECODE_STEP", "compiled")
+    monkeypatch.setenv("ART_DECODE_STEP", "graphs")
     tokenizer = AutoTokenizer.from_pretrained(llama_dir)
     engine = TorchEngine(load_model(llama_dir), tokenizer, eos_token_ids=[], context_length=64)
-    with pytest.raises(ModelLoadError, match=r"ART_DECODE_STEP='compiled'.*dynamic.*static"):
+    with pytest.raises(
+        ModelLoadError, match=r"ART_DECODE_STEP='graphs'.*dynamic.*static.*compiled"
+    ):
         engine.start()
