@@ -5,7 +5,7 @@ transformers' SDPA attention regroups the queries by key head (`pack_gqa`, a vie
 mode, but while compiling it repeats every key and value head for its query heads
 (`repeat_kv`): a copy of the whole cache every step. In a compiled SmolLM2 step (3 key heads
 for 9 query heads, 16 rows x 128 columns, float32) those copies were most of the graph's own
-31 ms, and the step served 117-128 tok/s against eager's 148-154; grouped, 153-158.
+31 ms, and the step served 117-128 tok/s against eager's 148-154; grouped, 161-164.
 
 `ATTENTION` ("art_sdpa") is transformers' SDPA attention in every other case (prefill, the
 trainer, no grouped heads, eager), so the same values: the compiled step (`_compiled_step.py`)
