@@ -130,13 +130,7 @@ def _packed_for(
         or (trains and torch.is_grad_enabled())  # a weight or bias that trains: dense
     ):
         return None
-    key = (weight.data_ptr(), weight._version)
-    if cached.key != key:
-        packed = pack_weight(weight)
-        if packed is None:
-            return None
-        cached.key, cached.packed = key, packed
-    return cached.packed
+    return cached.current(weight)
 
 
 def refresh_packs(model: Any) -> None:
@@ -144,12 +138,8 @@ def refresh_packs(model: Any) -> None:
     its next eager call would: what a compiled step (`_compiled_step.py`) reads is current."""
     for module in model.modules():
         cached = vars(module).get("_art_packed")
-        if cached is None:
-            continue
-        weight = module.weight
-        key = (weight.data_ptr(), weight._version)
-        if cached.key != key:
-            cached.key, cached.packed = key, pack_weight(weight)
+        if cached is not None:
+            cached.current(module.weight)
 
 
 class _PackedCache:
@@ -161,6 +151,14 @@ class _PackedCache:
     def __init__(self) -> None:
         self.key: tuple[int, int] | None = None
         self.packed: torch.Tensor | None = None
+
+    def current(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """The pack of `weight`, packed again if it was replaced or changed in place since;
+        None where it cannot be packed (run it dense)."""
+        key = (weight.data_ptr(), weight._version)
+        if self.key != key:
+            self.key, self.packed = key, pack_weight(weight)
+        return self.packed
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _PackedCache:
         return _PackedCache()

@@ -306,7 +306,7 @@ class TorchEngine(AdapterSlots):
         }
         with scope:
             if self._compiled and self._compiled.runs(cache, None if kwargs else adapters[0]):
-                return self._compiled(self.model, cache=cache, adapter_state=adapters[0], **inputs)
+                return self._compiled(self.model, adapters[0], cache=cache, **inputs)
             cache_input = {self._cache_keyword: cache}
             output = self.model(**inputs, use_cache=True, logits_to_keep=1, **cache_input, **kwargs)
         return output.logits[:, -1, :].float()  # stays on the device: sampling happens there
