@@ -30,6 +30,7 @@ default.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,7 +110,13 @@ class CompiledStep:
         refresh_packs(model)
         refresh_head(model)
         started = time.perf_counter()
-        logits = self._function(model, self.cache_keyword, **inputs)
+        limit = sys.getrecursionlimit()
+        try:
+            logits = self._function(model, self.cache_keyword, **inputs)
+        finally:
+            # Inductor raises the process's recursion limit to 2,000 when it compiles; the
+            # server's JSON parse relies on Python's (`_limits.parse_json_object`): put it back.
+            sys.setrecursionlimit(limit)
         self.counters.compiled_steps += 1
         self.metrics.decode_compiled_steps_total += 1
         if key not in self.counters.shapes:
