@@ -18,9 +18,12 @@
   and recompiles. oneDNN's packed weights and the float32 LM head are refreshed before each
   compiled step (`refresh_packs`, `refresh_head`), since a storage pointer cannot be read while
   tracing; q/k/v and gate/up run there as packed layers of their own (`_sibling_linear`).
-- **Not with the batch-invariant attention.** Inductor fuses and reorders the norms, rotary and
-  softmax sums, so a compiled step's bf16 logprobs are close to the trainer's, not equal:
-  `compiled` with `ART_BATCH_INVARIANT` on is refused at start (`check_compilable`).
+- **Not with the batch-invariant attention.** Inductor computes a chain of fused bf16
+  operations without eager's rounding between them and sums the norms in another order, so a
+  compiled step's bf16 logprobs are close to the trainer's, not equal: `compiled` with
+  `ART_BATCH_INVARIANT` on is refused at start (`check_compilable`). (A probe with inductor's
+  `emulate_precision_casts` and the norms kept out of its kernels was equal bit for bit, but
+  0.8x the eager step: docs/performance.md.)
 
 Measured on a 2-core Xeon (docs/performance.md, "The compiled decode step"): 1.09x the eager
 step in bf16 without the batch-invariant attention, even in float32; so `dynamic` stays the
