@@ -7,10 +7,13 @@ A step is generation + training (+ for us, the checkpoint write and serving the 
 Medians over `--steps` steps after `--warmup`. Each contender runs alone, in its own processes.
 
     .venv/bin/python benchmarks/train_step.py [--steps 4] [--warmup 1] [--trl-dtype float32]
-        [--baseline CHECKOUT]
+        [--baseline CHECKOUT] [--not-invariant]
 
 `--baseline CHECKOUT` adds our step from another checkout (its art_core and art_backend first on
 the path of a process of its own, this checkout's benchmark), in the same run, before TRL.
+`--not-invariant` adds our step with `ART_BATCH_INVARIANT=0` (a process of its own): what the
+sampler's and the trainer's bit-equal logprobs cost a bf16 step (a float32 one has no such
+forwards, so the two match there).
 
 Writes benchmarks/results/train_step.json and the train_step section of BENCHMARKS.md.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import statistics
 import sys
@@ -44,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "train_step.json"
 START, END = "<!-- train_step:start -->", "<!-- train_step:end -->"
 STEP_RATIO_TARGET = 0.5
+INVARIANCE_OFF = "ART_BATCH_INVARIANT=0"  # `--not-invariant`'s contender
 
 
 class TreeRss:
@@ -158,7 +163,9 @@ def markdown(result: dict[str, Any]) -> str:
     ratio = result["ratios"]
     vllm = result.get("ours_vllm")
     baseline = result.get("baseline")
-    sides = [ours, *([baseline] if baseline else []), *([vllm] if vllm else []), trl]
+    variant = result.get("ours_not_invariant")
+    extra = [side for side in (baseline, variant, vllm) if side]
+    sides = [ours, *extra, trl]
 
     def row(name: str, value) -> str:
         return f"| {name} | " + " | ".join(f"{value(side):.2f}" for side in sides) + " |"
@@ -175,8 +182,9 @@ def markdown(result: dict[str, Any]) -> str:
     table = "\n".join(rows)
     header = "| | ours (torch engine) | "
     header += f"ours at `{baseline['commit']}` | " if baseline else ""
+    header += f"ours, `{INVARIANCE_OFF}` | " if variant else ""
     header += ("ours (vLLM engine) | " if vllm else "") + "TRL |"
-    header += "\n|---|---|" + ("---|" if baseline else "") + ("---|" if vllm else "") + "---|"
+    header += "\n|---|---|" + "---|" * len(extra) + "---|"
     baseline_line = (
         f"\nAgainst our step at `{baseline['commit']}` (same run, a process of its own): "
         f"**{ratio['step_over_baseline']:.2f}x** its time; that step was "
@@ -184,6 +192,18 @@ def markdown(result: dict[str, Any]) -> str:
         if baseline
         else ""
     )
+    if variant:
+        baseline_line += (
+            f"\nWithout the bit equality (`{INVARIANCE_OFF}`, a process of its own: SDPA "
+            "attention and whole linear calls; sampler/trainer logprob mean |diff| "
+            f"{variant.get('median_logprob_abs_diff', float('nan')):.2e}, ratio_mean "
+            f"{variant.get('median_ratio_mean', float('nan')):.4f}): our generation is "
+            f"**{ratio['generation_over_not_invariant']:.2f}x** that step's, our training per "
+            f"trained token {ratio['training_per_token_over_not_invariant']:.2f}x, the full "
+            f"step {ratio['step_over_not_invariant']:.2f}x (the two sample differently, so "
+            "they train different numbers of tokens); that step was "
+            f"{ratio['not_invariant_step']:.2f}x TRL's."
+        )
     verdict_step = "met" if ratio["step"] <= STEP_RATIO_TARGET else "missed"
     verdict_rss = "met" if ratio["peak_rss"] <= 1.0 else "missed"
     vllm_line = ""
@@ -219,7 +239,13 @@ Our step includes writing the checkpoint and loading the new step into the serve
 
 
 def _loads(result: dict[str, Any]) -> str:
-    names = {"ours": "ours/torch", "baseline": "baseline", "ours_vllm": "ours/vLLM", "trl": "TRL"}
+    names = {
+        "ours": "ours/torch",
+        "baseline": "baseline",
+        "ours_not_invariant": INVARIANCE_OFF,
+        "ours_vllm": "ours/vLLM",
+        "trl": "TRL",
+    }
     return ", ".join(
         f"{label} {result[key]['other_load_cores']:.2f}"
         for key, label in names.items()
@@ -238,6 +264,11 @@ def main() -> None:
     )
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--baseline", type=Path, help="another checkout's step, same run")
+    parser.add_argument(
+        "--not-invariant",
+        action="store_true",
+        help=f"also our step with {INVARIANCE_OFF} (what the bit equality costs), same run",
+    )
     parser.add_argument("--json-out", type=Path, help=argparse.SUPPRESS)  # a baseline's answer
     parser.add_argument(
         "--no-peer",
@@ -265,6 +296,7 @@ def main() -> None:
     if args.no_peer:
         return
     baseline = _baseline_steps(args) if args.baseline else None
+    variant = _not_invariant_steps(args) if args.not_invariant else None
     print("TRL GRPOTrainer ...", flush=True)
     with OtherLoad() as load:
         trl = run_trl_in_subprocess(
@@ -292,6 +324,18 @@ def main() -> None:
         result["baseline"] = baseline
         result["ratios"]["step_over_baseline"] = ours["median_step_s"] / baseline["median_step_s"]
         result["ratios"]["baseline_step"] = baseline["median_step_s"] / trl["median_step_s"]
+    if variant is not None:
+        result["ours_not_invariant"] = variant
+        result["ratios"]["step_over_not_invariant"] = (
+            ours["median_step_s"] / variant["median_step_s"]
+        )
+        result["ratios"]["generation_over_not_invariant"] = (
+            ours["median_rollout_s"] / variant["median_rollout_s"]
+        )
+        result["ratios"]["training_per_token_over_not_invariant"] = (
+            ours["median_train_s_per_trained_token"] / variant["median_train_s_per_trained_token"]
+        )
+        result["ratios"]["not_invariant_step"] = variant["median_step_s"] / trl["median_step_s"]
     if "vllm" in runs and engines[0] != "vllm":
         result["ours_vllm"] = runs["vllm"]
         result["ratios"]["step_vllm"] = runs["vllm"]["median_step_s"] / trl["median_step_s"]
@@ -301,9 +345,15 @@ def main() -> None:
         publish(result, RESULTS, START, END, markdown(result))
 
 
+def _not_invariant_steps(args: argparse.Namespace) -> dict[str, Any]:
+    """Our step with the batch-invariant forwards off, in a process of its own."""
+    print(f"ours with {INVARIANCE_OFF} ...", flush=True)
+    variable, value = INVARIANCE_OFF.split("=")
+    return _steps_in_child(args, {variable: value})
+
+
 def _baseline_steps(args: argparse.Namespace) -> dict[str, Any]:
     """Our step from the checkout `args.baseline`, in a process of its own (see the doc)."""
-    import os
     import subprocess
 
     checkout = args.baseline.resolve()
@@ -316,18 +366,25 @@ def _baseline_steps(args: argparse.Namespace) -> dict[str, Any]:
         check=True,
     ).stdout.strip()
     print(f"ours at {commit} (baseline) ...", flush=True)
-    environment = dict(os.environ)
-    paths = [str(checkout), str(checkout / "backend"), environment.get("PYTHONPATH", "")]
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    paths = [str(checkout), str(checkout / "backend"), os.environ.get("PYTHONPATH", "")]
+    result = _steps_in_child(args, {"PYTHONPATH": os.pathsep.join(filter(None, paths))})
+    result["commit"] = commit
+    return result
+
+
+def _steps_in_child(args: argparse.Namespace, environment: dict[str, str]) -> dict[str, Any]:
+    """`our_steps` in a child process with `environment` added to ours."""
+    import subprocess
+
+    environment = {**os.environ, **environment}
     with tempfile.TemporaryDirectory(prefix="art-bench-") as folder:
-        answer = Path(folder) / "baseline.json"
+        answer = Path(folder) / "steps.json"
         command = [sys.executable, __file__, "--steps", str(args.steps), "--warmup",
                    str(args.warmup), "--dtype", args.dtype, "--json-out", str(answer)]  # fmt: skip
         with OtherLoad() as load:
             subprocess.run(command, env=environment, check=True)
         result = json.loads(answer.read_text())
     result["other_load_cores"] = load.cores
-    result["commit"] = commit
     print(json.dumps({k: v for k, v in result.items() if k != "steps"}, indent=2), flush=True)
     return result
 
