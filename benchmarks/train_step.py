@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "train_step.json"
 START, END = "<!-- train_step:start -->", "<!-- train_step:end -->"
 STEP_RATIO_TARGET = 0.5
-INVARIANCE_OFF = "ART_BATCH_INVARIANT=0"  # `--not-invariant`'s contender
+INVARIANCE_VARIABLE = "ART_BATCH_INVARIANT"
+INVARIANCE_OFF = f"{INVARIANCE_VARIABLE}=0"  # `--not-invariant`'s contender
 
 
 class TreeRss:
@@ -185,7 +186,7 @@ def markdown(result: dict[str, Any]) -> str:
     header += f"ours, `{INVARIANCE_OFF}` | " if variant else ""
     header += ("ours (vLLM engine) | " if vllm else "") + "TRL |"
     header += "\n|---|---|" + "---|" * len(extra) + "---|"
-    baseline_line = (
+    contender_lines = (
         f"\nAgainst our step at `{baseline['commit']}` (same run, a process of its own): "
         f"**{ratio['step_over_baseline']:.2f}x** its time; that step was "
         f"{ratio['baseline_step']:.2f}x TRL's."
@@ -193,7 +194,7 @@ def markdown(result: dict[str, Any]) -> str:
         else ""
     )
     if variant:
-        baseline_line += (
+        contender_lines += (
             f"\nWithout the bit equality (`{INVARIANCE_OFF}`, a process of its own: SDPA "
             "attention and whole linear calls; sampler/trainer logprob mean |diff| "
             f"{variant.get('median_logprob_abs_diff', float('nan')):.2e}, ratio_mean "
@@ -232,7 +233,7 @@ Medians of {result["steps"]} steps after {result["warmup"]} warm-up step(s); eac
 {table}
 
 Ratios (ours / TRL): full step **{ratio["step"]:.2f}x** (target <= {STEP_RATIO_TARGET}: {verdict_step}),
-peak RSS **{ratio["peak_rss"]:.2f}x** (target <= 1: {verdict_rss}).{baseline_line}{vllm_line}
+peak RSS **{ratio["peak_rss"]:.2f}x** (target <= 1: {verdict_rss}).{contender_lines}{vllm_line}
 Our step includes writing the checkpoint and loading the new step into the server. Other load
 (cores used outside the benchmark, mean over each contender's run): {_loads(result)}.
 {END}"""
@@ -348,8 +349,7 @@ def main() -> None:
 def _not_invariant_steps(args: argparse.Namespace) -> dict[str, Any]:
     """Our step with the batch-invariant forwards off, in a process of its own."""
     print(f"ours with {INVARIANCE_OFF} ...", flush=True)
-    variable, value = INVARIANCE_OFF.split("=")
-    return _steps_in_child(args, {variable: value})
+    return _steps_in_child(args, {INVARIANCE_VARIABLE: "0"})
 
 
 def _baseline_steps(args: argparse.Namespace) -> dict[str, Any]:

@@ -9,9 +9,9 @@
 - **Backend.** Inductor on a CPU; on a GPU `mode="reduce-overhead"`, which captures the step
   as a CUDA graph (the GPU issue: not run on a GPU yet, docs/gpu.md).
 - **Compile time.** A shape's first step traces and compiles (SmolLM2-135M on 2 CPU threads:
-  ~25 s from an empty inductor cache, ~10 s when its on-disk cache has it from an earlier start). At most `MAX_SHAPES`
-  shapes are compiled; later ones run eager, so a server's compile time is bounded. The
-  seconds are counted (`art_decode_compile_seconds_total` on /metrics).
+  ~25 s from an empty inductor cache, ~10 s when its on-disk cache has it from an earlier
+  start). At most `MAX_SHAPES` shapes are compiled; later ones run eager, so a server's compile
+  time is bounded. The seconds are counted (`art_decode_compile_seconds_total` on /metrics).
 - **Invalidation.** Weights are the graph's inputs, not constants: a LoRA whose weights are
   loaded into a retired adapter's layers, or a base weight changed in place, runs with its new
   values; a new adapter (new layers) or an adapter switched on or off fails the graph's guards
