@@ -286,6 +286,41 @@ def test_queries_in_blocks_attend_as_all_at_once(
     assert torch.equal(float64_attention(query, key, value, *arguments), whole)
 
 
+@pytest.mark.parametrize("earlier_keys", [0, 12])
+def test_causal_blocks_attend_over_the_keys_up_to_their_last_query_only(
+    earlier_keys: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long unpadded prompt (causal, no mask) in blocks: each block computes over the keys up
+    to its last query's (a 2,048-token prompt's attention took a third of the time), and gives
+    the output of all keys bit for bit; its gradients to float32 rounding. With `earlier_keys`
+    the prompt continues keys already cached (each query sees them all)."""
+    from art_backend.engines import _batch_invariant
+    from art_backend.engines._batch_invariant import attention_gradients
+
+    queries, keys = 40, 40 + earlier_keys
+    generator = torch.Generator().manual_seed(7)
+    query = torch.randn(2, 4, queries, 16, generator=generator).bfloat16()
+    key, value = (torch.randn(2, 2, keys, 16, generator=generator).bfloat16() for _ in range(2))
+    upstream = torch.randn(2, 4, queries, 16, generator=generator).bfloat16()
+    whole = float64_attention(query, key, value, None, 0.25, causal=True)
+    whole_grads = attention_gradients(query, key, value, None, 0.25, True, upstream)
+    widths: list[int] = []
+    block = _batch_invariant._float64_block
+
+    def counted(query: torch.Tensor, key: torch.Tensor, *rest: object) -> torch.Tensor:
+        widths.append(key.shape[2])
+        return block(query, key, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_batch_invariant, "_float64_block", counted)
+    monkeypatch.setattr(_batch_invariant, "SPARSE_QUERIES", 8)
+    monkeypatch.setattr(_batch_invariant, "SPARSE_MIN_QUERIES", 16)
+    assert torch.equal(float64_attention(query, key, value, None, 0.25, causal=True), whole)
+    assert widths == [earlier_keys + end for end in range(8, queries + 1, 8)]
+    grads = attention_gradients(query, key, value, None, 0.25, True, upstream)
+    for ours, theirs in zip(grads, whole_grads, strict=True):
+        assert torch.allclose(ours.float(), theirs.float(), rtol=0, atol=1e-2)
+
+
 def test_packed_queries_attend_over_the_keys_they_see_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A packed row (a prompt, then completions that see it and themselves, then padding that
     sees nothing): blocks of queries computed over the keys they attend to give the output of
