@@ -93,11 +93,17 @@ class _RssSampler:
         self.peak = max(self.peak, self._proc.memory_info().rss)
 
 
-def one_step_per_batch(batch: int, num_generations: int) -> dict[str, Any]:
-    """GRPOConfig batch geometry: generate `batch` completions, train on them in one step."""
+def one_step_per_batch(
+    batch: int, num_generations: int, micro_batch: int | None = None
+) -> dict[str, Any]:
+    """GRPOConfig batch geometry: generate `batch` completions, train on them in one step (in
+    forwards of `micro_batch` completions, their gradients accumulated, where given)."""
+    micro = micro_batch or batch
+    if batch % micro:
+        raise ValueError(f"micro_batch {micro} does not divide the batch of {batch}")
     return {
-        "per_device_train_batch_size": batch,
-        "gradient_accumulation_steps": 1,
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": batch // micro,
         "generation_batch_size": batch,
         "num_generations": num_generations,
         "num_iterations": 1,
@@ -151,6 +157,7 @@ def run_trl_train_steps(
     learning_rate: float = 1e-5,
     seed: int = 0,
     device: str = "cpu",
+    micro_batch: int | None = None,
 ) -> dict:
     """Run ``warmup + steps`` GRPO optimizer steps with TRL and return medians over the last ``steps``.
 
@@ -161,6 +168,8 @@ def run_trl_train_steps(
     ``min_new_tokens``: optional ``generation_kwargs`` override to force full-length completions.
     ``device``: ``cpu`` (the default) or ``cuda`` (the GPU smoke benchmark: the model on the GPU,
     its peak GPU memory reported).
+    ``micro_batch``: train the step's completions in forwards of this many, gradients
+    accumulated (long prompts: 16 rows of 1,000 tokens in one forward took 24 GB).
     """
     _offline_env()
     import torch
@@ -191,7 +200,7 @@ def run_trl_train_steps(
         fp16=False,
         use_vllm=False,
         # batch geometry: one optimizer step = len(prompts) x num_generations completions
-        **one_step_per_batch(batch, num_generations),
+        **one_step_per_batch(batch, num_generations, micro_batch),
         max_completion_length=max_new_tokens,
         generation_kwargs=({"min_new_tokens": min_new_tokens} if min_new_tokens else None),
         # loss

@@ -14,6 +14,9 @@ the path of a process of its own, this checkout's benchmark), in the same run, b
 `--not-invariant` adds our step with `ART_BATCH_INVARIANT=0` (a process of its own): what the
 sampler's and the trainer's bit-equal logprobs cost a bf16 step (a float32 one has no such
 forwards, so the two match there).
+`--context-tokens N` puts a document of about N tokens before each of the 4 questions (a
+different one each: an agent's long context, a tool's output or a file), the same prompts for
+both contenders; it writes benchmarks/results/train_step_context.json and its own section.
 
 Writes benchmarks/results/train_step.json and the train_step section of BENCHMARKS.md.
 """
@@ -47,6 +50,12 @@ import art_core as art
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "train_step.json"
 START, END = "<!-- train_step:start -->", "<!-- train_step:end -->"
+CONTEXT_RESULTS = ROOT / "benchmarks" / "results" / "train_step_context.json"
+CONTEXT_START, CONTEXT_END = "<!-- train_step_context:start -->", "<!-- train_step_context:end -->"
+# TRL's forwards on long prompts, by 4 completions (gradients accumulated over the step's 16):
+# 16 rows of ~1,060 tokens in one forward took the 24 GB machine's memory and were killed.
+TRL_CONTEXT_MICRO_BATCH = 4
+LINE_TOKENS = 18  # SmolLM2's tokens in one line of `step_prompts`' documents
 STEP_RATIO_TARGET = 0.5
 INVARIANCE_VARIABLE = "ART_BATCH_INVARIANT"
 INVARIANCE_OFF = f"{INVARIANCE_VARIABLE}=0"  # `--not-invariant`'s contender
@@ -82,6 +91,24 @@ def digit_reward(text: str) -> float:
     return 1.0 if any(ch.isdigit() for ch in text) else 0.0
 
 
+def step_prompts(context_tokens: int) -> list[str]:
+    """The step's 4 questions, each after a document of about `context_tokens` tokens of its
+    own where asked (lines of records, `LINE_TOKENS` each)."""
+    if context_tokens <= 0:
+        return list(DEFAULT_PROMPTS)
+    lines = max(1, context_tokens // LINE_TOKENS)
+    return [
+        "\n".join(
+            f"Record {number}-{line}: item {(line * 7 + number) % 101} weighs "
+            f"{(line * 13 + number) % 97} grams."
+            for line in range(lines)
+        )
+        + "\n\n"
+        + question
+        for number, question in enumerate(DEFAULT_PROMPTS)
+    ]
+
+
 async def our_steps(args: argparse.Namespace, engine: str = "torch") -> dict[str, Any]:
     """Our full step: 4 requests with n=4 -> 16 trajectories -> model.train -> step N+1 served."""
     sampler = TreeRss(psutil.Process().pid)
@@ -91,9 +118,12 @@ async def our_steps(args: argparse.Namespace, engine: str = "torch") -> dict[str
         await model.register(backend)
         client = model.openai_client()
         config = art.TrainConfig(learning_rate=1e-5, loss="grpo", scale_rewards="group", beta=0.0)
+        prompts = step_prompts(args.context_tokens)
+        prompt_tokens: list[int] = []  # this step's, one a request
         steps = []
         for step in range(args.warmup + args.steps):
             started = time.perf_counter()
+            prompt_tokens.clear()
 
             async def prompt_group(prompt: str, seed: int) -> art.TrajectoryGroup:
                 messages = [{"role": "user", "content": prompt}]
@@ -107,6 +137,7 @@ async def our_steps(args: argparse.Namespace, engine: str = "torch") -> dict[str
                     # trainer are deterministic), so the two steps train the same rows.
                     seed=seed,
                 )
+                prompt_tokens.append(response.usage.prompt_tokens if response.usage else 0)
                 return art.TrajectoryGroup(
                     art.Trajectory(
                         messages_and_choices=[*messages, choice],
@@ -116,7 +147,7 @@ async def our_steps(args: argparse.Namespace, engine: str = "torch") -> dict[str
                 )
 
             groups = await asyncio.gather(
-                *(prompt_group(p, 100 * step + 4 * i) for i, p in enumerate(DEFAULT_PROMPTS))
+                *(prompt_group(p, 100 * step + 4 * i) for i, p in enumerate(prompts))
             )
             generated = time.perf_counter()
             result = await model.train(list(groups), config=config)
@@ -131,6 +162,7 @@ async def our_steps(args: argparse.Namespace, engine: str = "torch") -> dict[str
                     "trained": result.metrics.get("trained", 0.0),
                     "logprob_abs_diff": result.metrics.get("logprob_abs_diff", float("nan")),
                     "ratio_mean": result.metrics.get("ratio_mean", float("nan")),
+                    "prompt_tokens": statistics.mean(prompt_tokens),
                     "completion_tokens": sum(
                         len(getattr(t.messages_and_choices[-1], "token_ids", []) or [])
                         for g in groups
@@ -151,6 +183,7 @@ async def our_steps(args: argparse.Namespace, engine: str = "torch") -> dict[str
         "median_trained_tokens": statistics.median(s["trained_tokens"] for s in measured),
         "median_logprob_abs_diff": statistics.median(s["logprob_abs_diff"] for s in measured),
         "median_ratio_mean": statistics.median(s["ratio_mean"] for s in measured),
+        "median_prompt_tokens": statistics.median(s["prompt_tokens"] for s in measured),
         "median_train_s_per_trained_token": statistics.median(
             s["train_s"] / s["trained_tokens"] for s in measured if s["trained_tokens"]
         ),
@@ -220,10 +253,19 @@ def markdown(result: dict[str, Any]) -> str:
             f"{ours.get('median_logprob_abs_diff', float('nan')):.2e}, "
             f"{ours.get('median_ratio_mean', float('nan')):.4f})."
         )
-    return f"""{START}
-## One GRPO step: ours vs TRL GRPOTrainer (`benchmarks/train_step.py`)
+    start, end, title, prompts = START, END, "", "4 prompts"
+    if result.get("context_tokens"):
+        start, end = CONTEXT_START, CONTEXT_END
+        title = f" on long prompts (`--context-tokens {result['context_tokens']}`)"
+        prompts = (
+            f"4 prompts of {ours['median_prompt_tokens']:.0f} tokens (ours) / "
+            f"{trl['median_prompt_tokens'] / 16:.0f} (TRL), a document of records before each "
+            "question,"
+        )
+    return f"""{start}
+## One GRPO step{title}: ours vs TRL GRPOTrainer (`benchmarks/train_step.py`)
 
-{result["when"]}, {result["machine"]}. SmolLM2-135M-Instruct, 4 prompts x 4 completions x up to
+{result["when"]}, {result["machine"]}. SmolLM2-135M-Instruct, {prompts} x 4 completions x up to
 32 new tokens, LoRA r16/alpha 32 on q,k,v,o, DAPO-style token-mean loss (eps 0.2/0.28),
 `scale_rewards="group"`, beta 0, lr 1e-5; ours in {ours["dtype"]}, TRL with
 bf16 autocast = {trl["bf16_autocast"]} (use_vllm=False, use_cpu=True, trl {trl["trl_version"]}).
@@ -236,7 +278,7 @@ Ratios (ours / TRL): full step **{ratio["step"]:.2f}x** (target <= {STEP_RATIO_T
 peak RSS **{ratio["peak_rss"]:.2f}x** (target <= 1: {verdict_rss}).{contender_lines}{vllm_line}
 Our step includes writing the checkpoint and loading the new step into the server. Other load
 (cores used outside the benchmark, mean over each contender's run): {_loads(result)}.
-{END}"""
+{end}"""
 
 
 def _loads(result: dict[str, Any]) -> str:
@@ -270,6 +312,9 @@ def main() -> None:
         action="store_true",
         help=f"also our step with {INVARIANCE_OFF} (what the bit equality costs), same run",
     )
+    parser.add_argument(
+        "--context-tokens", type=int, default=0, help="a document of ~N tokens before each prompt"
+    )
     parser.add_argument("--json-out", type=Path, help=argparse.SUPPRESS)  # a baseline's answer
     parser.add_argument(
         "--no-peer",
@@ -302,7 +347,8 @@ def main() -> None:
     with OtherLoad() as load:
         trl = run_trl_in_subprocess(
             model_dir,
-            prompts=DEFAULT_PROMPTS,
+            prompts=step_prompts(args.context_tokens),
+            micro_batch=TRL_CONTEXT_MICRO_BATCH if args.context_tokens else None,
             steps=args.steps,
             warmup=args.warmup,
             bf16_autocast=args.trl_dtype == "bfloat16",
@@ -314,6 +360,7 @@ def main() -> None:
         "machine": f"{psutil.cpu_count()} cores, {platform.processor() or platform.machine()}",
         "steps": args.steps,
         "warmup": args.warmup,
+        "context_tokens": args.context_tokens,
         "ours": ours,
         "trl": trl,
         "ratios": {
@@ -342,6 +389,8 @@ def main() -> None:
         result["ratios"]["step_vllm"] = runs["vllm"]["median_step_s"] / trl["median_step_s"]
     if args.no_write:
         print(markdown(result))
+    elif args.context_tokens:
+        publish(result, CONTEXT_RESULTS, CONTEXT_START, CONTEXT_END, markdown(result))
     else:
         publish(result, RESULTS, START, END, markdown(result))
 
@@ -380,7 +429,8 @@ def _steps_in_child(args: argparse.Namespace, environment: dict[str, str]) -> di
     with tempfile.TemporaryDirectory(prefix="art-bench-") as folder:
         answer = Path(folder) / "steps.json"
         command = [sys.executable, __file__, "--steps", str(args.steps), "--warmup",
-                   str(args.warmup), "--dtype", args.dtype, "--json-out", str(answer)]  # fmt: skip
+                   str(args.warmup), "--dtype", args.dtype, "--json-out", str(answer),
+                   "--context-tokens", str(args.context_tokens)]  # fmt: skip
         with OtherLoad() as load:
             subprocess.run(command, env=environment, check=True)
         result = json.loads(answer.read_text())
