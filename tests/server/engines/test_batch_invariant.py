@@ -321,6 +321,34 @@ def test_causal_blocks_attend_over_the_keys_up_to_their_last_query_only(
         assert torch.allclose(ours.float(), theirs.float(), rtol=0, atol=1e-2)
 
 
+def test_a_decode_steps_rows_attend_in_chunks_as_all_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Many rows over long keys (a decode step at a long context) go in chunks of rows whose
+    float64 keys and values stay small: bit for bit the output of all rows at once, a row's
+    own mask in its chunk."""
+    from art_backend.engines import _batch_invariant
+
+    generator = torch.Generator().manual_seed(8)
+    query = torch.randn(5, 4, 1, 16, generator=generator).bfloat16()
+    key, value = (torch.randn(5, 2, 30, 16, generator=generator).bfloat16() for _ in range(2))
+    mask = torch.ones(5, 1, 1, 30, dtype=torch.bool)
+    for row in range(5):
+        mask[row, ..., : 3 * row] = False  # left padding, a different amount in each row
+    whole = float64_attention(query, key, value, mask, 0.25, causal=False)
+    chunks: list[int] = []
+    block = _batch_invariant._float64_block
+
+    def counted(query: torch.Tensor, *rest: object) -> torch.Tensor:
+        chunks.append(query.shape[0])
+        return block(query, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_batch_invariant, "_float64_block", counted)
+    monkeypatch.setattr(_batch_invariant, "ROW_CHUNK_BYTES", 2 * 30 * 16 * 8 * 2 * 2)  # 2 rows
+    assert torch.equal(float64_attention(query, key, value, mask, 0.25, causal=False), whole)
+    assert chunks == [2, 2, 1]
+
+
 def test_packed_queries_attend_over_the_keys_they_see_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A packed row (a prompt, then completions that see it and themselves, then padding that
     sees nothing): blocks of queries computed over the keys they attend to give the output of
