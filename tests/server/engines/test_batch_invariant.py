@@ -10,6 +10,7 @@ comparison differs by ~1e-2 (SmolLM2: `benchmarks/logprob_gap.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -286,6 +287,24 @@ def test_queries_in_blocks_attend_as_all_at_once(
     assert torch.equal(float64_attention(query, key, value, *arguments), whole)
 
 
+def _recorded(
+    monkeypatch: pytest.MonkeyPatch, name: str, size: Callable[[torch.Tensor, torch.Tensor], int]
+) -> list[int]:
+    """`_batch_invariant.<name>` (query and key first) wrapped: the list of `size(query, key)`
+    of each call from here on."""
+    from art_backend.engines import _batch_invariant
+
+    sizes: list[int] = []
+    real = getattr(_batch_invariant, name)
+
+    def recorded(query: torch.Tensor, key: torch.Tensor, *rest: object) -> torch.Tensor:
+        sizes.append(size(query, key))
+        return real(query, key, *rest)
+
+    monkeypatch.setattr(_batch_invariant, name, recorded)
+    return sizes
+
+
 @pytest.mark.parametrize("earlier_keys", [0, 12])
 def test_causal_blocks_attend_over_the_keys_up_to_their_last_query_only(
     earlier_keys: int, monkeypatch: pytest.MonkeyPatch
@@ -304,14 +323,7 @@ def test_causal_blocks_attend_over_the_keys_up_to_their_last_query_only(
     upstream = torch.randn(2, 4, queries, 16, generator=generator).bfloat16()
     whole = float64_attention(query, key, value, None, 0.25, causal=True)
     whole_grads = attention_gradients(query, key, value, None, 0.25, True, upstream)
-    widths: list[int] = []
-    block = _batch_invariant._float64_block
-
-    def counted(query: torch.Tensor, key: torch.Tensor, *rest: object) -> torch.Tensor:
-        widths.append(key.shape[2])
-        return block(query, key, *rest)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_batch_invariant, "_float64_block", counted)
+    widths = _recorded(monkeypatch, "_float64_block", lambda query, key: key.shape[2])
     monkeypatch.setattr(_batch_invariant, "SPARSE_QUERIES", 8)
     monkeypatch.setattr(_batch_invariant, "SPARSE_MIN_QUERIES", 16)
     assert torch.equal(float64_attention(query, key, value, None, 0.25, causal=True), whole)
@@ -336,14 +348,7 @@ def test_a_decode_steps_rows_attend_in_chunks_as_all_at_once(
     for row in range(5):
         mask[row, ..., : 3 * row] = False  # left padding, a different amount in each row
     whole = float64_attention(query, key, value, mask, 0.25, causal=False)
-    chunks: list[int] = []
-    block = _batch_invariant._float64_block
-
-    def counted(query: torch.Tensor, *rest: object) -> torch.Tensor:
-        chunks.append(query.shape[0])
-        return block(query, *rest)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_batch_invariant, "_float64_block", counted)
+    chunks = _recorded(monkeypatch, "_float64_block", lambda query, key: query.shape[0])
     monkeypatch.setattr(_batch_invariant, "ROW_CHUNK_BYTES", 2 * 30 * 16 * 8 * 2 * 2)  # 2 rows
     assert torch.equal(float64_attention(query, key, value, mask, 0.25, causal=False), whole)
     assert chunks == [2, 2, 1]
@@ -407,14 +412,7 @@ def test_a_sliding_layers_decode_step_attends_over_its_window_only(
     slots = torch.zeros(3, 1, 1, keys, dtype=torch.bool)  # rows from column 0, ending apart
     for row, length in enumerate((10, 30, 40)):
         slots[row, ..., length - window : length] = True
-    seen: list[int] = []
-    computed = _batch_invariant.float64_attention
-
-    def counted(query: torch.Tensor, key: torch.Tensor, *args: object) -> torch.Tensor:
-        seen.append(key.shape[2])
-        return computed(query, key, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_batch_invariant, "float64_attention", counted)
+    seen = _recorded(monkeypatch, "float64_attention", lambda query, key: key.shape[2])
     sliding = SimpleNamespace(sliding_window=window, is_causal=True, training=False)
     full = SimpleNamespace(sliding_window=None, is_causal=True, training=False)
     for mask, narrowed_to in ((left_padded, window), (slots, keys)):
