@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import os
 import platform
+import subprocess
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -19,6 +20,15 @@ def cpu_field(name: str) -> str:
             if line.startswith(name):
                 return line.split(":", 1)[1].strip()
     return ""
+
+
+def checkout_commit(checkout: str | Path) -> str:
+    """The short commit of the git checkout `checkout` (a baseline), else its path as given."""
+    done = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout.strip() or str(checkout)
 
 
 def machine_info(*packages: str, **extra: Any) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's tests/
 
 import torch
-from _machine import OtherLoad, machine_info
+from _machine import OtherLoad, checkout_commit, machine_info
 from _markdown import publish
 
 from tests.support.tiny_families import FAMILIES, build_family_model
@@ -293,7 +293,7 @@ def main() -> None:
         "repeats": args.repeats,
         "workload": {"rows": ROWS, "new_tokens": NEW_TOKENS, "dtype": args.dtype},
         "models": models,
-        "baseline": _commit(args.baseline) if args.baseline else None,
+        "baseline": checkout_commit(args.baseline) if args.baseline else None,
         "notes": NOTES,
     }
     suffix = "" if args.dtype == "float32" else f"_{args.dtype}"
@@ -322,14 +322,6 @@ def model_folders(scratch: Path, quick: bool, only: str) -> list[tuple[str, str,
             lambda: build_gemma3_at_smollm2(scratch / "gemma3-135m"),
         ))  # fmt: skip
     return [entry for entry in folders if only in entry[0]]
-
-
-def _commit(checkout: Path) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return done.stdout.strip() or str(checkout)
 
 
 NOTES = (

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _machine import OtherLoad, machine_info
+from _machine import OtherLoad, checkout_commit, machine_info
 from _markdown import publish
 from _tiny_model import build_tiny_model
 
@@ -197,15 +197,6 @@ def section(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _commit(checkout: str) -> str:
-    """The short commit of `checkout` (a path, as the section names it otherwise)."""
-    done = subprocess.run(
-        ["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return done.stdout.strip() or checkout
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2")
@@ -236,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
             "machine": machine_info("torch", "transformers"),
             "model": model,
             "repeats": args.repeats,
-            "baseline": _commit(args.baseline) if args.baseline else None,
+            "baseline": checkout_commit(args.baseline) if args.baseline else None,
             **bench(folder, args),
         }
     if args.out:

@@ -74,9 +74,8 @@ ATTENTION = "art_batch_invariant"
 VARIABLE = "ART_BATCH_INVARIANT"
 REDUCED = (torch.bfloat16, torch.float16)
 BLOCK_BYTES = 256 * 2**20  # float64 scores + probabilities of one block of queries
-ROW_CHUNK_BYTES = (
-    16 * 2**20
-)  # a decode step's float64 keys + values of a chunk of rows (`_in_rows`)
+# A decode step's float64 keys + values of a chunk of rows (`_in_rows`)
+ROW_CHUNK_BYTES = 16 * 2**20
 SPARSE_QUERIES = 64  # queries per block under a per-query mask (`_attended`) ...
 SPARSE_MIN_QUERIES = 128  # ... from this many queries (a small prompt's one block is cheaper)
 SPARSE_SHARE = 0.75  # a block attending to more of the keys than this computes over all
