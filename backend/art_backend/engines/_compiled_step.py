@@ -22,8 +22,9 @@
   operations without eager's rounding between them and sums the norms in another order, so a
   compiled step's bf16 logprobs are close to the trainer's, not equal: `compiled` with
   `ART_BATCH_INVARIANT` on is refused at start (`check_compilable`). (A probe with inductor's
-  `emulate_precision_casts` and the norms kept out of its kernels was equal bit for bit, but
-  0.8x the eager step: docs/performance.md.)
+  `emulate_precision_casts`, the norms kept out of its kernels and the float64 attention over
+  the filled columns only was equal bit for bit, but no faster than the eager step, 0.93-1.0x:
+  docs/performance.md.)
 
 Measured on a 2-core Xeon (docs/performance.md, "The compiled decode step"): 1.09x the eager
 step in bf16 without the batch-invariant attention, even in float32; so `dynamic` stays the
