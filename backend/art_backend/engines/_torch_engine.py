@@ -34,6 +34,7 @@ from art_backend.engines._adapter_files import (
     adaptable_modules,
     linear_shapes,
 )
+from art_backend.engines._admission import admit_window, next_request
 from art_backend.engines._compiled_step import CompiledStep, compiled_step
 from art_backend.engines._constrained import mask_rows
 from art_backend.engines._decode_rows import DecodeRows, DynamicRows, decode_rows
@@ -97,6 +98,7 @@ class TorchEngine(AdapterSlots):
         # ART_ENGINE_PROFILE=1: on a GPU, wait for each forward so that /metrics splits a decode
         # step exactly between the forward and sampling (one more synchronisation a step).
         self._profile = env_switch("ART_ENGINE_PROFILE", default=False)
+        self._admit_window = admit_window()  # an idle engine's wait for a burst (`_admission`)
         # On a CPU: torch's thread count follows the cores other processes leave idle.
         self.threads = threads
         self.adapters: dict[str, str] = {}  # served name -> PEFT adapter name
@@ -235,11 +237,10 @@ class TorchEngine(AdapterSlots):
                 time.sleep(0.001)
 
     def _take_pending(self, *, block: bool) -> list[GenerationRequest]:
-        """Requests to admit now: as many as fit in the free rows and the free KV tokens.
-
-        A request that does not fit waits; the batch never exceeds max_batch_size rows or
-        max_batch_tokens tokens unless one request alone asks for more (it then runs alone).
-        """
+        """Requests to admit now: as many as fit in the free rows and the free KV tokens; idle,
+        those arriving within the admission window too (`_admission.py`). A request that does
+        not fit waits; the batch never exceeds max_batch_size rows or max_batch_tokens tokens
+        unless one request alone asks for more (it then runs alone)."""
         taken: list[GenerationRequest] = []
         free_rows = self.max_batch_size - len(self._batch)
         free_tokens = self.max_batch_tokens - sum(self._kv_tokens(s.request) for s in self._batch)
@@ -253,10 +254,10 @@ class TorchEngine(AdapterSlots):
             taken.append(first)
             free_rows -= taken[0].n
             free_tokens -= taken[0].n * self._kv_tokens(taken[0])
+        deadline = time.monotonic() + (self._admit_window if block else 0.0)
         while free_rows > 0 and free_tokens > 0:
-            try:
-                request = self._pending.get_nowait()
-            except queue.Empty:
+            request = next_request(self._pending, deadline)
+            if request is None:
                 break
             if request is _WAKE:
                 continue
