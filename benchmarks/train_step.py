@@ -40,7 +40,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _machine import OtherLoad
+from _machine import OtherLoad, checkout_commit
 from _markdown import publish
 from _ours import engine_args, qkvo_model
 from _trl_peer import DEFAULT_PROMPTS, run_trl_in_subprocess
@@ -403,17 +403,10 @@ def _not_invariant_steps(args: argparse.Namespace) -> dict[str, Any]:
 
 def _baseline_steps(args: argparse.Namespace) -> dict[str, Any]:
     """Our step from the checkout `args.baseline`, in a process of its own (see the doc)."""
-    import subprocess
-
     checkout = args.baseline.resolve()
     if not (checkout / "backend" / "art_backend").is_dir():
         raise SystemExit(f"--baseline {checkout} is not a checkout of this repository")
-    commit = subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    commit = checkout_commit(checkout)
     print(f"ours at {commit} (baseline) ...", flush=True)
     paths = [str(checkout), str(checkout / "backend"), os.environ.get("PYTHONPATH", "")]
     result = _steps_in_child(args, {"PYTHONPATH": os.pathsep.join(filter(None, paths))})

@@ -17,10 +17,11 @@ Measured (2026-12-07, the 2-core AMD EPYC, `train_step.py`'s 4 requests x n=4 on
 
 from __future__ import annotations
 
-import os
 import queue
 import time
 from typing import Any
+
+from art_backend.engines._switches import env_number
 
 VARIABLE = "ART_ADMIT_WINDOW_MS"
 DEFAULT_MS = 5.0
@@ -30,21 +31,7 @@ MAX_MS = 1000.0
 def admit_window() -> float:
     """Seconds an idle engine waits for more requests after the first (`VARIABLE`, in ms;
     unset: `DEFAULT_MS`); a value that is not a number from 0 to `MAX_MS` is refused by name."""
-    from art_backend._errors import ModelLoadError
-
-    value = os.environ.get(VARIABLE, "").strip()
-    if not value:
-        return DEFAULT_MS / 1e3
-    try:
-        milliseconds = float(value)
-    except ValueError:
-        milliseconds = float("nan")
-    if not 0 <= milliseconds <= MAX_MS:  # NaN fails both
-        raise ModelLoadError(
-            f"{VARIABLE}={os.environ[VARIABLE]!r} is not a number of milliseconds from 0 to "
-            f"{MAX_MS:g}; unset it to keep the default ({DEFAULT_MS:g})"
-        )
-    return milliseconds / 1e3
+    return env_number(VARIABLE, DEFAULT_MS, 0.0, MAX_MS, unit="milliseconds") / 1e3
 
 
 def next_request(pending: queue.Queue[Any], deadline: float) -> Any:
