@@ -362,7 +362,10 @@ class ReplicaSet:
 
     def _watch(self) -> None:
         while not self._stopped.wait(self.health_interval):
-            self.check_health()
+            try:
+                self.check_health()
+            except Exception:  # the watcher outlives one bad round, loudly
+                logger.exception("the replicas' health check failed; it runs again next round")
 
     def check_health(self) -> None:
         """Take out every replica whose engine failed or whose probe failed too often; take
@@ -377,21 +380,30 @@ class ReplicaSet:
             why = replica.engine.failure()
             returns = False
             if why is None and replica.probe is not None:
-                probed = replica.probe()
+                probed = self._probe(replica)
                 replica.probe_failures = replica.probe_failures + 1 if probed else 0
                 if replica.probe_failures >= PROBE_FAILURES_TO_TAKE_OUT:
                     why, returns = probed, True
             if why is not None:
                 self._take_out(index, why, returns=returns)
 
+    @staticmethod
+    def _probe(replica: Replica) -> str | None:
+        """Why `replica`'s probe fails, or None. A probe that raises fails with its error (the
+        watcher thread would otherwise end with it, and nothing would take a replica out)."""
+        assert replica.probe is not None
+        try:
+            return replica.probe()
+        except Exception as error:  # noqa: BLE001 - any error of a probe is a failed probe
+            return f"its health probe raised {type(error).__name__}: {error}"
+
     def _try_take_back(self, index: int) -> None:
         """Serve on the replica again if its probe passes and it takes every adapter served."""
         replica = self.replicas[index]
-        assert replica.probe is not None
         if replica.engine.failure() is not None:
             replica.returns = False  # its engine itself failed since: out for good
             return
-        if replica.probe() is not None:
+        if self._probe(replica) is not None:
             return
         with self._adapter_lock:
             if replica.out is None or not replica.returns:

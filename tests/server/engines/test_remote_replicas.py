@@ -243,14 +243,15 @@ def test_two_health_checks_at_once_take_a_replica_back_once(
     probe = remote.probe
     assert probe is not None
     both_probed = threading.Barrier(2)
+    checks = [threading.Thread(target=engines._try_take_back, args=(1,)) for _ in range(2)]
 
     def slow_probe() -> str | None:
-        both_probed.wait(timeout=10)  # both checks past the probe before either takes it back
+        if threading.current_thread() in checks:  # not the watcher's: a third party breaks it
+            both_probed.wait(timeout=10)  # both checks past the probe before either takes it back
         return probe()
 
     remote.probe = slow_probe
     try:
-        checks = [threading.Thread(target=engines._try_take_back, args=(1,)) for _ in range(2)]
         for check in checks:
             check.start()
         for check in checks:
@@ -259,3 +260,32 @@ def test_two_health_checks_at_once_take_a_replica_back_once(
         remote.probe = probe
     state = engines.replica_states()[1]
     assert state["up"] is True and state["taken_back"] == taken_back + 1
+
+
+def test_a_probe_that_raises_takes_the_replica_out_by_its_error_and_the_watcher_lives(
+    front: RunningServer,
+):
+    engines = replicas(front)
+    remote = engines.replicas[1]
+    probe = remote.probe
+    assert probe is not None
+    taken_back = engines.replica_states()[1]["taken_back"]
+
+    def raising_probe() -> str | None:
+        raise OSError("the probe's socket broke")
+
+    remote.probe = raising_probe
+    try:
+        for _ in range(PROBE_FAILURES_TO_TAKE_OUT):
+            engines.check_health()  # raised out of here, and ended the watcher, before
+        state = engines.replica_states()[1]
+        assert state["up"] is False
+        assert "raised OSError: the probe's socket broke" in state["error"]
+        engines.check_health()  # a replica taken out by its probe: the take-back probes again
+        assert engines.replica_states()[1]["up"] is False
+    finally:
+        remote.probe = probe
+    engines.check_health()
+    assert engines.replica_states()[1]["up"] is True
+    assert engines.replica_states()[1]["taken_back"] == taken_back + 1
+    assert engines._monitor.is_alive()
